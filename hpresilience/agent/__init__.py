@@ -1,0 +1,1 @@
+"""The node agent (schedule, guard rails, metrics address)."""

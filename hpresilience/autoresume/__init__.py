@@ -1,0 +1,1 @@
+"""Srun --auto-resume (log rules, restart policy, spares)."""

@@ -1,0 +1,9 @@
+"""Configuration section for srun --auto-resume (log rules, restart policy, spares)."""
+
+from __future__ import annotations
+
+from hpresilience.settings_base import Section
+
+
+class AutoResumeSettings(Section):
+    """Settings for srun --auto-resume (log rules, restart policy, spares). Every field has a default that works with no file."""

@@ -1,0 +1,132 @@
+"""The one command-line entry point: `hpresilience <command>`.
+
+Commands stay thin: they parse arguments, load the configuration once, and call
+into the package. Every error of the package maps to an exit code (see errors.py);
+tracebacks are shown only with --verbose.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from hpresilience import __version__
+from hpresilience.config import Config, config_as_dict, load_config
+from hpresilience.errors import EXIT_USAGE, HPResilienceError
+from hpresilience.log import setup_logging
+
+
+@dataclass
+class Ctx:
+    config_path: str | None
+    json_output: bool
+    verbose: bool
+    _config: Config | None = None
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.config_path)
+            setup_logging(level="debug" if self.verbose else self._config.logging.level,
+                          json=self._config.logging.json_lines)
+        return self._config
+
+    def emit(self, data: Any, text: str) -> None:
+        """Print a report: JSON with --json, the human text otherwise."""
+        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str) if self.json_output else text)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+class LazyGroup(click.Group):
+    """Subcommands imported on first use, so `hpresilience --help` and the srun hand-over start fast."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy or {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module_name, attr = self.lazy[cmd_name].split(":")
+            module = __import__(module_name, fromlist=[attr])
+            cmd: click.Command = getattr(module, attr)
+            return cmd
+        return super().get_command(ctx, cmd_name)
+
+
+LAZY_COMMANDS = {
+    "devcluster": "hpresilience.slurm.devcluster_cli:devcluster",
+    "demo": "hpresilience.demo:demo",
+    "nodes": "hpresilience.slurm.cli:nodes",
+    "check": "hpresilience.health.cli:check",
+}
+
+
+@click.group(cls=LazyGroup, lazy=LAZY_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hpresilience")
+@click.option("--config", "config_path", envvar="HPRESILIENCE_CONFIG", type=click.Path(dir_okay=False),
+              help="Configuration file (YAML). Default: $HPRESILIENCE_CONFIG or /etc/hpresilience/config.yaml.")
+@click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output for commands that report.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging, and tracebacks on errors.")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, json_output: bool, verbose: bool) -> None:
+    """HyperPod-grade resilience for any Slurm cluster."""
+    ctx.obj = Ctx(config_path=config_path, json_output=json_output, verbose=verbose)
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Inspect the configuration."""
+
+
+@config_group.command("show")
+@pass_ctx
+def config_show(c: Ctx) -> None:
+    """Print the effective configuration (file merged over defaults)."""
+    import yaml
+
+    data = config_as_dict(c.config)
+    c.emit(data, yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; map errors to one clear line on stderr and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    verbose = "-v" in args or "--verbose" in args
+    try:
+        rv = cli.main(args=args, prog_name="hpresilience", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("hpresilience: aborted", err=True)
+        return 130
+    except click.UsageError as e:
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        click.echo(f"hpresilience: usage error: {e.format_message()}{hint}", err=True)
+        return EXIT_USAGE
+    except click.ClickException as e:
+        click.echo(f"hpresilience: {e.format_message()}", err=True)
+        return e.exit_code
+    except HPResilienceError as e:
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        for i, line in enumerate(str(e).splitlines() or [type(e).__name__]):
+            click.echo(f"hpresilience: error: {line}" if i == 0 else f"  {line}", err=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Typed, validated configuration: one YAML file for every part, loaded once.
+
+Where the file comes from: `--config PATH`, else `$HPRESILIENCE_CONFIG`, else
+`/etc/hpresilience/config.yaml` when it exists, else no file (the defaults work).
+A bad file raises ConfigError naming the file, the key path and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from hpresilience.agent.settings import AgentSettings
+from hpresilience.autoresume.settings import AutoResumeSettings
+from hpresilience.controller.settings import ControllerSettings
+from hpresilience.errors import ConfigError
+from hpresilience.health.settings import HealthSettings
+from hpresilience.settings_base import Section
+
+DEFAULT_CONFIG_PATH = Path("/etc/hpresilience/config.yaml")
+ENV_VAR = "HPRESILIENCE_CONFIG"
+
+
+class LoggingSettings(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # None: JSON when stderr is not a terminal (journald, log shippers), readable otherwise.
+    json_lines: bool | None = Field(default=None, alias="json")
+
+
+class SlurmSettings(Section):
+    """How Slurm's commands are found and run."""
+
+    # Directory holding scontrol/sinfo/squeue/srun/salloc; empty means look on PATH.
+    bin_dir: str = ""
+    # Every command is killed (with its process group) after this many seconds.
+    command_timeout_s: float = Field(default=30.0, gt=0)
+    # Transient refusals ("try again in a bit", slurmctld not answering) are retried with backoff.
+    retries: int = Field(default=4, ge=0, le=20)
+    retry_backoff_s: float = Field(default=0.5, gt=0)
+    # Optional: use pyslurm where it imports and matches the running Slurm ("auto"), never ("commands").
+    backend: Literal["commands", "auto"] = "commands"
+
+
+class DevclusterSettings(Section):
+    """The embedded local Slurm cluster used by tests and the demo."""
+
+    state_dir: str = ".devcluster"
+    nodes: int = Field(default=4, ge=1, le=64)
+    # Extra slurm.conf settings (SlurmdTimeout, ...), appended after ours so they win.
+    overrides: dict[str, str] = Field(default_factory=dict)
+    base_port: int = Field(default=17817, ge=1024, le=65000)
+
+
+class Config(Section):
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    devcluster: DevclusterSettings = Field(default_factory=DevclusterSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    autoresume: AutoResumeSettings = Field(default_factory=AutoResumeSettings)
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    """One line per problem: `source: key.path: what was expected`."""
+    lines = []
+    for e in err.errors():
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {_key_path(tuple(e['loc']))}: {msg}")
+    return "\n".join(lines)
+
+
+def config_from_mapping(data: Any, source: str = "<config>") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(source, err)) from None
+
+
+def resolve_config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load and validate the configuration; with no file anywhere, the defaults."""
+    p = resolve_config_path(path)
+    if p is None:
+        return Config()
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read configuration file: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{p}: not valid YAML{where}: {problem}") from None
+    return config_from_mapping(data, str(p))
+
+
+def config_as_dict(cfg: Config) -> dict[str, Any]:
+    return cfg.model_dump(mode="json", by_alias=True)

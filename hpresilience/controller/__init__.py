@@ -1,0 +1,1 @@
+"""The head-node replacement controller."""

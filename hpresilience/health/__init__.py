@@ -1,0 +1,1 @@
+"""Health checks (profiles, XID overrides, hardware paths)."""

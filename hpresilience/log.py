@@ -1,0 +1,47 @@
+"""structlog set-up: human-readable on a terminal, JSON lines otherwise.
+
+Daemons log facts as event names (`node_marked_fail`, `step_relaunched`) with key/value
+context; journald and log shippers read the JSON form.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+_configured = False
+
+
+def setup_logging(level: str = "info", json: bool | None = None, stream: TextIO | None = None) -> None:
+    """Configure structlog once per process (later calls re-configure)."""
+    global _configured
+    out = stream if stream is not None else sys.stderr
+    if json is None:
+        json = not out.isatty()
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if json:
+        processors += [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+    else:
+        processors += [structlog.dev.ConsoleRenderer(colors=False)]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str | None = None, **context: Any) -> Any:
+    """A bound structlog logger; configures JSON-on-stderr defaults if nobody did."""
+    if not _configured:
+        setup_logging()
+    log = structlog.get_logger(name)
+    return log.bind(**context) if context else log

@@ -126,7 +126,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return rv if isinstance(rv, int) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,114 @@
+"""`hpresilience devcluster up|down|status|env|kill-node|start-node|restart-node`."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.slurm.devcluster import DevCluster
+
+
+def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
+                 overrides: tuple[str, ...] = ()) -> DevCluster:
+    s = c.config.devcluster
+    extra = dict(s.overrides)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
+        extra[key] = value
+    return DevCluster(
+        state_dir=state_dir or os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or s.state_dir,
+        nodes=nodes or s.nodes, base_port=s.base_port, overrides=extra, bin_dir=c.config.slurm.bin_dir,
+    )
+
+
+state_dir_opt = click.option("--state-dir", envvar="HPRESILIENCE_DEVCLUSTER_DIR",
+                             help="Directory for the cluster's config, logs and state (default .devcluster).")
+
+
+@click.group()
+def devcluster() -> None:
+    """A real Slurm cluster (slurmctld + N slurmd) on this machine, for tests and demos."""
+
+
+@devcluster.command()
+@click.option("--nodes", "-n", type=click.IntRange(1, 64), help="Number of nodes (default 4).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="slurm.conf override, e.g. --set SlurmdTimeout=5 (repeatable).")
+@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for all-idle.")
+@state_dir_opt
+@pass_ctx
+def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, state_dir: str | None) -> None:
+    """Start the cluster (idempotent); return when every node is idle."""
+    cl = cluster_from(c, nodes, state_dir, overrides)
+    took = cl.up(timeout=timeout, progress=lambda msg: click.echo(msg, err=True))
+    c.emit({"nodes": cl.names(), "seconds": round(took, 3), "slurm_conf": str(cl.conf_path)},
+           f"devcluster up: {cl.nodes} nodes idle in {took:.2f} s\nexport SLURM_CONF={cl.conf_path}")
+
+
+@devcluster.command()
+@state_dir_opt
+@pass_ctx
+def down(c: Ctx, state_dir: str | None) -> None:
+    """Stop every process the cluster started and remove its directory."""
+    cl = cluster_from(c, state_dir=state_dir)
+    stopped = cl.down()
+    c.emit({"stopped": stopped}, f"devcluster down: stopped {stopped} process(es), removed {cl.state_dir}")
+
+
+@devcluster.command()
+@state_dir_opt
+@pass_ctx
+def status(c: Ctx, state_dir: str | None) -> None:
+    """Show the daemons and each node's state; exit 1 when the cluster is not up."""
+    cl = cluster_from(c, state_dir=state_dir)
+    if not cl.conf_path.exists():
+        c.emit({"up": False}, f"devcluster: not up ({cl.state_dir} has no slurm.conf)")
+        raise click.exceptions.Exit(1)
+    pids = cl.daemon_pids()
+    nodes = cl.client(timeout=5, retries=0).nodes() if "slurmctld" in pids else []
+    data = {"up": cl.is_up(), "slurm_conf": str(cl.conf_path), "pids": pids,
+            "nodes": {n.name: {"state": n.state_text, "address": n.address, "reason": n.reason} for n in nodes}}
+    lines = [f"slurm_conf: {cl.conf_path}", f"slurmctld: {pids.get('slurmctld', 'not running')}"]
+    lines += [f"{n.name:6} {n.address:12} slurmd={pids.get(n.name, '-')!s:8} {n.state_text:20} {n.reason}"
+              for n in nodes]
+    c.emit(data, "\n".join(lines))
+    if not cl.is_up():
+        raise click.exceptions.Exit(1)
+
+
+@devcluster.command("env")
+@state_dir_opt
+@pass_ctx
+def env_cmd(c: Ctx, state_dir: str | None) -> None:
+    """Print the export line for this cluster's SLURM_CONF (eval "$(hpresilience devcluster env)")."""
+    cl = cluster_from(c, state_dir=state_dir)
+    c.emit({"SLURM_CONF": str(cl.conf_path)}, f"export SLURM_CONF={cl.conf_path}")
+
+
+@devcluster.command("kill-node")
+@click.argument("name")
+@state_dir_opt
+@pass_ctx
+def kill_node(c: Ctx, name: str, state_dir: str | None) -> None:
+    """Kill one node's slurmd (simulates a crashed node)."""
+    cl = cluster_from(c, state_dir=state_dir)
+    if not cl.kill_node(name):
+        raise click.ClickException(f"no running slurmd for node {name!r}")
+    click.echo(f"killed slurmd of {name}")
+
+
+@devcluster.command("restart-node")
+@click.argument("name")
+@state_dir_opt
+@pass_ctx
+def restart_node(c: Ctx, name: str, state_dir: str | None) -> None:
+    """Restart one node's slurmd (the devcluster's 'replace' of a node)."""
+    cl = cluster_from(c, state_dir=state_dir)
+    if name not in cl.names():
+        raise click.BadParameter(f"unknown node {name!r}; known: {', '.join(cl.names())}", param_hint="NAME")
+    cl.restart_node(name)
+    click.echo(f"restarted slurmd of {name}")

@@ -1,0 +1,194 @@
+"""Pure parsers of Slurm command output. No I/O: text in, models out.
+
+Two JSON dialects reach us:
+- v0.0.38 (Slurm 22.05, Debian 12): `sinfo --json` / `squeue --json`; node `state` is a lower-case
+  base state string plus a separate `state_flags` list; numbers are plain ints or null.
+- v0.0.40+ (Slurm 23.11 and newer): `scontrol --json show node|job`; `state` / `job_state` are
+  lists of upper-case words; many numbers are `{"set": bool, "infinite": bool, "number": int}`;
+  `features` and `partitions` may be lists (csv_string).
+Both are normalised to the same Node and Job models.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from hpresilience.errors import SlurmParseError
+from hpresilience.slurm.hostlist import expand
+from hpresilience.slurm.models import Job, Node
+
+
+def _loads(text: str, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        snippet = text.strip()[:80]
+        raise SlurmParseError([what], None, "", f"{what}: output is not JSON ({err}): {snippet!r}") from None
+    if not isinstance(data, dict):
+        raise SlurmParseError([what], None, "", f"{what}: expected a JSON object, got {type(data).__name__}")
+    errors = data.get("errors") or []
+    if errors and not any(k in data for k in ("nodes", "jobs")):
+        first = errors[0]
+        msg = first.get("error") or first.get("description") if isinstance(first, dict) else str(first)
+        raise SlurmParseError([what], None, str(msg), f"{what}: Slurm reported an error: {msg}")
+    return data
+
+
+def number(value: Any) -> int | None:
+    """A Slurm number in either dialect: int, null, or the v0.0.40+ `{set, infinite, number}` struct."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, dict):
+        if value.get("infinite") or not value.get("set", True):
+            return None
+        n = value.get("number")
+        return int(n) if isinstance(n, (int, float)) else None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def _words(value: Any) -> tuple[str, ...]:
+    """A comma string or a list of strings (csv_string) as a tuple of non-empty words."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(w for w in (p.strip() for p in value.split(",")) if w)
+    if isinstance(value, list):
+        return tuple(str(w) for w in value if str(w))
+    return ()
+
+
+def _states(raw_state: Any, flags: Any) -> frozenset[str]:
+    words: list[str] = []
+    if isinstance(raw_state, str):
+        # v0.0.38 base states are lower case ("allocated"); 23.02 uses "ALLOCATED" too.
+        words += [w for w in re.split(r"[+,\s]+", raw_state.upper()) if w]
+    elif isinstance(raw_state, list):
+        words += [str(w).upper() for w in raw_state]
+    if isinstance(flags, list):
+        words += [str(w).upper() for w in flags]
+    # 22.05 spells the DRAINING/DRAINED pair as the single DRAIN flag; newer releases agree.
+    return frozenset(words) or frozenset({"UNKNOWN"})
+
+
+def node_from_dict(d: dict[str, Any]) -> Node:
+    name = d.get("name")
+    if not isinstance(name, str) or not name:
+        raise SlurmParseError(["node"], None, "", f"node record without a name: keys {sorted(d)[:8]}")
+    return Node(
+        name=name,
+        address=str(d.get("address") or name),
+        hostname=str(d.get("hostname") or name),
+        states=_states(d.get("state"), d.get("state_flags")),
+        reason=str(d.get("reason") or ""),
+        reason_set_by=str(d.get("reason_set_by_user") or ""),
+        reason_changed_at=number(d.get("reason_changed_at")) or None,
+        features=_words(d.get("features")),
+        gres=str(d.get("gres") or ""),
+        partitions=_words(d.get("partitions")),
+        cpus=number(d.get("cpus")) or 0,
+        slurmd_start_time=number(d.get("slurmd_start_time")) or None,
+        boot_time=number(d.get("boot_time")) or None,
+    )
+
+
+def parse_nodes_json(text: str, what: str = "nodes") -> list[Node]:
+    """Nodes from `sinfo --json` (v0.0.38) or `scontrol --json show node` (v0.0.40+)."""
+    data = _loads(text, what)
+    raw = data.get("nodes")
+    if not isinstance(raw, list):
+        raise SlurmParseError([what], None, "", f"{what}: no `nodes` list in the output")
+    return [node_from_dict(d) for d in raw if isinstance(d, dict)]
+
+
+def _job_state(value: Any) -> tuple[str, tuple[str, ...]]:
+    if isinstance(value, str):
+        return value.upper(), ()
+    if isinstance(value, list) and value:
+        words = [str(w).upper() for w in value]
+        return words[0], tuple(words[1:])
+    return "UNKNOWN", ()
+
+
+def job_from_dict(d: dict[str, Any]) -> Job:
+    job_id = number(d.get("job_id"))
+    if job_id is None:
+        raise SlurmParseError(["job"], None, "", f"job record without a job_id: keys {sorted(d)[:8]}")
+    state, state_flags = _job_state(d.get("job_state"))
+    nodes = tuple(expand(str(d.get("nodes") or "")))
+    return Job(
+        job_id=job_id,
+        name=str(d.get("name") or ""),
+        state=state,
+        nodes=nodes,
+        num_nodes=len(nodes) if nodes else (number(d.get("node_count")) or 0),
+        user=str(d.get("user_name") or ""),
+        partition=str(d.get("partition") or ""),
+        batch_host=str(d.get("batch_host") or ""),
+        restart_count=number(d.get("restart_cnt")) or 0,
+        state_reason=str(d.get("state_reason") or ""),
+        dependency=str(d.get("dependency") or ""),
+        excluded_nodes=tuple(expand(str(d.get("excluded_nodes") or ""))),
+        flags=tuple(str(f) for f in (d.get("flags") or [])) + state_flags,
+    )
+
+
+def parse_jobs_json(text: str, what: str = "jobs") -> list[Job]:
+    """Jobs from `squeue --json` (v0.0.38) or `scontrol --json show job` (v0.0.40+)."""
+    data = _loads(text, what)
+    raw = data.get("jobs")
+    if not isinstance(raw, list):
+        raise SlurmParseError([what], None, "", f"{what}: no `jobs` list in the output")
+    return [job_from_dict(d) for d in raw if isinstance(d, dict)]
+
+
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """`slurm-wlm 22.05.8` or `slurm 24.05.1` -> (22, 5, 8)."""
+    m = _VERSION.search(text)
+    if not m:
+        raise SlurmParseError(["--version"], None, "", f"cannot read a Slurm version from {text.strip()[:60]!r}")
+    major, minor, micro = (int(g) for g in m.groups())
+    return major, minor, micro
+
+
+def parse_key_values(text: str) -> dict[str, str]:
+    """`scontrol show config` style `Key = Value` lines into a dict (later keys win)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_oneliner(text: str) -> dict[str, str]:
+    """`scontrol show job -o` output: space-separated `Key=Value` pairs; values may not contain spaces
+    except where Slurm leaves them unquoted, so we split on ` Key=` boundaries only."""
+    out: dict[str, str] = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*(?:\s(?![A-Za-z][\w/:]*=)\S+)*)", text.strip()):
+        out.setdefault(m.group(1), m.group(2))
+    return out
+
+
+_JOB_ID = re.compile(r"(?:Submitted batch job|Granted job allocation|job allocation|Pending job allocation)\s+(\d+)")
+
+
+def parse_job_id(text: str) -> int:
+    """The job id from sbatch/salloc chatter (`Submitted batch job 12`, `Granted job allocation 12`)."""
+    m = _JOB_ID.search(text)
+    if not m:
+        stripped = text.strip()
+        if stripped.split(";")[0].isdigit():  # sbatch --parsable
+            return int(stripped.split(";")[0])
+        raise SlurmParseError(["sbatch/salloc"], None, text, f"no job id in {stripped[:80]!r}")
+    return int(m.group(1))

@@ -1,0 +1,123 @@
+"""Running Slurm's commands: the one place that starts them.
+
+No shell. Every command has an absolute timeout; on expiry its whole process group is
+killed (srun/salloc fork helpers that would otherwise linger). Failures carry the
+command, its exit code and its stderr. Transient refusals are retried with backoff.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hpresilience.errors import EnvironmentMissing, SlurmError, SlurmTimeout
+from hpresilience.log import get_logger
+
+log = get_logger("hpresilience.slurm")
+
+# slurmctld answers these while it is busy, restarting or setting up a job's DB index (accounting_storage/none
+# still says "the DB index is being set, try again in a bit" after waiting 5 s): worth a retry.
+TRANSIENT = re.compile(
+    r"try again|Socket timed out|Unable to contact slurm controller|Zero Bytes were transmitted"
+    r"|Connection refused|Resource temporarily unavailable|slurmctld not responding|Communication connection failure"
+    r"|Transport endpoint is not connected",
+    re.IGNORECASE,
+)
+
+APT_PACKAGES = {
+    "scontrol": "slurm-client", "sinfo": "slurm-client", "squeue": "slurm-client", "srun": "slurm-client",
+    "salloc": "slurm-client", "sbatch": "slurm-client", "scancel": "slurm-client",
+    "slurmctld": "slurmctld", "slurmd": "slurmd",
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_once(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
+             cwd: str | None = None, input_text: str | None = None) -> Result:
+    """Run argv once; kill its process group and raise SlurmTimeout after `timeout` seconds."""
+    try:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+        )
+    except FileNotFoundError:
+        tool = os.path.basename(argv[0])
+        pkg = APT_PACKAGES.get(tool, "slurm-wlm")
+        raise EnvironmentMissing(f"`{tool}` not found: apt-get install -y slurm-wlm (or {pkg})") from None
+    try:
+        out, err = proc.communicate(input=input_text, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        _, err = proc.communicate()
+        raise SlurmTimeout(list(argv), timeout, err or "") from None
+    return Result(tuple(argv), proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class CommandRunner:
+    """Finds and runs Slurm commands with a fixed environment, timeout and retry policy."""
+
+    def __init__(self, bin_dir: str = "", timeout: float = 30.0, retries: int = 4, backoff: float = 0.5,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.bin_dir = bin_dir
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.env = dict(env) if env is not None else None
+
+    def path_of(self, tool: str) -> str:
+        if self.bin_dir:
+            return os.path.join(self.bin_dir, tool)
+        path = (self.env or os.environ).get("PATH")
+        return shutil.which(tool, path=path) or tool
+
+    def run(self, tool: str, *args: str, timeout: float | None = None, check: bool = True, retry: bool = True,
+            cwd: str | None = None, env: Mapping[str, str] | None = None, input_text: str | None = None) -> Result:
+        """Run `tool args...`; retry transient refusals with exponential backoff, then raise SlurmError."""
+        argv = [self.path_of(tool), *args]
+        run_env = dict(self.env if self.env is not None else os.environ)
+        if env:
+            run_env.update(env)
+        limit = timeout if timeout is not None else self.timeout
+        attempts = 1 + (self.retries if retry else 0)
+        started = time.monotonic()
+        delay = self.backoff
+        for attempt in range(1, attempts + 1):
+            try:
+                res = run_once(argv, limit, run_env, cwd, input_text)
+            except SlurmTimeout:
+                if attempt >= attempts:
+                    raise
+                log.warning("slurm_command_timed_out", command=" ".join(argv), attempt=attempt,
+                            waited_s=round(time.monotonic() - started, 1))
+            else:
+                if res.returncode == 0 or not check:
+                    return res
+                if attempt >= attempts or not TRANSIENT.search(res.stderr + res.stdout):
+                    raise SlurmError(argv, res.returncode, res.stderr or res.stdout)
+                log.info("slurm_command_retrying", command=" ".join(argv), attempt=attempt,
+                         reason=(res.stderr.strip().splitlines() or [""])[-1][:200],
+                         waited_s=round(time.monotonic() - started, 1))
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+        raise AssertionError("unreachable")

@@ -1,0 +1,77 @@
+"""Shared fixtures: one real Slurm devcluster for the whole session (integration tests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.devcluster import DevCluster
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Away from the default devcluster port so a demo cluster can run beside the tests.
+TEST_BASE_PORT = int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817"))
+
+
+def slurm_installed() -> bool:
+    return all(shutil.which(t) for t in ("slurmctld", "slurmd", "scontrol", "srun", "sinfo", "squeue"))
+
+
+def require_slurm() -> None:
+    if not slurm_installed():
+        if os.environ.get("CI"):
+            pytest.fail("Slurm is not installed (apt-get install -y slurm-wlm); CI must run integration tests")
+        pytest.skip("Slurm is not installed (apt-get install -y slurm-wlm)")
+
+
+@pytest.fixture(scope="session")
+def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A real 4-node cluster, shared by every integration test of the session."""
+    require_slurm()
+    cl = DevCluster(state_dir=tmp_path_factory.mktemp("devcluster") / "cluster", nodes=4,
+                    base_port=TEST_BASE_PORT, overrides={"SlurmdTimeout": "5"})
+    cl.up(timeout=60)
+    yield cl
+    cl.down()
+
+
+@pytest.fixture()
+def cluster(devcluster: DevCluster) -> Iterator[DevCluster]:
+    """The session cluster, reset to all-idle before the test: no jobs, every node resumed and running."""
+    reset_cluster(devcluster)
+    yield devcluster
+
+
+@pytest.fixture()
+def slurm(cluster: DevCluster) -> SlurmClient:
+    return cluster.client()
+
+
+def reset_cluster(cl: DevCluster) -> None:
+    client = cl.client()
+    for j in client.jobs():
+        if not j.is_finished:
+            client.cancel(j.job_id)
+    pids = cl.daemon_pids()
+    for name in cl.names():
+        if name not in pids:
+            cl.start_node(name)
+    deadline = time.monotonic() + 30
+    while True:
+        nodes = client.nodes()
+        if all(n.is_idle for n in nodes) and all(j.is_finished for j in client.jobs()):
+            return
+        for n in nodes:
+            if n.has("DRAIN", "FAIL", "DOWN") and not n.is_busy:
+                try:
+                    client.set_node_state([n.name], "resume")
+                except Exception:
+                    pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("could not reset devcluster: " + ", ".join(f"{n.name}={n.state_text}" for n in nodes))
+        time.sleep(0.3)

@@ -1,0 +1,104 @@
+"""Parsers of Slurm output, on real 22.05 recordings and schema-checked v0.0.41/v0.0.44 fixtures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpresilience.errors import SlurmParseError
+from hpresilience.slurm import parse
+from tests.conftest import FIXTURES
+
+SLURM = FIXTURES / "slurm"
+NODE_FIXTURES = ["sinfo_v0.0.38.json", "scontrol_show_node_v0.0.41.json", "scontrol_show_node_v0.0.44.json"]
+JOB_FIXTURES = ["squeue_v0.0.38.json", "scontrol_show_job_v0.0.41.json", "scontrol_show_job_v0.0.44.json"]
+
+
+@pytest.mark.parametrize("fixture", NODE_FIXTURES)
+def test_nodes_parse_the_same_in_every_dialect(fixture: str) -> None:
+    """The recorded state (n1 alloc, n2 failing with our reason, n3 drained, n4 down) reads identically."""
+    nodes = {n.name: n for n in parse.parse_nodes_json((SLURM / fixture).read_text())}
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
+    assert nodes["n1"].states == {"ALLOCATED"} and nodes["n1"].is_busy and not nodes["n1"].is_unavailable
+    assert nodes["n2"].states == {"ALLOCATED", "FAIL"} and nodes["n2"].is_failing
+    assert nodes["n2"].reason == "Action:Replace xid=79 (hpresilience)"
+    assert nodes["n2"].reason_set_by == "root" and nodes["n2"].reason_changed_at
+    assert nodes["n3"].is_drained and nodes["n3"].reason == "operator: bad fan"
+    assert nodes["n4"].has("DOWN") and nodes["n4"].is_unavailable and not nodes["n4"].is_idle
+    assert nodes["n1"].address == "127.0.0.11" and nodes["n4"].address == "127.0.0.14"
+    assert nodes["n1"].partitions == ("debug",)
+
+
+@pytest.mark.parametrize("fixture", JOB_FIXTURES)
+def test_jobs_parse_the_same_in_every_dialect(fixture: str) -> None:
+    (job,) = parse.parse_jobs_json((SLURM / fixture).read_text())
+    assert job.job_id == 1 and job.state == "RUNNING" and job.is_running
+    assert job.nodes == ("n1", "n2") and job.num_nodes == 2
+    assert job.user == "root" and job.batch_host == "n1" and job.partition == "debug"
+
+
+def test_newer_fixtures_match_slurm_openapi_schema() -> None:
+    """The v0.0.41/v0.0.44 fixtures validate against Slurm's own schema (subset saved beside them)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    for version in ("0.0.41", "0.0.44"):
+        for kind, root in (("node", "nodes_resp"), ("job", "job_info_resp")):
+            doc = json.loads((SLURM / f"scontrol_show_{kind}_v{version}.json").read_text())
+            schema = json.loads((SLURM / f"schema_v{version}_openapi_{root}.json").read_text())
+            jsonschema.validate(doc, schema)
+            doc["nodes" if kind == "node" else "jobs"][0]["name" if kind == "node" else "job_id"] = ["bad"]
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(doc, schema)
+
+
+@pytest.mark.parametrize("value,expected", [
+    (5, 5), (None, None), ({"set": True, "infinite": False, "number": 7}, 7),
+    ({"set": False, "infinite": False, "number": 7}, None), ({"set": True, "infinite": True, "number": 0}, None),
+    ("12", 12), ("x", None), (True, None),
+])
+def test_number_reads_both_dialects(value: object, expected: int | None) -> None:
+    assert parse.number(value) == expected
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("not json at all", "not JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"meta": {}}', "no `nodes` list"),
+    ('{"errors": [{"error": "Unable to contact slurm controller"}]}', "Unable to contact slurm controller"),
+])
+def test_odd_node_output_is_a_clear_parse_error(text: str, needle: str) -> None:
+    with pytest.raises(SlurmParseError, match=needle.replace("`", ".")):
+        parse.parse_nodes_json(text, "sinfo --json")
+
+
+def test_node_record_without_name_is_rejected() -> None:
+    with pytest.raises(SlurmParseError, match="without a name"):
+        parse.parse_nodes_json('{"nodes": [{"state": "idle"}]}')
+
+
+def test_unknown_state_words_are_kept_not_fatal() -> None:
+    (n,) = parse.parse_nodes_json('{"nodes": [{"name": "x", "state": ["IDLE", "SOMETHING_NEW"]}]}')
+    assert n.states == {"IDLE", "SOMETHING_NEW"}
+
+
+def test_version_and_config_and_oneliner() -> None:
+    assert parse.parse_version((SLURM / "scontrol_version_22.05.txt").read_text()) == (22, 5, 8)
+    conf = parse.parse_key_values((SLURM / "show_config_22.05.txt").read_text())
+    assert "permit_job_expansion" in conf["SchedulerParameters"]
+    assert conf["SlurmdTimeout"] == "30 sec"
+    one = parse.parse_oneliner((SLURM / "show_job_oneliner_22.05.txt").read_text())
+    assert one["JobId"] == "1" and one["NodeList"] == "n[1-2]" and one["ExcNodeList"] == "(null)"
+    assert one["BatchHost"] == "n1" and one["JobState"] == "RUNNING"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Submitted batch job 42\n", 42), ("salloc: Granted job allocation 7\n", 7), ("13\n", 13),
+    ("13;hpdev\n", 13), ("salloc: Pending job allocation 9\nsalloc: job 9 queued", 9),
+])
+def test_job_id_from_submit_output(text: str, expected: int) -> None:
+    assert parse.parse_job_id(text) == expected
+
+
+def test_job_id_missing_is_an_error() -> None:
+    with pytest.raises(SlurmParseError):
+        parse.parse_job_id("sbatch: error: Batch job submission failed")

@@ -6,4 +6,4 @@ from hpresilience.settings_base import Section
 
 
 class AgentSettings(Section):
-    """Settings for the node agent (schedule, guard rails, metrics address). Every field has a default that works with no file."""
+    """Settings for the node agent (schedule, guard rails, metrics address); defaults work with no file."""

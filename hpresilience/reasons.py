@@ -1,0 +1,61 @@
+"""Node reasons: the vocabulary the agent, the controller, the wrapper and operators share through Slurm.
+
+HyperPod's convention, which operators already type by hand:
+    scontrol update node=X state=fail reason="Action:Replace"
+    scontrol update node=X state=fail reason="Action:Reboot"
+Anything after the action word is free text. Reasons that hpresilience itself writes carry an owner
+tag, so that a part never overwrites or resumes a reason a person (or another tool) set:
+    Action:Replace [hpr-agent] xid=79 GPU 0000:53:00.0 fell off the bus
+    [hpr-controller] repairing: reboot (attempt 1)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Action(str, Enum):
+    REPLACE = "Replace"
+    REBOOT = "Reboot"
+
+
+AGENT_TAG = "[hpr-agent]"
+CONTROLLER_TAG = "[hpr-controller]"
+
+_ACTION = re.compile(r"^\s*Action\s*:\s*(Replace|Reboot)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ParsedReason:
+    action: Action | None
+    owner: str | None  # "agent", "controller", or None for an operator / another tool
+    detail: str
+
+
+def parse_reason(reason: str) -> ParsedReason:
+    """What a node's reason asks for and who wrote it. Case-insensitive on the action word."""
+    text = reason or ""
+    m = _ACTION.match(text)
+    action = Action(m.group(1).capitalize()) if m else None
+    owner = "agent" if AGENT_TAG in text else "controller" if CONTROLLER_TAG in text else None
+    detail = text[m.end():] if m else text
+    detail = detail.replace(AGENT_TAG, "").replace(CONTROLLER_TAG, "").strip(" :-")
+    return ParsedReason(action, owner, detail)
+
+
+def agent_reason(action: Action, detail: str) -> str:
+    """The reason the agent writes; Slurm keeps reasons short, so the detail is trimmed."""
+    return _clip(f"Action:{action.value} {AGENT_TAG} {detail}")
+
+
+def controller_reason(detail: str, action: Action | None = None) -> str:
+    prefix = f"Action:{action.value} " if action else ""
+    return _clip(f"{prefix}{CONTROLLER_TAG} {detail}")
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    # Quotes and newlines would break `scontrol update reason=...` parsing on the Slurm side.
+    clean = " ".join(text.replace('"', "'").split())
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."

@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from hpresilience.settings_base import Section
 
 
 class AgentSettings(Section):
-    """Settings for the node agent (schedule, guard rails, metrics address); defaults work with no file."""
+    """Settings for the node agent; every field has a default that works with no file."""
+
+    # Slurm node name of this host; empty: $SLURMD_NODENAME, else the short host name.
+    node_name: str = ""
+    passive_interval_s: float = Field(default=30.0, gt=0)
+    # Active checks stress hardware: only when Slurm shows the node idle, or drained by us, and at most this often.
+    active_interval_s: float = Field(default=3600.0, gt=0)
+    active_checks: bool = True
+    # A failing verdict must be seen this many runs in a row before the node is marked, unless the check is certain.
+    required_repeats: int = Field(default=2, ge=1, le=20)
+    # Cluster-wide guard rail: agents together mark at most this share of nodes (at least cap_min) per window.
+    cap_fraction: float = Field(default=0.10, gt=0, le=1)
+    cap_min: int = Field(default=1, ge=0)
+    cap_window_s: float = Field(default=600.0, gt=0)
+    # Resume a node the agent itself marked once its faults have cleared (e.g. after a reboot).
+    resume_when_clear: bool = True
+    dry_run: bool = False
+    # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.
+    metrics_address: str = "127.0.0.1:9761"
+    # Where the agent keeps what must survive a restart (repeat counters, last results).
+    state_dir: str = "/var/lib/hpresilience/agent"

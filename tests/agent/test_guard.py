@@ -1,0 +1,84 @@
+"""Guard rails: repeats, ownership of reasons, escalation, the cluster-wide cap, resume when clear."""
+
+from __future__ import annotations
+
+from hpresilience.agent.guard import Decision, Finding, Memory, cap_limit, decide
+from hpresilience.agent.settings import AgentSettings
+from hpresilience.reasons import Action, agent_reason
+from hpresilience.slurm.models import Node
+
+NOW = 1_800_000_000.0
+
+
+def node(name: str, states: set[str] | None = None, reason: str = "", changed: float | None = None) -> Node:
+    return Node(name=name, address="", hostname="", states=frozenset(states or {"IDLE"}), reason=reason,
+                reason_changed_at=int(changed) if changed else None)
+
+
+XID79 = Finding("xid:79", Action.REPLACE, "xid=79 GPU fell off the bus", certain=True, check="xid")
+ECC = Finding("nvml.ecc", Action.REPLACE, "uncorrected ECC 3", certain=False, check="nvml")
+PENDING = Finding("nvml.remap", Action.REBOOT, "row remap pending", certain=True, check="nvml")
+
+
+def run(n: Node, findings: list[Finding], cluster: list[Node] | None = None, memory: Memory | None = None,
+        **kw: object) -> Decision:
+    mem = memory or Memory()
+    mem.observe(findings)
+    cl = cluster if cluster is not None else [n] + [node(f"x{i}") for i in range(19)]
+    return decide(n, cl, findings, mem, AgentSettings(**kw), NOW)  # type: ignore[arg-type]
+
+
+def test_certain_fault_marks_at_once_with_reason_naming_it() -> None:
+    d = run(node("n1"), [XID79])
+    assert d.kind == "mark" and d.action == Action.REPLACE
+    assert d.reason.startswith("Action:Replace [hpr-agent] xid=79")
+
+
+def test_uncertain_fault_needs_repeats() -> None:
+    mem = Memory()
+    assert run(node("n1"), [ECC], memory=mem).kind == "hold"
+    assert run(node("n1"), [ECC], memory=mem).kind == "mark"
+
+
+def test_streak_breaks_when_fault_disappears() -> None:
+    mem = Memory()
+    run(node("n1"), [ECC], memory=mem)
+    run(node("n1"), [], memory=mem)
+    assert run(node("n1"), [ECC], memory=mem).kind == "hold"
+
+
+def test_operator_reason_is_never_overwritten() -> None:
+    n = node("n1", {"IDLE", "DRAIN"}, "operator: bad fan")
+    d = run(n, [XID79])
+    assert d.kind == "hold" and "does not own" in d.why
+
+
+def test_already_marked_is_not_marked_again_but_escalates() -> None:
+    n = node("n1", {"IDLE", "FAIL"}, agent_reason(Action.REBOOT, "row remap pending"), NOW - 5)
+    assert run(n, [PENDING]).kind == "none"
+    d = run(n, [XID79])
+    assert d.kind == "mark" and d.action == Action.REPLACE
+
+
+def test_cap_stops_a_check_that_fails_everywhere() -> None:
+    """20 nodes, 10 %: two already marked by agents in the window -> the third is held."""
+    others = [node(f"x{i}", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW - 60) for i in range(2)]
+    cluster = [node("n1")] + others + [node(f"y{i}") for i in range(17)]
+    d = run(cluster[0], [XID79], cluster=cluster)
+    assert d.kind == "hold" and "cap reached" in d.why
+    # Marks older than the window no longer count.
+    old = [node(f"x{i}", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW - 3600) for i in range(2)]
+    assert run(cluster[0], [XID79], cluster=[cluster[0], *old, *cluster[3:]]).kind == "mark"
+
+
+def test_cap_limit_has_a_floor() -> None:
+    assert cap_limit(4, AgentSettings()) == 1 and cap_limit(100, AgentSettings()) == 10
+    assert cap_limit(4, AgentSettings(cap_min=0)) == 0
+
+
+def test_resume_only_what_the_agent_marked() -> None:
+    mine = node("n1", {"IDLE", "FAIL"}, agent_reason(Action.REBOOT, "x"), NOW - 5)
+    assert run(mine, []).kind == "resume"
+    assert run(mine, [], resume_when_clear=False).kind == "none"
+    theirs = node("n1", {"IDLE", "FAIL"}, "Action:Replace", NOW - 5)
+    assert run(theirs, []).kind == "none"

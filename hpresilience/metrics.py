@@ -36,7 +36,7 @@ class MetricsServer:
         reg, ok = registry, healthy
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 if self.path.startswith("/metrics"):
                     body, code, ctype = generate_latest(reg), 200, CONTENT_TYPE_LATEST
                 elif self.path.startswith("/healthz"):
@@ -50,7 +50,7 @@ class MetricsServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: daemons log JSON
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)

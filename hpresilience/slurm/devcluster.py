@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from hpresilience.errors import EnvironmentMissing, ExternalError
+from hpresilience.errors import EnvironmentMissing, ExternalError, HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
@@ -231,7 +231,7 @@ class DevCluster:
                 last = client.nodes()
                 if len(last) == self.nodes and all(n.is_idle for n in last):
                     return last
-            except Exception:
+            except HPResilienceError:  # slurmctld still starting: keep waiting, the timeout reports it
                 last = []
             elapsed = time.monotonic() - started
             if elapsed > timeout:
@@ -278,7 +278,7 @@ class DevCluster:
             try:
                 if all(j.is_finished for j in client.jobs()):
                     return
-            except Exception:
+            except HPResilienceError:  # a dying controller: the signals that follow finish its jobs
                 return
             time.sleep(0.2)
 

@@ -1,0 +1,205 @@
+"""The node agent: runs checks on a schedule and on events, and acts on verdicts through Slurm.
+
+One loop per node. Each cycle: ask Slurm for every node (one query: the guard rails need the whole
+cluster), run the passive checks (and the active ones when this node is idle or drained by us and
+they are due), turn the results into a Decision through `guard.decide`, and apply it. A fault event
+(an XID in the kernel log, an NVML event) wakes the loop at once: that is the event path whose
+latency bench/ measures. Nothing here raises out of the loop: a failed cycle is logged and retried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from hpresilience.agent.guard import Decision, Finding, Memory, decide
+from hpresilience.agent.settings import AgentSettings
+from hpresilience.errors import HPResilienceError
+from hpresilience.log import get_logger
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
+from hpresilience.systemd import notify, watchdog_interval_s
+
+log = get_logger("hpresilience.agent")
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """What the agent needs from one check run, whatever check framework produced it."""
+
+    check: str
+    status: str  # ok | warn | fail | unknown | not_applicable
+    duration_s: float
+    finding: Finding | None = None
+    # When the fault behind the finding was first observed (event time), for detection latency.
+    observed_at: float | None = None
+
+
+class Collector(Protocol):
+    """The agent's view of the health checks: passive and active runs, and fault events."""
+
+    def passive(self) -> Sequence[CheckOutcome]: ...
+
+    def active(self) -> Sequence[CheckOutcome]: ...
+
+    def wait_event(self, timeout: float) -> bool:
+        """Block up to `timeout` s; True as soon as a fault event (XID, NVML event) arrived."""
+        ...
+
+
+def default_node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.checks = Counter("hpr_agent_check_results_total", "Check results by check and status",
+                              ["check", "status"], registry=registry)
+        self.duration = Histogram("hpr_agent_check_duration_seconds", "Check run time", ["check"], registry=registry,
+                                  buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300))
+        self.decisions = Counter("hpr_agent_decisions_total", "Guard-rail decisions", ["decision", "action"],
+                                 registry=registry)
+        self.latency = Histogram("hpr_agent_fault_detection_latency_seconds",
+                                 "From a fault being observed to the node marked in Slurm", registry=registry,
+                                 buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+        self.last_cycle = Gauge("hpr_agent_last_cycle_timestamp_seconds", "End of the last check cycle",
+                                registry=registry)
+        self.cycle_errors = Counter("hpr_agent_cycle_errors_total", "Cycles that failed (Slurm unreachable, ...)",
+                                    registry=registry)
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, client: SlurmClient, collector: Collector,
+                 node_name: str = "", registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.collector = collector
+        self.node_name = node_name or settings.node_name or default_node_name()
+        self.registry = registry or CollectorRegistry()
+        self.metrics = AgentMetrics(self.registry)
+        self.memory = Memory()
+        self.last_active = 0.0
+        self.last_ok_cycle = 0.0
+        self.stop_event = threading.Event()
+        self.state_path = Path(settings.state_dir) / f"agent-{self.node_name}.json"
+        self._load_memory()
+
+    # -- persistence: repeat streaks survive an agent restart ------------------------------------------
+    def _load_memory(self) -> None:
+        try:
+            data = json.loads(self.state_path.read_text())
+            self.memory.streaks = {str(k): int(v) for k, v in data.get("streaks", {}).items()}
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def _save_memory(self) -> None:
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"streaks": self.memory.streaks}))
+            os.replace(tmp, self.state_path)
+        except OSError as err:
+            log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
+
+    # -- one cycle -------------------------------------------------------------------------------------
+    def active_allowed(self, node: Node) -> bool:
+        """Active checks stress the hardware: only on an idle node, or one out of service by our hand."""
+        if not self.settings.active_checks or node.is_busy:
+            return False
+        if node.is_idle:
+            return True
+        from hpresilience.reasons import parse_reason
+
+        return parse_reason(node.reason).owner == "agent"
+
+    def cycle(self, now: float | None = None) -> Decision:
+        cluster = self.client.nodes()
+        me = next((n for n in cluster if n.name == self.node_name), None)
+        if me is None:
+            raise HPResilienceError(f"node {self.node_name!r} is not in the cluster (names: "
+                                    f"{', '.join(n.name for n in cluster[:8])}...)")
+        outcomes = list(self.collector.passive())
+        t = time.time() if now is None else now
+        if self.active_allowed(me) and time.monotonic() - self.last_active >= self.settings.active_interval_s:
+            outcomes += self.collector.active()
+            self.last_active = time.monotonic()
+        for o in outcomes:
+            self.metrics.checks.labels(o.check, o.status).inc()
+            self.metrics.duration.labels(o.check).observe(o.duration_s)
+        findings = [o.finding for o in outcomes if o.finding is not None]
+        self.memory.observe(findings)
+        decision = decide(me, cluster, findings, self.memory, self.settings, t)
+        self.apply(me, decision, outcomes)
+        self._save_memory()
+        self.metrics.last_cycle.set(time.time())
+        self.last_ok_cycle = time.monotonic()
+        return decision
+
+    def apply(self, node: Node, d: Decision, outcomes: Sequence[CheckOutcome]) -> None:
+        action = d.action.value if d.action else "none"
+        self.metrics.decisions.labels(d.kind, action).inc()
+        evidence = {"checks": {o.check: o.status for o in outcomes},
+                    "finding": d.finding.reason if d.finding else None,
+                    "check": d.finding.check if d.finding else None}
+        if d.kind == "mark":
+            if self.settings.dry_run:
+                log.warning("node_would_be_marked_fail", node=node.name, reason=d.reason, why=d.why, dry_run=True,
+                            **evidence)
+                return
+            self.client.set_node_state([node.name], "fail", d.reason)
+            observed = [o.observed_at for o in outcomes if o.finding is d.finding and o.observed_at]
+            if observed:
+                self.metrics.latency.observe(max(0.0, time.time() - observed[0]))
+            log.warning("node_marked_fail", node=node.name, reason=d.reason, why=d.why, **evidence)
+        elif d.kind == "resume":
+            if self.settings.dry_run:
+                log.info("node_would_be_resumed", node=node.name, why=d.why, dry_run=True)
+                return
+            self.client.set_node_state([node.name], "resume")
+            log.info("node_resumed", node=node.name, why=d.why, previous_reason=node.reason)
+        elif d.kind == "hold":
+            log.info("verdict_held", node=node.name, why=d.why, action=action, **evidence)
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        """/healthz: the last successful cycle is recent (three passive intervals)."""
+        return time.monotonic() - self.last_ok_cycle < 3 * self.settings.passive_interval_s + 30
+
+    def run(self) -> None:
+        log.info("agent_started", node=self.node_name, dry_run=self.settings.dry_run,
+                 interval_s=self.settings.passive_interval_s)
+        notify("READY=1", f"STATUS=checking node {self.node_name}")
+        watchdog = watchdog_interval_s()
+        next_cycle = 0.0
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            if now >= next_cycle:
+                try:
+                    d = self.cycle()
+                    notify(f"STATUS=last verdict: {d.kind} ({d.why})")
+                except Exception as err:  # noqa: BLE001 - never let one bad cycle end the daemon
+                    self.metrics.cycle_errors.inc()
+                    log.error("agent_cycle_failed", node=self.node_name, error=str(err), kind=type(err).__name__)
+                next_cycle = time.monotonic() + self.settings.passive_interval_s
+            if watchdog is not None:
+                notify("WATCHDOG=1")
+            wait = max(0.0, next_cycle - time.monotonic())
+            if watchdog is not None:
+                wait = min(wait, watchdog)
+            if self.collector.wait_event(wait):
+                log.info("fault_event_received", node=self.node_name)
+                next_cycle = 0.0
+        notify("STOPPING=1")
+        log.info("agent_stopped", node=self.node_name)
+
+    def stop(self) -> None:
+        self.stop_event.set()

@@ -15,12 +15,22 @@ import structlog
 _configured = False
 
 
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the time of the call (pytest's capture, a redirected fd)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def setup_logging(level: str = "info", json: bool | None = None, stream: TextIO | None = None) -> None:
     """Configure structlog once per process (later calls re-configure)."""
     global _configured
-    out = stream if stream is not None else sys.stderr
     if json is None:
-        json = not out.isatty()
+        json = not (stream if stream is not None else sys.stderr).isatty()
+    out: Any = stream if stream is not None else _CurrentStderr()
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

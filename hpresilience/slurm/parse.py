@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hpresilience.errors import SlurmParseError
+from hpresilience.log import get_logger
 from hpresilience.slurm.hostlist import expand
 from hpresilience.slurm.models import Job, Node
+
+T = TypeVar("T")
+log = get_logger("hpresilience.slurm")
 
 
 def _loads(text: str, what: str) -> dict[str, Any]:
@@ -99,13 +104,26 @@ def node_from_dict(d: dict[str, Any]) -> Node:
     )
 
 
+def _records(text: str, what: str, key: str, build: Callable[[dict[str, Any]], T]) -> list[T]:
+    """The list under `key`, built record by record: one odd record is skipped and logged, not fatal."""
+    data = _loads(text, what)
+    raw = data.get(key)
+    if not isinstance(raw, list):
+        raise SlurmParseError([what], None, "", f"{what}: no `{key}` list in the output")
+    out = []
+    for d in raw:
+        try:
+            if not isinstance(d, dict):
+                raise SlurmParseError([what], None, "", f"{key} entry is a {type(d).__name__}, not an object")
+            out.append(build(d))
+        except SlurmParseError as err:
+            log.warning("slurm_record_skipped", source=what, error=str(err))
+    return out
+
+
 def parse_nodes_json(text: str, what: str = "nodes") -> list[Node]:
     """Nodes from `sinfo --json` (v0.0.38) or `scontrol --json show node` (v0.0.40+)."""
-    data = _loads(text, what)
-    raw = data.get("nodes")
-    if not isinstance(raw, list):
-        raise SlurmParseError([what], None, "", f"{what}: no `nodes` list in the output")
-    return [node_from_dict(d) for d in raw if isinstance(d, dict)]
+    return _records(text, what, "nodes", node_from_dict)
 
 
 def _job_state(value: Any) -> tuple[str, tuple[str, ...]]:
@@ -122,7 +140,7 @@ def job_from_dict(d: dict[str, Any]) -> Job:
     if job_id is None:
         raise SlurmParseError(["job"], None, "", f"job record without a job_id: keys {sorted(d)[:8]}")
     state, state_flags = _job_state(d.get("job_state"))
-    nodes = tuple(expand(str(d.get("nodes") or "")))
+    nodes = tuple(expand(str(d.get("nodes") or "")))  # a malformed hostlist skips this job, see _records
     return Job(
         job_id=job_id,
         name=str(d.get("name") or ""),
@@ -142,11 +160,7 @@ def job_from_dict(d: dict[str, Any]) -> Job:
 
 def parse_jobs_json(text: str, what: str = "jobs") -> list[Job]:
     """Jobs from `squeue --json` (v0.0.38) or `scontrol --json show job` (v0.0.40+)."""
-    data = _loads(text, what)
-    raw = data.get("jobs")
-    if not isinstance(raw, list):
-        raise SlurmParseError([what], None, "", f"{what}: no `jobs` list in the output")
-    return [job_from_dict(d) for d in raw if isinstance(d, dict)]
+    return _records(text, what, "jobs", job_from_dict)
 
 
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")

@@ -71,9 +71,14 @@ def test_odd_node_output_is_a_clear_parse_error(text: str, needle: str) -> None:
         parse.parse_nodes_json(text, "sinfo --json")
 
 
-def test_node_record_without_name_is_rejected() -> None:
-    with pytest.raises(SlurmParseError, match="without a name"):
-        parse.parse_nodes_json('{"nodes": [{"state": "idle"}]}')
+def test_odd_records_are_skipped_and_logged_not_fatal(capsys: pytest.CaptureFixture[str]) -> None:
+    """A record without a name, a non-object entry, a job with a broken hostlist: the rest still parse."""
+    nodes = parse.parse_nodes_json('{"nodes": [{"state": "idle"}, 7, {"name": "n1", "state": "idle"}]}')
+    assert [n.name for n in nodes] == ["n1"]
+    jobs = parse.parse_jobs_json('{"jobs": [{"job_id": 1, "nodes": "n[1-"}, {"job_id": 2, "nodes": "n1"}]}')
+    assert [j.job_id for j in jobs] == [2]
+    err = capsys.readouterr().err
+    assert err.count("slurm_record_skipped") == 3 and "without a name" in err
 
 
 def test_unknown_state_words_are_kept_not_fatal() -> None:

@@ -6,4 +6,4 @@ from hpresilience.settings_base import Section
 
 
 class AutoResumeSettings(Section):
-    """Settings for srun --auto-resume (log rules, restart policy, spares). Every field has a default that works with no file."""
+    """Settings for srun --auto-resume (log rules, restart policy, spares). Defaults work with no file."""

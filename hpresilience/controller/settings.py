@@ -6,4 +6,4 @@ from hpresilience.settings_base import Section
 
 
 class ControllerSettings(Section):
-    """Settings for the head-node replacement controller. Every field has a default that works with no file."""
+    """Settings for the head-node replacement controller. Defaults work with no file."""

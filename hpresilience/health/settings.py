@@ -6,4 +6,4 @@ from hpresilience.settings_base import Section
 
 
 class HealthSettings(Section):
-    """Settings for health checks (profiles, XID overrides, hardware paths). Every field has a default that works with no file."""
+    """Settings for health checks (profiles, XID overrides, hardware paths). Defaults work with no file."""

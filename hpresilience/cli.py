@@ -67,6 +67,11 @@ LAZY_COMMANDS = {
     "demo": "hpresilience.demo:demo",
     "nodes": "hpresilience.slurm.cli:nodes",
     "check": "hpresilience.health.cli:check",
+    "agent": "hpresilience.agent.cli:agent",
+    "controller": "hpresilience.controller.cli:controller",
+    "replace": "hpresilience.controller.cli:replace",
+    "status": "hpresilience.controller.cli:status",
+    "srun": "hpresilience.autoresume.cli:srun",
 }
 
 

@@ -21,10 +21,11 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hpresilience.agent.guard import Decision, Finding, Memory, decide
+from hpresilience.agent.guard import Decision, Finding, Memory, cap_limit, decide, recently_marked_by_agents
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
+from hpresilience.reasons import parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify, watchdog_interval_s
@@ -117,8 +118,6 @@ class Agent:
             return False
         if node.is_idle:
             return True
-        from hpresilience.reasons import parse_reason
-
         return parse_reason(node.reason).owner == "agent"
 
     def cycle(self, now: float | None = None) -> Decision:
@@ -139,10 +138,32 @@ class Agent:
         self.memory.observe(findings)
         decision = decide(me, cluster, findings, self.memory, self.settings, t)
         self.apply(me, decision, outcomes)
+        if decision.kind == "mark" and not self.settings.dry_run and parse_reason(me.reason).owner != "agent":
+            decision = self.verify_cap(decision)
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
+        log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind, checks=len(outcomes))
         return decision
+
+    def verify_cap(self, d: Decision) -> Decision:
+        """Agents that see the same fault in the same second all pass the cap check before any of them marked.
+        So each re-reads Slurm after marking and keeps its mark only if it is among the first `limit` agent
+        marks in (reason time, node name) order - an order every agent computes the same - else it backs out."""
+        cluster = self.client.nodes()
+        marked = [n for n in cluster if n.name in recently_marked_by_agents(cluster, time.time(),
+                                                                             self.settings.cap_window_s)]
+        marked.sort(key=lambda n: (n.reason_changed_at or 0, n.name))
+        limit = cap_limit(len(cluster), self.settings)
+        names = [n.name for n in marked]
+        if self.node_name in names and names.index(self.node_name) >= limit:
+            self.client.set_node_state([self.node_name], "resume")
+            why = (f"cluster cap reached: {len(names)} agent marks within {self.settings.cap_window_s:g} s, "
+                   f"limit {limit}; this node's mark came after {', '.join(names[:limit])}")
+            log.warning("node_mark_rolled_back", node=self.node_name, why=why)
+            self.metrics.decisions.labels("rolled_back", d.action.value if d.action else "none").inc()
+            return Decision("hold", why, d.action, finding=d.finding)
+        return d
 
     def apply(self, node: Node, d: Decision, outcomes: Sequence[CheckOutcome]) -> None:
         action = d.action.value if d.action else "none"

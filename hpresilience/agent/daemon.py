@@ -213,7 +213,8 @@ class Agent:
                 next_cycle = time.monotonic() + self.settings.passive_interval_s
             if watchdog is not None:
                 notify("WATCHDOG=1")
-            wait = max(0.0, next_cycle - time.monotonic())
+            # Wait in short slices so that SIGTERM (stop_event) is honoured within a second.
+            wait = min(max(0.0, next_cycle - time.monotonic()), 1.0)
             if watchdog is not None:
                 wait = min(wait, watchdog)
             if self.collector.wait_event(wait):

@@ -1,0 +1,296 @@
+"""The check framework's vocabulary: results, the Check base class, the registry, and hardware paths.
+
+A check is a small object with a name, a family, a kind (passive: cheap and safe while jobs run;
+active: stresses hardware, only on idle or drained nodes), a timeout and `run()`. Every run ends in a
+CheckResult; the runner (runner.py) enforces timeouts and turns errors into `unknown`.
+"""
+
+from __future__ import annotations
+
+import enum
+import glob
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, NoReturn, TypeVar
+
+from pydantic import Field
+
+from hpresilience.errors import ConfigError
+from hpresilience.settings_base import Section
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+    NOT_APPLICABLE = "not_applicable"
+
+
+class SuggestedAction(str, enum.Enum):
+    NONE = "none"
+    REBOOT = "reboot"
+    REPLACE = "replace"
+
+
+ACTION_RANK = {SuggestedAction.NONE: 0, SuggestedAction.REBOOT: 1, SuggestedAction.REPLACE: 2}
+
+
+class Kind(str, enum.Enum):
+    PASSIVE = "passive"
+    ACTIVE = "active"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """How one run of one check ended, with the numbers and lines that led there."""
+
+    check: str
+    family: str
+    kind: Kind
+    status: Status
+    action: SuggestedAction = SuggestedAction.NONE
+    reason: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    # Identifies the fault across runs and reboots ("xid:79:0000:53:00.0"); empty when there is none.
+    key: str = ""
+    # True: one sighting is enough (a counter that only moves on a real fault); False: confirm by repeating.
+    certain: bool = False
+    duration_s: float = 0.0
+    # When the fault was first observed (event time), for detection latency; None when unknown.
+    observed_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "family": self.family,
+            "kind": self.kind.value,
+            "status": self.status.value,
+            "action": self.action.value,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "key": self.key,
+            "certain": self.certain,
+            "duration_s": round(self.duration_s, 4),
+            "observed_at": self.observed_at,
+        }
+
+
+class NotApplicable(Exception):
+    """Raised by a check when its device or tool is absent and the profile does not require it."""
+
+
+class RequiredMissing(Exception):
+    """Raised by a check when its device or tool is absent although the profile requires it."""
+
+
+class CheckOptions(Section):
+    """Per-check settings from the profile and the config; subclasses add thresholds."""
+
+    enabled: bool = True
+    timeout_s: float | None = Field(default=None, gt=0)
+    # The device family must be present: absence is a failure instead of "not applicable".
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Roots for every hardware read: a tree laid out like the real one under another root reads the same."""
+
+    sysfs: Path = Path("/sys")
+    procfs: Path = Path("/proc")
+    dev: Path = Path("/dev")
+
+    def sys(self, *parts: str) -> Path:
+        return self.sysfs.joinpath(*parts)
+
+    def proc(self, *parts: str) -> Path:
+        return self.procfs.joinpath(*parts)
+
+    def device(self, *parts: str) -> Path:
+        return self.dev.joinpath(*parts)
+
+    def glob(self, root: Path, pattern: str) -> list[Path]:
+        return sorted(Path(p) for p in glob.glob(str(root / pattern)))
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class CheckContext:
+    """What every check may use: paths, commands, settings, on-disk state, and a per-run cache."""
+
+    paths: HostPaths = field(default_factory=HostPaths)
+    commands: dict[str, str] = field(default_factory=dict)
+    state_dir: Path = Path("/var/lib/hpresilience/health")
+    kernel_log: str = ""
+    nvml: str = "auto"
+    xid_overrides: dict[int, str] = field(default_factory=dict)
+    reboots_before_replace: int = 2
+    escalation_window_s: float = 14 * 86400.0
+    expect: dict[str, int] = field(default_factory=dict)
+    _cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _key_locks: dict[str, threading.Lock] = field(default_factory=dict)
+
+    def command(self, name: str) -> str:
+        return self.commands.get(
+            name, name.replace("_", "-") if name in ("nvidia_smi", "stress_ng") else name
+        )
+
+    def cached(self, key: str, fn: Callable[[], T], max_age_s: float = 2.0) -> T:
+        """One read shared by the checks of one run (several GPU checks, one NVML snapshot)."""
+        with self._lock:
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:
+            hit = self._cache.get(key)
+            if hit is not None and time.monotonic() - hit[0] <= max_age_s:
+                value: T = hit[1]
+                return value
+            value = fn()
+            self._cache[key] = (time.monotonic(), value)
+            return value
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def boot_id(self) -> str:
+        """Identifies the current boot (escalation counts reboots by it)."""
+        try:
+            text = self.paths.proc("sys", "kernel", "random", "boot_id").read_text().strip()
+            if text:
+                return text
+        except OSError:
+            pass
+        try:
+            for line in self.paths.proc("stat").read_text().splitlines():
+                if line.startswith("btime "):
+                    return "btime-" + line.split()[1]
+        except OSError:
+            pass
+        return "unknown-boot"
+
+    def state_path(self, name: str) -> Path:
+        return self.state_dir / name
+
+
+class Check:
+    """Base class of every check. Subclasses set the class attributes and implement `run()`."""
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    kind: ClassVar[Kind] = Kind.PASSIVE
+    default_timeout_s: ClassVar[float] = 10.0
+    Options: ClassVar[type[CheckOptions]] = CheckOptions
+
+    def __init__(self, options: CheckOptions, ctx: CheckContext) -> None:
+        self.options = options
+        self.ctx = ctx
+
+    @property
+    def timeout_s(self) -> float:
+        return self.options.timeout_s or self.default_timeout_s
+
+    def run(self) -> CheckResult:
+        raise NotImplementedError
+
+    # Helpers so that run() reads as its outcome.
+    def result(
+        self,
+        status: Status,
+        reason: str,
+        action: SuggestedAction = SuggestedAction.NONE,
+        key: str = "",
+        certain: bool = False,
+        evidence: dict[str, Any] | None = None,
+        **more: Any,
+    ) -> CheckResult:
+        return CheckResult(
+            self.name,
+            self.family,
+            self.kind,
+            status,
+            action,
+            reason,
+            {**(evidence or {}), **more},
+            key,
+            certain,
+        )
+
+    def ok(self, reason: str, evidence: dict[str, Any] | None = None, **more: Any) -> CheckResult:
+        return self.result(Status.OK, reason, evidence=evidence, **more)
+
+    def warn(
+        self, reason: str, key: str = "", evidence: dict[str, Any] | None = None, **more: Any
+    ) -> CheckResult:
+        return self.result(Status.WARN, reason, key=key, evidence=evidence, **more)
+
+    def fail(
+        self,
+        reason: str,
+        action: SuggestedAction,
+        key: str,
+        certain: bool,
+        evidence: dict[str, Any] | None = None,
+        **more: Any,
+    ) -> CheckResult:
+        return self.result(Status.FAIL, reason, action, key, certain, evidence=evidence, **more)
+
+    def absent(self, what: str) -> NoReturn:
+        """The device or tool is absent: not applicable, unless the profile requires it (then a failure)."""
+        if self.options.required:
+            raise RequiredMissing(what)
+        raise NotApplicable(what)
+
+
+REGISTRY: dict[str, type[Check]] = {}
+
+
+def register(cls: type[Check]) -> type[Check]:
+    """Class decorator: make a check available to profiles by its name."""
+    if not cls.name or not cls.family:
+        raise TypeError(f"{cls.__name__} must set name and family")
+    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
+        raise TypeError(f"check name {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def check_class(name: str) -> type[Check]:
+    load_builtin_checks()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown check {name!r}; known checks: {', '.join(sorted(REGISTRY))}") from None
+
+
+def known_checks() -> dict[str, type[Check]]:
+    load_builtin_checks()
+    return dict(sorted(REGISTRY.items()))
+
+
+def load_builtin_checks() -> None:
+    import hpresilience.health.checks  # noqa: F401 - registers the built-in checks on import
+
+
+def read_text(path: Path, default: str | None = None) -> str | None:
+    """A sysfs/procfs value, stripped; `default` when the file is absent or unreadable."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return default
+
+
+def read_int(path: Path) -> int | None:
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.split()[0], 0) if text else None
+    except ValueError:
+        return None

@@ -1,0 +1,5 @@
+"""Built-in checks, one module per family; importing this package registers them all."""
+
+from hpresilience.health.checks import dcgm, efa, gpu, neuron, system, xid
+
+__all__ = ["dcgm", "efa", "gpu", "neuron", "system", "xid"]

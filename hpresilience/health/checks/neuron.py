@@ -1,0 +1,168 @@
+"""AWS Neuron (Trainium/Inferentia): device count and hardware error counters from sysfs.
+
+Neuron driver 2.31 moved sysfs nodes to new paths, not backwards compatibly. Counters are therefore
+found by *name* under each `neuron<N>` directory (a bounded walk), whatever directories sit between:
+`stats/hardware/mem_ecc_uncorrected` (pre-2.31) and any newer placement read the same. A counter is a
+directory with `total` (status counters) or a plain file holding a number.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+
+from hpresilience.health.base import (
+    Check,
+    CheckOptions,
+    CheckResult,
+    Status,
+    SuggestedAction,
+    read_int,
+    register,
+)
+from hpresilience.health.checks.common import (
+    Finding,
+    load_json,
+    neuron_devices,
+    resolve_action,
+    save_json,
+    worst,
+)
+
+# Counter name -> what an increase asks for (uncorrectable ECC: TERMINATE_INSTANCE in AWS's NPD config).
+COUNTERS = {
+    "mem_ecc_uncorrected": "replace",
+    "sram_ecc_uncorrected": "replace",
+    "mem_ecc_repairable_uncorrected": "reboot",
+    "hw_error": "reboot_then_replace",
+    "reset_fail_count": "reboot_then_replace",
+}
+SKIP_DIRS = {"power", "subsystem", "device", "driver", "memory_usage", "info"}
+MAX_DEPTH = 6
+
+
+def find_counters(device: Path) -> dict[str, int]:
+    """Relative path -> value for every known counter under one device directory."""
+    out: dict[str, int] = {}
+    root_depth = str(device).count(os.sep)
+    for dirpath, dirnames, filenames in os.walk(device, followlinks=False):
+        if dirpath.count(os.sep) - root_depth >= MAX_DEPTH:
+            dirnames[:] = []
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        here = Path(dirpath)
+        for d in list(dirnames):
+            if d in COUNTERS:
+                v = read_int(here / d / "total")
+                if v is not None:
+                    out[str((here / d).relative_to(device))] = v
+                dirnames.remove(d)
+        for f in filenames:
+            if f in COUNTERS:
+                v = read_int(here / f)
+                if v is not None:
+                    out[str((here / f).relative_to(device))] = v
+    return out
+
+
+class NeuronCountOptions(CheckOptions):
+    expected: int | None = Field(default=None, ge=0)
+
+
+@register
+class NeuronCount(Check):
+    name = "neuron.count"
+    family = "neuron"
+    Options = NeuronCountOptions
+
+    def run(self) -> CheckResult:
+        assert isinstance(self.options, NeuronCountOptions)
+        devs = neuron_devices(self.ctx.paths)
+        expected = (
+            self.options.expected
+            if self.options.expected is not None
+            else self.ctx.expect.get("neuron_devices")
+        )
+        if not devs and not expected:
+            return self.absent("no Neuron devices")
+        ev = {"found": len(devs), "expected": expected, "devices": [d.name for d in devs]}
+        if expected is not None and len(devs) < expected:
+            return self.fail(
+                f"{len(devs)} Neuron device(s), profile expects {expected}",
+                SuggestedAction.REBOOT,
+                "neuron.count",
+                False,
+                evidence=ev,
+            )
+        if expected is not None and len(devs) > expected:
+            return self.warn(
+                f"{len(devs)} Neuron devices, more than the {expected} expected (wrong profile?)", evidence=ev
+            )
+        return self.ok(f"{len(devs)} Neuron device(s)", evidence=ev)
+
+
+class NeuronCountersOptions(CheckOptions):
+    # True: counters are since driver load, so the first look in a boot compares against zero.
+    # False: the first look in a boot is the baseline (only increases after it count).
+    since_boot: bool = True
+
+
+@register
+class NeuronCounters(Check):
+    """Uncorrected HBM/SRAM ECC, per-core hw_error, reset failures: deltas against a per-boot baseline."""
+
+    name = "neuron.counters"
+    family = "neuron"
+    Options = NeuronCountersOptions
+
+    def run(self) -> CheckResult:
+        assert isinstance(self.options, NeuronCountersOptions)
+        devs = neuron_devices(self.ctx.paths)
+        if not devs:
+            return self.absent("no Neuron devices")
+        now: dict[str, int] = {}
+        for d in devs:
+            for rel, v in find_counters(d).items():
+                now[f"{d.name}/{rel}"] = v
+        if not now:
+            return self.result(
+                Status.UNKNOWN,
+                "Neuron devices present but no error counters found in sysfs "
+                "(driver older than 2.14.5, or an unknown layout)",
+                devices=[d.name for d in devs],
+            )
+        path = self.ctx.state_path("neuron-baseline.json")
+        state = load_json(path)
+        boot = self.ctx.boot_id()
+        base: dict[str, int] = state.get("counters", {}) if state.get("boot_id") == boot else {}
+        for k, v in now.items():
+            if k not in base:
+                base[k] = 0 if self.options.since_boot else v
+            elif v < base[k]:  # written to clear (or the driver reloaded): start again from here
+                base[k] = v
+        save_json(path, {"boot_id": boot, "counters": base})
+        findings = []
+        for k, v in sorted(now.items()):
+            delta = v - base[k]
+            if delta <= 0:
+                continue
+            counter = Path(k).name
+            key = f"neuron.{counter}:{k.split('/')[0]}"
+            action, boots = resolve_action(self.ctx, COUNTERS[counter], key)
+            findings.append(
+                Finding(
+                    f"{k} rose by {delta}",
+                    action,
+                    key,
+                    True,
+                    {"counter": k, "value": v, "baseline": base[k], "delta": delta, "boots_seen": boots},
+                )
+            )
+        ev = {"counters": len(now), "devices": len(devs)}
+        if not findings:
+            return self.ok(f"{len(now)} error counters on {len(devs)} device(s) unchanged", evidence=ev)
+        w = worst(findings)
+        return self.fail(
+            w.what, w.action, w.key, w.certain, findings=[f.to_dict() for f in findings], evidence=ev
+        )

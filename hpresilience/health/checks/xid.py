@@ -1,0 +1,93 @@
+"""XIDs and Neuron hardware errors in this boot's kernel log, classified by the versioned catalogue."""
+
+from __future__ import annotations
+
+from hpresilience.health.base import Check, CheckOptions, CheckResult, Status, SuggestedAction, register
+from hpresilience.health.checks.common import (
+    Finding,
+    neuron_devices,
+    nvidia_pci_devices,
+    resolve_action,
+    worst,
+)
+from hpresilience.health.events import KernelLogUnavailable, read_kernel_log
+from hpresilience.health.xid import load_catalog
+
+
+class XidOptions(CheckOptions):
+    # How many matching lines to keep as evidence (a storm of XID 13 must not bloat the result).
+    max_evidence_lines: int = 20
+
+
+@register
+class XidCheck(Check):
+    name = "xid"
+    family = "xid"
+    default_timeout_s = 10.0
+    Options = XidOptions
+
+    def _accelerators_present(self) -> bool:
+        c = self.ctx
+        return bool(
+            c.kernel_log
+            or c.nvml != "auto"
+            or nvidia_pci_devices(c.paths)
+            or neuron_devices(c.paths)
+            or c.paths.proc("driver", "nvidia", "gpus").is_dir()
+        )
+
+    def run(self) -> CheckResult:
+        assert isinstance(self.options, XidOptions)
+        if not self._accelerators_present():
+            self.absent("no NVIDIA or Neuron devices whose kernel-log errors to watch")
+        catalog = load_catalog(self.ctx.xid_overrides)
+        path = self.ctx.kernel_log or str(self.ctx.paths.device("kmsg"))
+        try:
+            lines, source = read_kernel_log(path, self.ctx.command("dmesg"))
+        except KernelLogUnavailable as err:
+            return self.result(Status.UNKNOWN, f"kernel log unreadable: {err}")
+        from hpresilience.health.xid import parse_line
+
+        seen: dict[str, Finding] = {}
+        matched: list[str] = []
+        for line in lines:
+            ev = parse_line(line, catalog.aliases, source)
+            if ev is None:
+                continue
+            if len(matched) < self.options.max_evidence_lines:
+                matched.append(ev.message[:300])
+            if ev.key in seen:
+                continue
+            c = catalog.classify(ev)
+            label = f"XID {ev.code}" if ev.vendor == "nvidia" else f"NEURON_HW_ERR={ev.code}"
+            where = f" on {ev.device}" if ev.device else ""
+            if c.action in ("none", "warn"):
+                seen[ev.key] = Finding(
+                    f"{label} ({c.entry.name}){where}",
+                    SuggestedAction.NONE,
+                    ev.key,
+                    False,
+                    {"catalog_action": c.action},
+                )
+                continue
+            action, boots = resolve_action(self.ctx, c.action, ev.key)
+            seen[ev.key] = Finding(
+                f"{label} ({c.entry.name}){where}",
+                action,
+                ev.key,
+                True,
+                {"catalog_action": c.action, "boots_seen": boots},
+            )
+        evidence = {"source": source, "catalog_version": catalog.version, "lines": matched}
+        actionable = [f for f in seen.values() if f.action != SuggestedAction.NONE]
+        warn_only = [f for f in seen.values() if f.detail.get("catalog_action") == "warn"]
+        findings = [f.to_dict() for f in seen.values()]
+        if actionable:
+            w = worst(actionable)
+            return self.fail(w.what, w.action, w.key, w.certain, findings=findings, evidence=evidence)
+        if warn_only:
+            return self.result(
+                Status.WARN, warn_only[0].what, key=warn_only[0].key, findings=findings, evidence=evidence
+            )
+        note = f"; {len(seen)} application-level XID(s) ignored" if seen else ""
+        return self.ok(f"no hardware XIDs this boot{note}", findings=findings, evidence=evidence)

@@ -1,0 +1,77 @@
+"""Reboot-then-replace: remembering, across reboots, in which boots a fault was seen.
+
+A fault key (`nvidia:79:0000:53:00`, `gpu.remap_pending:0000:53:00`) seen in boot A asks for a reboot.
+Seen again in boot B (it came back after one reboot), again a reboot; seen in a third boot with the
+default of 2 reboots, a replacement. The file is small JSON, written atomically; a corrupt or
+unreadable file is logged and treated as empty, which can only delay a replacement, never cause one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from hpresilience.health.base import SuggestedAction
+from hpresilience.log import get_logger
+
+log = get_logger("hpresilience.health")
+_lock = threading.Lock()
+
+
+class EscalationStore:
+    def __init__(self, path: Path, reboots_before_replace: int = 2, window_s: float = 14 * 86400.0) -> None:
+        self.path = path
+        self.reboots_before_replace = reboots_before_replace
+        self.window_s = window_s
+
+    def _load(self) -> dict[str, dict[str, float]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            log.warning("escalation_state_unreadable", path=str(self.path), error=str(err))
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        if isinstance(data, dict):
+            for key, boots in data.get("faults", {}).items():
+                if isinstance(boots, dict):
+                    out[str(key)] = {
+                        str(b): float(t) for b, t in boots.items() if isinstance(t, (int, float))
+                    }
+        return out
+
+    def _save(self, faults: dict[str, dict[str, float]]) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"version": 1, "faults": faults}, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError as err:
+            log.warning("escalation_state_not_saved", path=str(self.path), error=str(err))
+
+    def record(self, key: str, boot_id: str, now: float | None = None) -> int:
+        """Note that `key` was seen in this boot; returns in how many distinct boots (within the window)."""
+        t = time.time() if now is None else now
+        with _lock:
+            faults = self._load()
+            boots = {b: ts for b, ts in faults.get(key, {}).items() if t - ts <= self.window_s}
+            boots.setdefault(boot_id, t)
+            faults[key] = boots
+            faults = {k: v for k, v in faults.items() if v}
+            self._save(faults)
+        return len(boots)
+
+    def boots_seen(self, key: str) -> int:
+        return len(self._load().get(key, {}))
+
+    def escalate(self, key: str, boot_id: str, now: float | None = None) -> tuple[SuggestedAction, int]:
+        """Record a reboot-then-replace fault; reboot until it has come back after N reboots, then replace."""
+        boots = self.record(key, boot_id, now)
+        reboots_since_first = boots - 1
+        if reboots_since_first >= self.reboots_before_replace:
+            return SuggestedAction.REPLACE, boots
+        return SuggestedAction.REBOOT, boots

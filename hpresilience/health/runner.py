@@ -1,0 +1,142 @@
+"""Running checks: timeouts, exceptions, and the rule that an agent-side error never asks for a replacement.
+
+Passive checks run side by side (each in its own thread, so one hung read does not hold up the
+others); active checks run one after another, because two stress tests at once measure neither. A
+check that overruns its timeout is abandoned: the process groups it started are killed, and its
+result is `unknown`. Python cannot kill the thread itself, which is why checks do their blocking work
+in subprocesses or in bounded reads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from hpresilience.health.base import (
+    Check,
+    CheckResult,
+    Kind,
+    NotApplicable,
+    RequiredMissing,
+    Status,
+    SuggestedAction,
+)
+from hpresilience.health.proc import ProcessTracker, bind_tracker
+from hpresilience.log import get_logger
+
+log = get_logger("hpresilience.health")
+
+
+class _Run:
+    def __init__(self, check: Check) -> None:
+        self.check = check
+        self.tracker = ProcessTracker()
+        self.result: CheckResult | None = None
+        self.started = 0.0
+        self.thread = threading.Thread(target=self._target, name=f"check:{check.name}", daemon=True)
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self.thread.start()
+
+    def _target(self) -> None:
+        bind_tracker(self.tracker)
+        try:
+            self.result = run_one(self.check)
+        finally:
+            bind_tracker(None)
+
+
+def _unknown(check: Check, reason: str, **evidence: object) -> CheckResult:
+    return CheckResult(
+        check.name, check.family, check.kind, Status.UNKNOWN, SuggestedAction.NONE, reason, dict(evidence)
+    )
+
+
+def sanitize(check: Check, res: CheckResult) -> CheckResult:
+    """Enforce the invariants a check cannot be trusted with."""
+    if res.check != check.name:
+        res = replace(res, check=check.name, family=check.family, kind=check.kind)
+    if res.status != Status.FAIL and (res.action != SuggestedAction.NONE or res.certain):
+        # Only a failure asks for an action; not knowing in particular is no evidence against the hardware.
+        res = replace(res, action=SuggestedAction.NONE, certain=False)
+    if res.status == Status.FAIL and res.action == SuggestedAction.NONE and res.certain:
+        res = replace(res, certain=False)
+    return res
+
+
+def run_one(check: Check) -> CheckResult:
+    """Run one check in the calling thread: exceptions become `unknown`, absence becomes `not_applicable`."""
+    t0 = time.monotonic()
+    try:
+        res = check.run()
+        if not isinstance(res, CheckResult):
+            res = _unknown(check, f"check returned {type(res).__name__}, not a CheckResult")
+    except NotApplicable as na:
+        res = CheckResult(check.name, check.family, check.kind, Status.NOT_APPLICABLE, reason=str(na))
+    except RequiredMissing as rm:
+        # The profile says the device must be here; a reboot often brings a device back, so confirm first.
+        res = CheckResult(
+            check.name,
+            check.family,
+            check.kind,
+            Status.FAIL,
+            SuggestedAction.REBOOT,
+            f"required but absent: {rm}",
+            {},
+            f"{check.name}:absent",
+            False,
+        )
+    except Exception as err:  # noqa: BLE001 - a broken check is an unknown result, never a crash
+        log.warning("check_raised", check=check.name, error=str(err), kind=type(err).__name__)
+        res = _unknown(check, f"check error: {type(err).__name__}: {err}", error=type(err).__name__)
+    return replace(sanitize(check, res), duration_s=time.monotonic() - t0)
+
+
+def _collect(run: _Run, deadline: float) -> CheckResult:
+    run.thread.join(max(0.0, deadline - time.monotonic()))
+    if run.thread.is_alive() or run.result is None:
+        killed = run.tracker.kill_all()
+        log.warning(
+            "check_timed_out", check=run.check.name, timeout_s=run.check.timeout_s, killed_groups=killed
+        )
+        res = _unknown(
+            run.check,
+            f"timed out after {run.check.timeout_s:g} s",
+            timeout_s=run.check.timeout_s,
+            killed_process_groups=len(killed),
+        )
+        return replace(res, duration_s=time.monotonic() - run.started)
+    return run.result
+
+
+def run_checks(checks: Sequence[Check], parallel: bool = True) -> list[CheckResult]:
+    """Run checks and return one result per check, in the order given. Never raises for a check's sake."""
+    results: dict[int, CheckResult] = {}
+    passive = [(i, c) for i, c in enumerate(checks) if c.kind == Kind.PASSIVE]
+    active = [(i, c) for i, c in enumerate(checks) if c.kind != Kind.PASSIVE]
+    if parallel:
+        runs = [(i, _Run(c)) for i, c in passive]
+        for _, r in runs:
+            r.start()
+        for i, r in runs:
+            results[i] = _collect(r, r.started + r.check.timeout_s)
+    else:
+        active = passive + active
+    for i, c in active:
+        r = _Run(c)
+        r.start()
+        results[i] = _collect(r, r.started + c.timeout_s)
+    out = [results[i] for i in range(len(checks))]
+    for res in out:
+        log.debug(
+            "check_finished",
+            check=res.check,
+            status=res.status.value,
+            action=res.action.value,
+            duration_s=round(res.duration_s, 3),
+            reason=res.reason,
+        )
+    return out

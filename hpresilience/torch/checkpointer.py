@@ -1,0 +1,363 @@
+"""TieredCheckpointer: memory tier in the save call, peer copy and S3 behind it, tiered restore.
+
+Threads and groups. Each kind of collective has its own gloo group, used by exactly one thread at a time
+and in the same order on every rank: DCP's save/load (`save` group, the DCP worker or the main thread),
+the peer copy (`repl` group, the post-commit thread) and S3 commits (`s3` group, the upload thread).
+Nothing shares the trainer's NCCL/default group, so a slow copy can neither deadlock nor time out training.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+from concurrent.futures import Future
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from hpresilience.errors import ConfigError, HPResilienceError
+from hpresilience.log import get_logger
+from hpresilience.torch.layout import (
+    COMMIT,
+    METADATA,
+    MemoryTier,
+    ShardIndex,
+    atomic_write,
+    shard_names,
+    verify_shard,
+)
+from hpresilience.torch.replica import exchange, peer_of, recv_files, send_files, source_of
+from hpresilience.torch.restore import Source, choose_step
+from hpresilience.torch.s3tier import S3Tier
+from hpresilience.torch.settings import CheckpointConfig
+from hpresilience.torch.staging import CachedStager, local_bytes
+from hpresilience.torch.storage import TierStorageReader, TierStorageWriter
+
+log = get_logger("hpresilience.torch")
+_STOP = object()
+
+
+class TieredCheckpointer:
+    """Save and restore one job's training state through the memory, peer and S3 tiers."""
+
+    def __init__(self, cfg: CheckpointConfig, *, s3_client: Any = None) -> None:
+        self.cfg = cfg
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        if cfg.world_size is not None and cfg.world_size != self.world:
+            raise ConfigError(
+                f"checkpoint world_size is {cfg.world_size} but the process group has {self.world}"
+            )
+        self.local_ranks = min(cfg.local_ranks(), self.world)
+        self.tier = MemoryTier(cfg.memory_dir, cfg.namespace)
+        self.peer = peer_of(self.rank, self.world, self.local_ranks) if cfg.replicate else None
+        self.source = source_of(self.rank, self.world, self.local_ranks) if cfg.replicate else None
+        if cfg.replicate and self.peer is None and self.rank == 0:
+            log.warning("peer_replica_unavailable", reason="all ranks are on one node", world_size=self.world)
+        shard = int(cfg.shard_gib * (1 << 30)) if cfg.shard_gib else 0
+        self.tier.check_capacity(shard, cfg.keep, self.local_ranks, 1 if self.peer is not None else 0)
+        self.s3 = S3Tier(cfg, s3_client) if cfg.s3_base else None
+        timeout = timedelta(seconds=cfg.timeout_s)
+        # Every rank creates the same groups in the same order (new_group is itself collective).
+        self._save_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
+        self._repl_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
+        self._s3_pg = (
+            dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.s3 else None
+        )
+        self._stager = CachedStager()
+        self._inflight: Future[Any] | None = None
+        self._capacity_checked = shard > 0
+        self._pinned: set[int] = set()
+        self._lock = threading.Lock()
+        self._repl_ok = True
+        self.last_committed: int | None = None
+        # Where the last load took this rank's shard from: "own", "peer" or "s3".
+        self.last_source: str | None = None
+        # Tests set this to crash a rank between writing its shard and renaming it into place.
+        self.fault_hook: Any = None
+        self._post_q: queue.Queue[Any] = queue.Queue()
+        self._s3_q: queue.Queue[Any] = queue.Queue()
+        self._threads = [threading.Thread(target=self._post_loop, name="ckpt-post", daemon=True)]
+        if self.s3 is not None:
+            self._threads.append(threading.Thread(target=self._s3_loop, name="ckpt-s3", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ saving
+    def _writer(self, step: int) -> TierStorageWriter:
+        w = TierStorageWriter(self.tier, step, world_size=self.world)
+        w.fault_hook = self.fault_hook
+        return w
+
+    def _check_capacity_once(self, state_dict: Any) -> None:
+        if self._capacity_checked:
+            return
+        self.tier.check_capacity(
+            local_bytes(state_dict), self.cfg.keep, self.local_ranks, 1 if self.peer is not None else 0
+        )
+        self._capacity_checked = True
+
+    def save(self, state_dict: dict[str, Any], step: int) -> None:
+        """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background."""
+        self.wait()
+        self._check_capacity_once(state_dict)
+        md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
+        self._post_q.put((step, md))
+
+    def async_save(self, state_dict: dict[str, Any], step: int) -> Future[Any]:
+        """Stage `state_dict` (blocking, one memcpy) and write it in the background.
+
+        Returns DCP's future (its result is the checkpoint metadata). At most one save is in flight:
+        a second call first waits for the previous one.
+        """
+        self.wait()
+        self._check_capacity_once(state_dict)
+        resp = dcp_async_save(
+            state_dict,
+            storage_writer=self._writer(step),
+            process_group=self._save_pg,
+            async_stager=self._stager,
+        )
+        fut: Future[Any] = resp if isinstance(resp, Future) else resp.upload_completion
+
+        def done(f: Future[Any], step: int = step) -> None:
+            if f.exception() is not None:
+                log.error("checkpoint_save_failed", step=step, error=str(f.exception()))
+            else:
+                self._post_q.put((step, f.result()))
+
+        fut.add_done_callback(done)
+        self._inflight = fut
+        return fut
+
+    def wait(self) -> bool:
+        """Wait for the in-flight save (not its peer copy or upload); False if it failed."""
+        fut, self._inflight = self._inflight, None
+        if fut is None:
+            return True
+        try:
+            fut.result()
+        except Exception:  # noqa: BLE001 - logged by the done callback; the caller decides
+            return False
+        return True
+
+    def flush(self) -> None:
+        """Wait until every committed step is copied to its peer and uploaded where due."""
+        self.wait()
+        self._post_q.join()
+        self._s3_q.join()
+
+    def _post_loop(self) -> None:
+        while True:
+            job = self._post_q.get()
+            try:
+                if job is _STOP:
+                    return
+                self._after_commit(*job)
+            except Exception as err:  # noqa: BLE001 - a background failure must never kill training
+                log.error("checkpoint_post_commit_failed", step=job[0], error=str(err))
+            finally:
+                self._post_q.task_done()
+
+    def _after_commit(self, step: int, md: Any) -> None:
+        d = self.tier.step_dir(step)
+        if not self.tier.is_committed(d):
+            # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
+            atomic_write(d / METADATA, pickle.dumps(md))
+            save_id = getattr(md.storage_meta, "save_id", "") or ""
+            self.tier.write_commit(d, step, self.world, str(save_id))
+        log.info("checkpoint_committed", step=step, rank=self.rank)
+        if self.peer is not None and self._repl_ok:
+            self._replicate(step)
+        due = self.s3 is not None and self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
+        with self._lock:
+            if due:
+                self._pinned.add(step)
+            pinned = set(self._pinned)
+        self.tier.prune(self.rank, step, self.cfg.keep, pinned, peer_src=self.source)
+        self.last_committed = step
+        if due:
+            self._s3_q.put(step)
+
+    def _replicate(self, step: int) -> None:
+        assert self.peer is not None and self.source is not None
+        names = [*shard_names(self.rank), METADATA, COMMIT]
+        src_names = [*shard_names(self.source), METADATA, COMMIT]
+        d = self.tier.step_dir(step)
+        into = self.tier.peer_dir(self.source, step)
+        try:
+            exchange(
+                self._repl_pg, [d / n for n in names], self.peer, [into / n for n in src_names], self.source
+            )
+        except Exception as err:  # noqa: BLE001 - any failure here must stop replication, not training
+            # A broken exchange leaves the group's message order unknown: stop using it rather than hang.
+            self._repl_ok = False
+            log.error("peer_replica_disabled", step=step, peer=self.peer, error=str(err))
+            return
+        log.info("peer_replica_written", step=step, to_rank=self.peer, held_for_rank=self.source)
+
+    def _s3_loop(self) -> None:
+        assert self.s3 is not None
+        while True:
+            step = self._s3_q.get()
+            try:
+                if step is _STOP:
+                    return
+                self._upload(step)
+            except Exception as err:  # noqa: BLE001 - a background failure must never kill training
+                log.error("s3_upload_failed", step=step, error=str(err))
+            finally:
+                with self._lock:
+                    self._pinned.discard(step)
+                self._s3_q.task_done()
+
+    def _upload(self, step: int) -> None:
+        assert self.s3 is not None
+        d = self.tier.step_dir(step)
+        ok = 1
+        try:
+            self.s3.upload_shard(d, step, self.rank)
+        except HPResilienceError as err:
+            ok = 0
+            log.error("s3_upload_failed", step=step, rank=self.rank, error=str(err))
+        if self.distributed:
+            flag = torch.tensor([ok])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._s3_pg)
+            ok = int(flag.item())
+        if ok and self.rank == 0:
+            self.s3.commit(d, step)
+            log.info("s3_checkpoint_committed", step=step, key=self.s3.marker(step))
+            if self.cfg.s3_keep:
+                self.s3.prune(self.cfg.s3_keep)
+
+    # ------------------------------------------------------------------ loading
+    def _gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self._save_pg)
+        return out
+
+    def load(self, state_dict: dict[str, Any], step: int | None = None) -> int | None:
+        """Load the newest step every rank can get (or `step`) into `state_dict`; None if there is none.
+
+        Each rank takes its shard from its own memory tier, else from the rank holding its peer copy,
+        else from S3. A shard that fails its checksums is skipped and the next source tried.
+        """
+        self.flush()
+        inv = self.tier.inventory(self.rank)
+        inv["s3"] = []
+        if self.s3 is not None and self.rank == 0:
+            try:
+                inv["s3"] = self.s3.committed_steps()
+            except HPResilienceError as err:
+                log.warning("s3_listing_failed", error=str(err))
+        invs = self._gather(inv)
+        s3_steps = set(invs[0]["s3"])
+        bad: set[tuple[int, Source, int]] = set()
+        while True:
+            choice = choose_step(invs, s3_steps, bad, self.world, step)
+            if choice is None:
+                log.info("checkpoint_none_loadable", wanted=step, rank=self.rank)
+                return None
+            chosen, sources = choice
+            problem = self._materialize(chosen, sources, invs, s3_steps)
+            errs = self._gather(problem)
+            if not any(errs):
+                break
+            for r, e in enumerate(errs):
+                if e:
+                    bad.add((r, sources[r], chosen))
+                    log.warning("checkpoint_shard_skipped", step=chosen, rank=r, source=sources[r], error=e)
+        newer = [s for s in inv["own"] if s > chosen]
+        if newer:
+            log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
+        reader = TierStorageReader(
+            self.tier.step_dir(chosen),
+            rank=self.rank,
+            verify=False,
+            fetch_missing=self._s3_fetcher(chosen) if chosen in s3_steps else None,
+        )
+        dcp_load(state_dict, storage_reader=reader, process_group=self._save_pg)
+        log.info("checkpoint_loaded", step=chosen, rank=self.rank, source=sources[self.rank][0])
+        self.last_committed = chosen
+        self.last_source = sources[self.rank][0]
+        return chosen
+
+    def _s3_fetcher(self, step: int) -> Any:
+        def fetch(rank: int) -> Path | None:
+            assert self.s3 is not None
+            into = self.tier.base / "s3cache" / str(rank)
+            self.s3.download_shard(step, rank, into)
+            return into
+
+        return fetch
+
+    def _metadata_bytes(self, step: int) -> tuple[bytes, bytes] | None:
+        for d in [self.tier.step_dir(step), *(self.tier.peer_dir(s, step) for s in self.tier.peer_sources())]:
+            if self.tier.is_committed(d):
+                return (d / METADATA).read_bytes(), (d / COMMIT).read_bytes()
+        return None
+
+    def _materialize(
+        self, step: int, sources: list[Source], invs: list[dict[str, Any]], s3_steps: set[int]
+    ) -> str | None:
+        """Bring this rank's shard and the step's metadata into the own memory tier; verify the shard."""
+        d = self.tier.step_dir(step)
+        d.mkdir(parents=True, exist_ok=True)
+        holders = [r for r, i in enumerate(invs) if step in i["committed"]]
+        if holders and self.distributed:
+            box: list[Any] = [self._metadata_bytes(step) if self.rank == holders[0] else None]
+            dist.broadcast_object_list(box, src=holders[0], group=self._save_pg)
+            if box[0] is not None and not self.tier.is_committed(d):
+                atomic_write(d / METADATA, box[0][0])
+                atomic_write(d / COMMIT, box[0][1])
+        for r, src in enumerate(sources):  # one transfer at a time, in rank order: no cycles
+            if src[0] == "peer" and self.rank in (r, src[1]):
+                files = shard_names(r)
+                if self.rank == src[1]:
+                    send_files(self._repl_pg, [self.tier.peer_dir(r, step) / n for n in files], dst=r)
+                else:
+                    recv_files(self._repl_pg, [d / n for n in files], src=src[1])
+        try:
+            if not self.tier.is_committed(d):
+                if self.s3 is None or step not in s3_steps:
+                    return "no committed metadata reached this rank"
+                self.s3.download_metadata(step, d)
+            if sources[self.rank][0] == "s3":
+                assert self.s3 is not None
+                self.s3.download_shard(step, self.rank, d)
+            data, idx = (d / n for n in shard_names(self.rank))
+            verify_shard(data, ShardIndex.from_json(idx.read_bytes(), str(idx)))
+        except (HPResilienceError, OSError) as err:
+            return str(err)
+        return None
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Finish pending copies and uploads, then stop the background threads."""
+        self.flush()
+        self._post_q.put(_STOP)
+        if self.s3 is not None:
+            self._s3_q.put(_STOP)
+        for t in self._threads:
+            t.join()
+        self._stager.close()
+        for pg in (self._save_pg, self._repl_pg, self._s3_pg):
+            if pg is not None:
+                dist.destroy_process_group(pg)
+        self._save_pg = self._repl_pg = self._s3_pg = None
+
+    def __enter__(self) -> TieredCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,114 @@
+"""Settings of the tiered checkpointer and of the preemption notice (pure pydantic: no torch here)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from hpresilience.settings_base import Section
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        raw = os.environ.get(name, "")
+        # SLURM_NTASKS_PER_NODE may read "2(x3)" on heterogeneous allocations; the leading count is ours.
+        m = re.match(r"^\s*(\d+)", raw)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+class CheckpointConfig(Section):
+    """Where and how often checkpoints go: memory tier, peer copy, S3."""
+
+    # Job identity: checkpoints of different jobs never mix. Include the Slurm job id (or the run name).
+    namespace: str
+    # Node-local memory tier (tmpfs). Each node holds its own ranks' shards and its peers' copies.
+    memory_dir: str = "/dev/shm/hpresilience"
+    # None: taken from torch.distributed once the process group exists.
+    world_size: int | None = Field(default=None, ge=1)
+    # Ranks that share one node (and one memory tier). None: LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, else 1.
+    ranks_per_node: int | None = Field(default=None, ge=1)
+    # Committed steps kept per tier in memory; older ones go only after a newer step committed.
+    keep: int = Field(default=2, ge=1, le=100)
+    # Copy each rank's shard to the memory tier of a rank `ranks_per_node` further on (another node).
+    replicate: bool = True
+    # Expected bytes of one rank's shard; when set, the memory tier size is checked at start.
+    shard_gib: float | None = Field(default=None, gt=0)
+    # s3://bucket/prefix; None disables the S3 tier.
+    s3_base: str | None = None
+    # Steps that are a multiple of this go to S3 after they commit in memory (0: none).
+    s3_every: int = Field(default=0, ge=0)
+    # Committed steps kept in S3 (0: all).
+    s3_keep: int = Field(default=0, ge=0)
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_max_concurrency: int = Field(default=4, ge=1, le=64)
+    s3_part_size_mib: int = Field(default=64, ge=5, le=5120)
+    # Timeout of the checkpoint's own gloo groups (saves, replication, uploads, load agreement).
+    timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_a_name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(
+                "must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a folder)"
+            )
+        return v
+
+    @field_validator("s3_base")
+    @classmethod
+    def _s3_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith("s3://") or len(v) <= 5 or v[5] == "/":
+            raise ValueError("must look like s3://bucket[/prefix]")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _s3_cadence_needs_base(self) -> CheckpointConfig:
+        if self.s3_every and not self.s3_base:
+            raise ValueError("s3_every is set but s3_base is not")
+        return self
+
+    def local_ranks(self) -> int:
+        if self.ranks_per_node is not None:
+            return self.ranks_per_node
+        return _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or 1
+
+    def s3_bucket_prefix(self) -> tuple[str, str]:
+        assert self.s3_base is not None
+        rest = self.s3_base[len("s3://") :]
+        bucket, _, prefix = rest.partition("/")
+        return bucket, prefix.strip("/")
+
+
+class PreemptionConfig(Section):
+    """Which notices make check_alive() return False."""
+
+    # Signals that mean "you are being preempted"; Slurm's `--signal=USR1@120` is the usual one.
+    signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM")
+    # A file whose existence means the node is going away (written by the hpresilience agent).
+    notice_file: str | None = None
+    # Poll the EC2 spot interruption notice (instance metadata) in a background thread.
+    ec2_spot: bool = False
+    ec2_metadata_url: str = "http://169.254.169.254"
+    ec2_poll_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("signals")
+    @classmethod
+    def _known_signals(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        import signal
+
+        out = []
+        for name in v:
+            full = name if name.startswith("SIG") else f"SIG{name}"
+            if not isinstance(getattr(signal, full, None), signal.Signals):
+                raise ValueError(f"unknown signal {name!r}")
+            out.append(full)
+        return tuple(out)

@@ -1,0 +1,87 @@
+"""Fault event sources and the agent-facing collector."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from hpresilience.health.api import HealthCollector, to_outcome
+from hpresilience.health.base import CheckResult, Kind, Status, SuggestedAction
+from hpresilience.health.events import KernelLogFollower, read_kernel_log
+from hpresilience.health.fault import FakeNode
+from hpresilience.reasons import Action
+from tests.health.conftest import node_settings
+
+
+def test_follower_returns_only_new_fault_lines_and_waits_for_complete_lines(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("4,1,1,-;NVRM: Xid (PCI:0000:53:00): 79, old one from before we started\n")
+    f = KernelLogFollower(str(log))
+    assert f.poll(0) == []
+    with open(log, "a") as fh:
+        fh.write("6,2,2,-;eth0: link up\n4,3,3,-;NVRM: Xid (PCI:0000:64:00): 48, pid=1, DB")
+        fh.flush()
+        assert f.poll(0) == []  # the XID line has no newline yet
+        fh.write("E\n")
+    [ev] = f.poll(0)
+    assert (ev.code, ev.device) == ("48", "0000:64:00") and ev.message.endswith("DBE")
+
+
+def test_follower_wakes_as_soon_as_a_line_is_appended(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("")
+    f = KernelLogFollower(str(log))
+
+    def later() -> None:
+        time.sleep(0.2)
+        with open(log, "a") as fh:
+            fh.write("NEURON_HW_ERR=DMA_ERROR instance-id=i-1 nd-id=2 action=TERMINATE_INSTANCE\n")
+
+    threading.Thread(target=later).start()
+    t0 = time.monotonic()
+    [ev] = f.poll(5)
+    assert ev.vendor == "neuron" and ev.device == "nd2" and time.monotonic() - t0 < 2
+
+
+def test_follower_starts_over_when_the_file_is_truncated(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("x" * 500 + "\n")
+    f = KernelLogFollower(str(log))
+    log.write_text("NVRM: Xid (PCI:0000:53:00): 79, GPU has fallen off the bus.\n")
+    assert [e.code for e in f.poll(0)] == ["79"]
+
+
+def test_read_kernel_log_falls_back_to_dmesg_command(tmp_path: Path) -> None:
+    lines, source = read_kernel_log(str(tmp_path / "no-kmsg"), dmesg="echo")
+    assert source == "echo" and lines == [""]
+
+
+def test_to_outcome_maps_actions_and_only_failures_carry_findings() -> None:
+    fail = CheckResult(
+        "xid", "xid", Kind.PASSIVE, Status.FAIL, SuggestedAction.REPLACE, "XID 64", {}, "k", True
+    )
+    o = to_outcome(fail)
+    assert o.finding is not None and (o.finding.action, o.finding.certain, o.finding.key) == (
+        Action.REPLACE,
+        True,
+        "k",
+    )
+    warn = CheckResult("gpu.pcie", "gpu", Kind.PASSIVE, Status.WARN, reason="x8")
+    assert to_outcome(warn).finding is None and to_outcome(warn).status == "warn"
+
+
+def test_collector_runs_profile_checks_and_wakes_on_injected_faults(tmp_path: Path) -> None:
+    node = FakeNode.make(tmp_path / "n", "p5.48xlarge")
+    col = HealthCollector(node_settings(node), sources=[KernelLogFollower(str(node.kmsg))])
+    try:
+        assert "xid" in col.describe()["passive"] and "system.stress" in col.describe()["active"]
+        assert all(o.finding is None for o in col.passive())
+        assert col.wait_event(0.1) is False
+        node.inject("xid:79:0")
+        assert col.wait_event(2) is True
+        found = [o for o in col.passive() if o.finding is not None]
+        assert [o.check for o in found] == ["xid"] and found[0].finding is not None
+        assert found[0].finding.action == Action.REBOOT and found[0].observed_at is not None
+    finally:
+        col.close()

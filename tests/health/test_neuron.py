@@ -1,0 +1,158 @@
+"""Neuron device count and error counters, on the pre-2.31 sysfs layout and a relocated one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hpresilience.health.base import CheckContext, Status, SuggestedAction
+from hpresilience.health.checks.neuron import (
+    NeuronCount,
+    NeuronCounters,
+    NeuronCountersOptions,
+    NeuronCountOptions,
+    find_counters,
+)
+from hpresilience.health.runner import run_one
+
+LAYOUTS = {
+    "sysfs-neuron-pre231": {
+        "ecc": "stats/hardware/mem_ecc_uncorrected",
+        "hw_error": "neuron_core1/stats/status/hw_error/total",
+        "reset": "neuron_core0/stats/other_info/reset_fail_count/total",
+        "repairable": "stats/hardware/mem_ecc_repairable_uncorrected",
+    },
+    "sysfs-neuron-relocated": {
+        "ecc": "hardware/ecc/mem_ecc_uncorrected",
+        "hw_error": "cores/neuron_core1/status/hw_error/total",
+        "reset": "cores/neuron_core0/reset/reset_fail_count",
+        "repairable": "hardware/ecc/mem_ecc_repairable_uncorrected",
+    },
+}
+
+
+def dev(ctx: CheckContext, n: int) -> Path:
+    return ctx.paths.sys("devices", "virtual", "neuron_device", f"neuron{n}")
+
+
+def bump(path: Path, by: int = 1) -> None:
+    path.write_text(f"{int(path.read_text()) + by}\n")
+
+
+def counters(ctx: CheckContext, since_boot: bool = True):  # type: ignore[no-untyped-def]
+    return run_one(NeuronCounters(NeuronCountersOptions(since_boot=since_boot), ctx))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_counters_are_found_by_name_in_both_layouts(
+    layout: str, tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
+) -> None:
+    tree(layout)
+    ctx = ctx_factory()
+    found = find_counters(dev(ctx, 0))
+    names = sorted({Path(k).name if Path(k).name != "total" else Path(k).parent.name for k in found})
+    assert names == [
+        "hw_error",
+        "mem_ecc_repairable_uncorrected",
+        "mem_ecc_uncorrected",
+        "reset_fail_count",
+        "sram_ecc_uncorrected",
+    ]
+    assert len(found) == 7 and set(found.values()) == {0}  # 3 device counters + 2 per core x 2 cores
+    r = counters(ctx)
+    assert r.status == Status.OK and r.evidence["counters"] == 14
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(
+    ("counter", "action"),
+    [
+        ("ecc", SuggestedAction.REPLACE),
+        ("repairable", SuggestedAction.REBOOT),
+        ("hw_error", SuggestedAction.REBOOT),
+        ("reset", SuggestedAction.REBOOT),
+    ],
+)
+def test_counter_increase_leads_to_its_action(
+    layout: str,
+    counter: str,
+    action: SuggestedAction,
+    tree: Callable[..., Path],
+    ctx_factory: Callable[..., CheckContext],
+) -> None:
+    tree(layout)
+    ctx = ctx_factory()
+    assert counters(ctx).status == Status.OK
+    bump(dev(ctx, 1) / LAYOUTS[layout][counter], 2)
+    r = counters(ctx)
+    assert (r.status, r.action, r.certain) == (Status.FAIL, action, True)
+    f = r.evidence["findings"][0]
+    assert f["delta"] == 2 and f["counter"].startswith("neuron1/")
+
+
+def test_baseline_is_kept_on_disk_and_a_fault_stays_reported_until_reboot(
+    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
+) -> None:
+    tree("sysfs-neuron-pre231")
+    ctx = ctx_factory()
+    bump(dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["ecc"])
+    assert counters(ctx).action == SuggestedAction.REPLACE
+    assert counters(ctx).action == SuggestedAction.REPLACE  # not absorbed into the baseline
+    assert (ctx.state_dir / "neuron-baseline.json").exists()
+    # New boot: the driver starts its counters from zero again.
+    (dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["ecc"]).write_text("0\n")
+    ctx.paths.proc("sys", "kernel", "random").mkdir(parents=True)
+    ctx.paths.proc("sys", "kernel", "random", "boot_id").write_text("another-boot\n")
+    assert counters(ctx).status == Status.OK
+
+
+def test_since_boot_false_takes_the_first_look_as_baseline(
+    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
+) -> None:
+    tree("sysfs-neuron-relocated")
+    ctx = ctx_factory()
+    ecc = dev(ctx, 0) / LAYOUTS["sysfs-neuron-relocated"]["ecc"]
+    bump(ecc, 5)
+    assert counters(ctx, since_boot=False).status == Status.OK
+    bump(ecc)
+    r = counters(ctx, since_boot=False)
+    assert r.status == Status.FAIL and r.evidence["findings"][0]["delta"] == 1
+
+
+def test_cleared_counter_rebases_instead_of_going_negative(
+    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
+) -> None:
+    tree("sysfs-neuron-pre231")
+    ctx = ctx_factory()
+    hw = dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["hw_error"]
+    bump(hw, 3)
+    assert counters(ctx, since_boot=False).status == Status.OK
+    hw.write_text("0\n")  # an operator wrote to clear
+    assert counters(ctx, since_boot=False).status == Status.OK
+    bump(hw)
+    assert counters(ctx, since_boot=False).status == Status.FAIL
+
+
+def test_garbage_counter_value_is_skipped(
+    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
+) -> None:
+    tree("sysfs-neuron-pre231")
+    ctx = ctx_factory()
+    (dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["ecc"]).write_text("garbage\n")
+    r = counters(ctx)
+    assert r.status == Status.OK and r.evidence["counters"] == 13
+
+
+def test_device_count_against_the_profile(
+    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
+) -> None:
+    ctx = ctx_factory()
+    assert run_one(NeuronCount(NeuronCountOptions(), ctx)).status == Status.NOT_APPLICABLE
+    assert run_one(NeuronCount(NeuronCountOptions(required=True), ctx)).status == Status.FAIL
+    tree("sysfs-neuron-pre231")
+    assert run_one(NeuronCount(NeuronCountOptions(), ctx)).status == Status.OK
+    r = run_one(NeuronCount(NeuronCountOptions(expected=16), ctx))
+    assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REBOOT, False)
+    assert "2 Neuron device(s), profile expects 16" in r.reason

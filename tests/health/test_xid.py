@@ -1,0 +1,187 @@
+"""XID catalogue, kernel-log parsing, the XID check, and reboot-then-replace escalation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpresilience.errors import ConfigError
+from hpresilience.health.base import Status, SuggestedAction
+from hpresilience.health.escalation import EscalationStore
+from hpresilience.health.fault import FakeNode
+from hpresilience.health.xid import CATALOG_PATH, FaultEvent, load_catalog, parse_line
+from tests.health.conftest import FIXTURES, run_node
+
+RAW: dict[str, Any] = yaml.safe_load(CATALOG_PATH.read_text())
+
+
+@pytest.mark.parametrize("xid", sorted(RAW["nvidia"], key=lambda x: int(str(x))))
+def test_every_catalogued_xid_classifies_to_its_table_action(xid: int) -> None:
+    cat = load_catalog()
+    assert cat.action_for(int(xid)) == RAW["nvidia"][xid]["action"]
+
+
+@pytest.mark.parametrize(
+    ("xid", "action"),
+    [
+        (13, "none"),
+        (31, "none"),
+        (43, "none"),
+        (94, "none"),
+        (48, "reboot_then_replace"),
+        (79, "reboot_then_replace"),
+        (54, "replace"),
+        (64, "replace"),
+        (46, "reboot"),
+        (63, "warn"),
+        (92, "warn"),
+    ],
+)
+def test_key_xids_follow_the_consolidated_table(xid: int, action: str) -> None:
+    assert load_catalog().action_for(xid) == action
+
+
+def test_unlisted_xid_gets_the_default_action_and_overrides_win() -> None:
+    assert load_catalog().action_for(9999) == RAW["default_action"]
+    cat = load_catalog({13: "replace", 79: "none"})
+    assert cat.action_for(13) == "replace" and cat.action_for(79) == "none" and cat.action_for(48) != "none"
+
+
+def test_override_with_an_unknown_action_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"xid_overrides\.13"):
+        load_catalog({13: "explode"})
+
+
+def test_neuron_hw_errors_are_all_actionable() -> None:
+    cat = load_catalog()
+    for code in RAW["neuron"]:
+        assert cat.classify(FaultEvent("neuron", code, "nd0", "")).action in (
+            "replace",
+            "reboot_then_replace",
+        )
+
+
+@pytest.mark.parametrize(
+    ("line", "vendor", "code", "device"),
+    [
+        (
+            "4,1391,91002003017,-;NVRM: Xid (PCI:0000:97:00): 48, pid='<unknown>', name=<unknown>, DBE",
+            "nvidia",
+            "48",
+            "0000:97:00",
+        ),
+        (
+            "[ 8820.114559] NVRM: Xid (PCI:0000:b9:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen",
+            "nvidia",
+            "79",
+            "0000:b9:00",
+        ),
+        (
+            "Nov 23 02:23:01 ip-10-0-0-1 kernel: NVRM: Xid (PCI:0000:53:00.0): 119, pid=1, GSP RPC timeout",
+            "nvidia",
+            "119",
+            "0000:53:00",
+        ),
+        ("[ 8820.114563] NVRM: GPU 0000:b9:00.0: GPU has fallen off the bus.", "nvidia", "79", "0000:b9:00"),
+        (
+            "3,1393,91500112040,-;NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR instance-id=i-1 hostname=h nd-id=3 "
+            "serial-num=x action=TERMINATE_INSTANCE",
+            "neuron",
+            "HBM_UNCORRECTABLE_ERROR",
+            "nd3",
+        ),
+    ],
+)
+def test_fault_lines_parse_in_kmsg_dmesg_and_journal_shapes(
+    line: str, vendor: str, code: str, device: str
+) -> None:
+    ev = parse_line(line)
+    assert ev is not None and (ev.vendor, ev.code, ev.device) == (vendor, code, device)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        " SUBSYSTEM=pci",
+        "6,1,2,-;usb 1-1: new high-speed USB device",
+        "NVRM: Xid (PCI:zz): notanumber",
+        "x" * 100_000 + "NVRM: Xid (PCI:0000:01:00): 79",
+        "\x00\xff;;;NEURON_HW_ERR=",
+        "4,1,2,-;NVRM: Xid (PCI:0000:53:00): 999999999, x",
+    ],
+)
+def test_garbage_and_hostile_lines_are_not_faults_and_never_raise(line: str) -> None:
+    assert parse_line(line) is None
+
+
+def test_xid_check_reads_recorded_kmsg_ignores_app_xids_and_acts_on_the_worst(p5: FakeNode) -> None:
+    p5.kmsg.write_text((FIXTURES / "kmsg-faults.txt").read_text())
+    res, _ = run_node(p5, ["xid"])
+    r = res["xid"]
+    assert r.status == Status.FAIL and r.certain
+    # SRAM uncorrectable on a Neuron device is a replace; XID 48 alone would be a reboot.
+    assert r.action == SuggestedAction.REPLACE and "NEURON_HW_ERR=SRAM" in r.reason
+    whats = {f["key"]: f["catalog_action"] for f in r.evidence["findings"]}
+    assert whats["nvidia:13:0000:53:00"] == "none" and whats["nvidia:48:0000:97:00"] == "reboot_then_replace"
+
+
+def test_xid_check_reads_dmesg_format_and_counts_fallen_off_bus_once(p5: FakeNode) -> None:
+    p5.kmsg.write_text((FIXTURES / "dmesg-fallen-off-bus.txt").read_text())
+    r = run_node(p5, ["xid"])[0]["xid"]
+    assert r.status == Status.FAIL and r.action == SuggestedAction.REBOOT
+    assert [f["key"] for f in r.evidence["findings"]] == ["nvidia:79:0000:b9:00"]
+
+
+def test_only_application_xids_pass_with_a_note(p5: FakeNode) -> None:
+    p5.inject("xid:13:0")
+    p5.inject("xid:43:1")
+    r = run_node(p5, ["xid"])[0]["xid"]
+    assert r.status == Status.OK and "2 application-level" in r.reason
+
+
+def test_warn_xid_warns_without_action(p5: FakeNode) -> None:
+    p5.inject("xid:92:0")
+    r = run_node(p5, ["xid"])[0]["xid"]
+    assert r.status == Status.WARN and r.action == SuggestedAction.NONE
+
+
+def test_xid_override_from_config_changes_the_verdict(p5: FakeNode) -> None:
+    from hpresilience.health.api import run_profile
+    from tests.health.conftest import node_settings
+
+    p5.inject("xid:13:0")
+    s = node_settings(p5).model_copy(update={"xid_overrides": {13: "replace"}})
+    _, results, verdict = run_profile(s, only=["xid"])
+    assert verdict.action == SuggestedAction.REPLACE and results[0].status == Status.FAIL
+
+
+def test_same_xid_returning_after_two_reboots_escalates_to_replace(p5: FakeNode) -> None:
+    actions = []
+    for _ in range(3):
+        p5.inject("xid:79:2")
+        r = run_node(p5, ["xid"])[0]["xid"]
+        actions.append((r.action, r.evidence["findings"][0]["boots_seen"]))
+        # Seen again in the same boot: still counted once.
+        assert run_node(p5, ["xid"])[0]["xid"].action == r.action
+        p5.reboot()
+    assert actions == [(SuggestedAction.REBOOT, 1), (SuggestedAction.REBOOT, 2), (SuggestedAction.REPLACE, 3)]
+    # A clean boot reports nothing.
+    assert run_node(p5, ["xid"])[0]["xid"].status == Status.OK
+
+
+def test_escalation_is_per_device_and_forgets_outside_the_window(tmp_path: Path) -> None:
+    store = EscalationStore(tmp_path / "e.json", reboots_before_replace=1, window_s=100)
+    assert store.escalate("a", "boot1", now=0)[0] == SuggestedAction.REBOOT
+    assert store.escalate("b", "boot2", now=10)[0] == SuggestedAction.REBOOT
+    assert store.escalate("a", "boot2", now=10)[0] == SuggestedAction.REPLACE
+    assert store.escalate("b", "boot3", now=500)[0] == SuggestedAction.REBOOT  # boot2 sighting expired
+
+
+def test_corrupt_escalation_file_is_treated_as_empty(tmp_path: Path) -> None:
+    p = tmp_path / "e.json"
+    p.write_text("{not json")
+    assert EscalationStore(p).escalate("k", "b1") == (SuggestedAction.REBOOT, 1)

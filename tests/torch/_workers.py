@@ -1,0 +1,134 @@
+"""Rank bodies for the multi-process tests (spawned, so they live in an importable module)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hpresilience.torch import CheckpointConfig, TieredCheckpointer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def state_for(step: int, rank: int, *, numel: int = 1000) -> dict[str, Any]:
+    """A replicated part (same on every rank, like DDP weights) and a rank-private part (like FSDP shards)."""
+    g = torch.Generator().manual_seed(step)
+    return {
+        "shared": {"w": torch.randn(numel, generator=g), "b": torch.arange(7, dtype=torch.int64) * step},
+        f"local_{rank}": torch.full((3, 5), float(step * 10 + rank)),
+        "meta": {"step": step, "note": f"s{step}"},
+    }
+
+
+def empty_state(rank: int, *, numel: int = 1000) -> dict[str, Any]:
+    z = state_for(0, rank, numel=numel)
+    z["shared"]["w"].zero_()
+    z[f"local_{rank}"].fill_(-1)
+    z["meta"] = {"step": -1, "note": ""}
+    return z
+
+
+def matches(state: dict[str, Any], step: int, rank: int) -> bool:
+    want = state_for(step, rank, numel=state["shared"]["w"].numel())
+    return (
+        torch.equal(state["shared"]["w"], want["shared"]["w"])
+        and torch.equal(state["shared"]["b"], want["shared"]["b"])
+        and torch.equal(state[f"local_{rank}"], want[f"local_{rank}"])
+        and state["meta"] == want["meta"]
+    )
+
+
+def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _cfg(rank: int, base: Path, rpn: int, extra: dict[str, Any]) -> CheckpointConfig:
+    return CheckpointConfig(
+        namespace="job1",
+        memory_dir=str(base / f"node{rank // rpn}"),
+        ranks_per_node=rpn,
+        timeout_s=extra.pop("timeout_s", 30.0),
+        **extra,
+    )
+
+
+def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, Any]) -> None:
+    out = Path(base) / f"result_{task}_{rank}.json"
+    try:
+        _init(rank, world, port, 30.0)
+        rpn = kw.pop("rpn", 1)
+        ckpt = TieredCheckpointer(_cfg(rank, Path(base), rpn, dict(kw.pop("cfg", {}))))
+        res: dict[str, Any] = {}
+        if task == "save":
+            crash_step = kw.get("crash_step")
+            for step in kw["steps"]:
+                if step == crash_step and rank == kw.get("crash_rank", 1):
+                    ckpt.fault_hook = lambda _r: os._exit(9)
+                fut = ckpt.async_save(state_for(step, rank), step)
+                if step == crash_step:
+                    try:
+                        fut.result()
+                        res["crash_save"] = "succeeded"
+                    except Exception as err:  # noqa: BLE001 - the test records what happened
+                        res["crash_save"] = f"failed: {type(err).__name__}"
+                    out.write_text(json.dumps(res))
+                    os._exit(0)  # the job is dead: no orderly shutdown with a missing rank
+            ckpt.flush()
+            res["last_committed"] = ckpt.last_committed
+        elif task == "load":
+            state = empty_state(rank)
+            step = ckpt.load(state, kw.get("step"))
+            res["step"] = step
+            res["source"] = ckpt.last_source
+            res["match"] = step is not None and matches(state, step, rank)
+        ckpt.close()
+        dist.destroy_process_group()
+        out.write_text(json.dumps(res))
+    except BaseException:  # noqa: BLE001 - reported to the parent through the result file
+        out.write_text(json.dumps({"error": traceback.format_exc()}))
+        sys.exit(1)
+
+
+def run_ranks(
+    base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any
+) -> list[dict[str, Any]]:
+    """Run `task` on `world` spawned ranks; return each rank's result (or its error)."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    for r in range(world):
+        (base / f"result_{task}_{r}.json").unlink(missing_ok=True)
+    procs = [
+        ctx.Process(target=_body, args=(r, world, port, str(base), task, dict(kw))) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results = []
+    for r in range(world):
+        f = base / f"result_{task}_{r}.json"
+        results.append(json.loads(f.read_text()) if f.exists() else {"exitcode": procs[r].exitcode})
+    return results

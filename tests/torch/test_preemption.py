@@ -1,0 +1,141 @@
+"""check_alive(): signals, the agent's notice file and the EC2 spot notice turn it False."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from pydantic import ValidationError
+
+from hpresilience.torch import preemption
+from hpresilience.torch.preemption import PreemptionWatcher, spot_interruption
+from hpresilience.torch.settings import PreemptionConfig
+
+
+@pytest.fixture()
+def watcher_factory() -> Iterator[list[PreemptionWatcher]]:
+    made: list[PreemptionWatcher] = []
+    yield made
+    for w in made:
+        w.stop()
+
+
+def _start(made: list[PreemptionWatcher], **kw: object) -> PreemptionWatcher:
+    w = PreemptionWatcher(PreemptionConfig(**kw)).start()  # type: ignore[arg-type]
+    made.append(w)
+    return w
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_slurm_signal_marks_job_as_going_away(watcher_factory: list[PreemptionWatcher], sig: int) -> None:
+    w = _start(watcher_factory)
+    assert w.alive()
+    os.kill(os.getpid(), sig)
+    assert not w.alive()
+    assert w.reason == f"signal {signal.Signals(sig).name}"
+
+
+def test_configured_signal_list_is_honoured(watcher_factory: list[PreemptionWatcher]) -> None:
+    w = _start(watcher_factory, signals=("USR2",))
+    assert signal.getsignal(signal.SIGUSR1) is not w._on_signal
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert not w.alive()
+
+
+def test_handlers_are_restored_on_stop(watcher_factory: list[PreemptionWatcher]) -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    w = PreemptionWatcher().start()
+    w.stop()
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_notice_file_written_by_agent(watcher_factory: list[PreemptionWatcher], tmp_path: Path) -> None:
+    notice = tmp_path / "node-going-away"
+    w = _start(watcher_factory, notice_file=str(notice), signals=())
+    assert w.alive()
+    notice.write_text("Action:Replace")
+    assert not w.alive()
+    assert "notice file" in (w.reason or "")
+
+
+def test_unknown_signal_name_is_a_config_error() -> None:
+    with pytest.raises(ValidationError, match="unknown signal"):
+        PreemptionConfig(signals=("SIGNOPE",))
+
+
+class _Imds(BaseHTTPRequestHandler):
+    action: dict[str, str] | None = None
+    token_seen: ClassVar[list[str]] = []
+
+    def do_PUT(self) -> None:
+        body = b"tok-123"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.token_seen.append(self.headers.get("X-aws-ec2-metadata-token", ""))
+        if self.path != "/latest/meta-data/spot/instance-action" or self.action is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        body = json.dumps(self.action).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def imds() -> Iterator[str]:
+    _Imds.action = None
+    _Imds.token_seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Imds)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_spot_notice_absent_is_404_and_present_is_the_action(imds: str) -> None:
+    assert spot_interruption(imds) is None
+    _Imds.action = {"action": "terminate", "time": "2026-11-23T08:22:00Z"}
+    assert spot_interruption(imds) == "terminate at 2026-11-23T08:22:00Z"
+    assert _Imds.token_seen == ["tok-123", "tok-123"]  # IMDSv2: the session token rides on every GET
+
+
+def test_spot_notice_polled_in_background_only_when_enabled(
+    watcher_factory: list[PreemptionWatcher], imds: str
+) -> None:
+    off = _start(watcher_factory, signals=(), ec2_metadata_url=imds, ec2_poll_s=0.05)
+    on = _start(watcher_factory, signals=(), ec2_spot=True, ec2_metadata_url=imds, ec2_poll_s=0.05)
+    _Imds.action = {"action": "stop", "time": "2026-11-23T08:22:00Z"}
+    deadline = time.monotonic() + 5
+    while on.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not on.alive() and "spot" in (on.reason or "")
+    assert off.alive() and off._thread is None
+
+
+def test_check_alive_uses_the_installed_watcher(tmp_path: Path) -> None:
+    notice = tmp_path / "n"
+    w = preemption.install(PreemptionConfig(notice_file=str(notice), signals=()))
+    try:
+        assert preemption.check_alive()
+        notice.touch()
+        assert not preemption.check_alive()
+    finally:
+        w.stop()
+        preemption._default = None

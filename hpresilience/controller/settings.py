@@ -2,8 +2,73 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
 from hpresilience.settings_base import Section
+
+RepairAction = Literal["reboot", "replace"]
+DEFAULT_LADDER: tuple[RepairAction, ...] = ("reboot", "replace", "replace")
+
+
+class NodeGroup(Section):
+    """Nodes that share a provider: `nodes` are hostlist expressions (`gpu-[1-64]`) or globs (`gpu-*`)."""
+
+    name: str
+    nodes: list[str] = Field(min_length=1)
+    provider: str = "reboot"
+    # Provider-specific settings; each provider validates its own (unknown keys are errors there too).
+    options: dict[str, Any] = Field(default_factory=dict)
+    # Seconds a repaired node has to register again with slurmd; None: `come_back_timeout_s`.
+    come_back_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class GateSettings(Section):
+    """The health gate a repaired node must pass before it is resumed."""
+
+    # `command`: run `command` (a template: {node}, {address}, {hostname}); exit 0 = pass. `none`: always pass.
+    kind: str = "command"
+    command: list[str] = Field(default_factory=lambda: [
+        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "{address}",
+        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active"])
+    timeout_s: float = Field(default=900.0, gt=0)
 
 
 class ControllerSettings(Section):
-    """Settings for the head-node replacement controller. Defaults work with no file."""
+    """Settings for the head-node replacement controller. Every field has a default that works with no file."""
+
+    # One Slurm query per cycle; a repair moves at most one step per cycle.
+    poll_interval_s: float = Field(default=10.0, gt=0)
+    # Per-node state files (and the lock that keeps a second controller out) live here.
+    state_dir: str = "/var/lib/hpresilience/controller"
+    # A FAILING/draining node still running jobs is waited for this long, then forced DOWN.
+    forced_down_after_s: float = Field(default=600.0, ge=0)
+    # At most this many nodes are being repaired (provider action, coming back, health gate) at once.
+    max_concurrent: int = Field(default=4, ge=1)
+    come_back_timeout_s: float = Field(default=1800.0, gt=0)
+    # The escalation ladder: a repair starts at the first rung of the requested action and moves one rung
+    # up each time the node does not come back or fails the gate; past the last rung it is left for a person.
+    ladder: list[RepairAction] = Field(default_factory=lambda: list(DEFAULT_LADDER), min_length=1)
+    # Also repair nodes that `scontrol reboot` left behind (reason "Reboot ASAP"/"reboot timed out", drained).
+    repair_reboot_leftovers: bool = True
+    # Also repair (as a reboot) nodes that are DOWN with no reason or only Slurm's own (`down_reasons`), once
+    # they have stayed so for `down_grace_s`: off by default, as a node restarting on purpose looks the same.
+    repair_down_without_reason: bool = False
+    down_reasons: list[str] = Field(default_factory=lambda: ["", "Not responding", "Node unexpectedly rebooted"])
+    down_grace_s: float = Field(default=300.0, ge=0)
+    default_provider: str = "reboot"
+    default_options: dict[str, Any] = Field(default_factory=dict)
+    groups: list[NodeGroup] = Field(default_factory=list)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    # Log every decision but change nothing (no Slurm writes, no provider calls, no state files).
+    dry_run: bool = False
+    # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.
+    metrics_address: str = "127.0.0.1:9760"
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder_has_both(cls, ladder: list[RepairAction]) -> list[RepairAction]:
+        if "replace" not in ladder:
+            raise ValueError("the ladder must contain 'replace' (an Action:Replace request starts there)")
+        return ladder

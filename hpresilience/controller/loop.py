@@ -1,0 +1,346 @@
+"""The controller loop: one Slurm query per cycle, each repair moved at most one step per cycle.
+
+    pending --(jobs gone or forced DOWN, slot free)--> acting --(provider returned)--> waiting_back
+    waiting_back --(slurmd registered again)--> gating --(gate passed)--> resumed (record finished)
+    any failure (provider error, not back in time, gate failed) --> next rung of the ladder (pending),
+    or past the last rung --> given_up (DOWN+DRAIN, a reason for a person)
+
+Provider calls and health gates run in worker threads so one slow re-image does not stall the others;
+the record is written before each step is acted on. A controller restarted while a provider was acting
+waits for the node instead of acting again: a repair is never issued twice at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from hpresilience.controller.gates import Gate, GateResult, create_gate
+from hpresilience.controller.metrics import ControllerMetrics
+from hpresilience.controller.providers import Provider, ProviderContext, create_provider
+from hpresilience.controller.selection import OUT_OF_SERVICE, first_rung, group_for, requested
+from hpresilience.controller.settings import ControllerSettings
+from hpresilience.controller.state import ACTIVE_STEPS, STEPS, RepairRecord, StateStore
+from hpresilience.errors import HPResilienceError
+from hpresilience.log import get_logger
+from hpresilience.reasons import Action, controller_reason, parse_reason
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
+from hpresilience.systemd import notify, watchdog_interval_s
+
+log = get_logger("hpresilience.controller")
+DEFAULT_GROUP = "default"
+
+
+class Controller:
+    def __init__(self, settings: ControllerSettings, client: SlurmClient,
+                 registry: CollectorRegistry | None = None, gate: Gate | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.registry = registry or CollectorRegistry()
+        self.metrics = ControllerMetrics(self.registry)
+        self.store = StateStore(settings.state_dir, persist=not settings.dry_run)
+        self.gate = gate or create_gate(settings.gate)
+        # Built up front so a bad provider name or option stops the daemon at start, not mid-repair.
+        self.providers: dict[str, Provider] = {DEFAULT_GROUP: create_provider(
+            settings.default_provider, settings.default_options, ProviderContext(client, DEFAULT_GROUP))}
+        for g in settings.groups:
+            self.providers[g.name] = create_provider(g.provider, g.options, ProviderContext(client, g.name))
+        self.records: dict[str, RepairRecord] = {}
+        self.inflight: dict[str, Future[Any]] = {}
+        self.down_seen: dict[str, float] = {}
+        self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrent, thread_name_prefix="repair")
+        self.stop_event = threading.Event()
+        # Set when a provider call or a gate finishes: the next cycle runs at once instead of a poll later.
+        self.wake = threading.Event()
+        self.last_ok_cycle = 0.0
+
+    def load(self) -> None:
+        self.records = self.store.load_all()
+        for rec in self.records.values():
+            log.info("repair_record_loaded", node=rec.node, step=rec.step, attempt=rec.attempt, action=rec.action)
+
+    # -- decisions: one JSON line per step -----------------------------------------------------------
+    def _decision(self, event: str, rec: RepairRecord, level: str = "info", **extra: Any) -> None:
+        getattr(log, level)(event, node=rec.node, step=rec.step, requested=rec.requested, action=rec.action or None,
+                            attempt=rec.attempt, provider=rec.provider, why=rec.why,
+                            dry_run=self.settings.dry_run or None, **extra)
+
+    def _group(self, node: str) -> str:
+        g = group_for(node, self.settings.groups)
+        return g.name if g else DEFAULT_GROUP
+
+    def _provider_name(self, group: str) -> str:
+        for g in self.settings.groups:
+            if g.name == group:
+                return g.provider
+        return self.settings.default_provider
+
+    def _come_back_timeout(self, node: str) -> float:
+        g = group_for(node, self.settings.groups)
+        return (g.come_back_timeout_s if g and g.come_back_timeout_s else None) or self.settings.come_back_timeout_s
+
+    def _set_state(self, rec: RepairRecord, action: str, reason: str) -> None:
+        if not self.settings.dry_run:
+            self.client.set_node_state([rec.node], action, reason)
+
+    # -- one cycle -----------------------------------------------------------------------------------
+    def cycle(self, now: float | None = None) -> None:
+        started = time.perf_counter()
+        nodes = self.client.nodes()
+        self.metrics.poll.observe(time.perf_counter() - started)
+        self.process(nodes, time.time() if now is None else now)
+        self.last_ok_cycle = time.monotonic()
+        self.metrics.last_cycle.set(time.time())
+
+    def process(self, nodes: list[Node], now: float) -> None:
+        """Pick up new requests and advance every repair, from one snapshot of the cluster."""
+        by_name = {n.name: n for n in nodes}
+        for n in nodes:
+            if n.name not in self.records:
+                try:
+                    self._maybe_pick_up(n, now)
+                except ValueError as err:  # a name we cannot use as a file name: skipped, loudly
+                    log.error("repair_not_possible", node=n.name, error=str(err))
+        for name, rec in list(self.records.items()):
+            node = by_name.get(name)
+            if node is None:
+                rec.why = "node no longer known to Slurm"
+                self._finish(rec, "node_gone")
+                continue
+            fut = self.inflight.get(name)
+            if fut is not None and not fut.done():
+                continue
+            try:
+                self.advance(rec, node, now)
+            except HPResilienceError as err:  # a refused Slurm write: retried next cycle, never fatal
+                self._decision("repair_step_failed", rec, "error", error=str(err))
+        counts = dict.fromkeys(STEPS, 0)
+        for rec in self.records.values():
+            counts[rec.step] += 1
+        for step, count in counts.items():
+            self.metrics.nodes.labels(step).set(count)
+
+    def _maybe_pick_up(self, node: Node, now: float) -> None:
+        req = requested(node, self.settings)
+        if req is None:
+            self.down_seen.pop(node.name, None)
+            return
+        if req.grace_from is not None:
+            since = req.grace_from or self.down_seen.setdefault(node.name, now)
+            if now - since < self.settings.down_grace_s:
+                return
+        group = self._group(node.name)
+        rec = RepairRecord(node=node.name, requested=req.action, reason=node.reason,
+                           provider=self._provider_name(group), detected_at=now, step_since=now,
+                           rung=first_rung(list(self.settings.ladder), req.action), why=req.why)
+        self.records[node.name] = rec
+        self.store.save(rec)
+        self._decision("repair_detected", rec, state=node.state_text, reason=node.reason, group=group)
+
+    def advance(self, rec: RepairRecord, node: Node, now: float) -> None:
+        parsed = parse_reason(node.reason)
+        in_service = not node.states & OUT_OF_SERVICE
+        if rec.step == "given_up":
+            if in_service:
+                rec.why = "resumed by someone else after the controller gave up"
+                self._finish(rec, "resumed_by_operator")
+            elif parsed.owner != "controller" and requested(node, self.settings) is not None:
+                rec.why = f"new request: {node.reason}"
+                self._finish(rec, "superseded")  # picked up afresh next cycle
+            return
+        if in_service and rec.step != "acting":
+            rec.why = f"node back in service without the controller ({node.state_text})"
+            self._finish(rec, "resumed_outside_controller")
+            return
+        still_asked = parsed.action is not None if rec.step != "pending" else requested(node, self.settings) is not None
+        if parsed.owner is None and not still_asked:
+            rec.why = f"reason changed by someone else: {node.reason!r}"
+            self._finish(rec, "taken_over")
+            return
+        getattr(self, f"_step_{rec.step}")(rec, node, now)
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _step_pending(self, rec: RepairRecord, node: Node, now: float) -> None:
+        action = Action.REPLACE if rec.requested == "replace" else Action.REBOOT
+        if node.is_busy:
+            waited = now - rec.detected_at
+            if waited >= self.settings.forced_down_after_s and not rec.forced_down:
+                reason = controller_reason(f"forced down after {waited:.0f} s waiting for its jobs", action)
+                self._set_state(rec, "down", reason)
+                rec.forced_down = True
+                rec.move("pending", f"forced down after {waited:.0f} s waiting for its jobs", now)
+                self.store.save(rec)
+                self._decision("node_forced_down", rec, "warning", waited_s=round(waited, 1))
+            elif not rec.why.startswith("waiting for its jobs") and not rec.forced_down:
+                rec.move("pending", f"waiting for its jobs (forced down after {self.settings.forced_down_after_s:g} s)",
+                         now)
+                self.store.save(rec)
+                self._decision("repair_waiting_for_jobs", rec, state=node.state_text)
+            return
+        busy = sum(1 for r in self.records.values() if r.step in ACTIVE_STEPS)
+        if busy >= self.settings.max_concurrent:
+            if rec.why != "waiting for a repair slot":
+                rec.move("pending", "waiting for a repair slot", now)
+                self.store.save(rec)
+                self._decision("repair_waiting_for_slot", rec, under_repair=busy)
+            return
+        rec.action = self.settings.ladder[rec.rung]
+        why = f"{rec.action} (attempt {rec.attempt + 1}) via {rec.provider}"
+        if self.settings.dry_run:
+            if rec.why != f"would {why}":
+                rec.why = f"would {why}"
+                self._decision("repair_would_start", rec)
+            return
+        # Drain first: a node that slurmd re-registers must not take jobs before the health gate.
+        self._set_state(rec, "drain", controller_reason(f"repairing: {why}", action))
+        rec.attempt += 1
+        rec.slurmd_before, rec.boot_before, rec.acted_at = node.slurmd_start_time, node.boot_time, now
+        rec.move("acting", f"provider asked to {why}", now)
+        self.store.save(rec)
+        self._decision("repair_action_started", rec, state=node.state_text)
+        provider = self.providers[self._group(rec.node)]
+        self._submit(rec, provider.act, node, rec.action)
+
+    def _step_acting(self, rec: RepairRecord, node: Node, now: float) -> None:
+        fut = self.inflight.pop(rec.node, None)
+        if fut is None:
+            rec.move("waiting_back", "controller restarted while the provider acted: waiting for the node "
+                     "rather than acting twice", now)
+            self.store.save(rec)
+            self._decision("repair_action_resumed", rec)
+            return
+        err = fut.exception()
+        if err is not None:
+            self._attempt_failed(rec, f"provider {rec.provider} failed: {err}", "provider_error", now)
+            return
+        rec.move("waiting_back", str(fut.result()), now)
+        self.store.save(rec)
+        self._decision("repair_action_done", rec)
+
+    def _step_waiting_back(self, rec: RepairRecord, node: Node, now: float) -> None:
+        if came_back(node, rec):
+            rec.move("gating", f"slurmd registered again ({node.state_text})", now)
+            self.store.save(rec)
+            self._decision("node_came_back", rec, waited_s=round(now - (rec.acted_at or now), 1))
+            self._start_gate(rec, node)
+            return
+        limit = self._come_back_timeout(rec.node)
+        if now - (rec.acted_at or rec.step_since) > limit:
+            self._attempt_failed(rec, f"did not come back within {limit:g} s", "not_back", now)
+
+    def _start_gate(self, rec: RepairRecord, node: Node) -> None:
+        self._submit(rec, self.gate.check, node)
+
+    def _submit(self, rec: RepairRecord, fn: Any, *args: Any) -> None:
+        fut = self.pool.submit(fn, *args)
+        fut.add_done_callback(lambda _: self.wake.set())
+        self.inflight[rec.node] = fut
+
+    def _step_gating(self, rec: RepairRecord, node: Node, now: float) -> None:
+        fut = self.inflight.pop(rec.node, None)
+        if fut is None:  # restarted mid-gate: a health check is safe to run again
+            self._start_gate(rec, node)
+            return
+        err = fut.exception()
+        result = fut.result() if err is None else GateResult(False, f"gate error: {err}", 0.0, time.time())
+        rec.last_health = result.to_json()
+        self.metrics.gate.labels("pass" if result.passed else "fail").inc()
+        if not result.passed:
+            self._attempt_failed(rec, f"health gate failed: {result.detail}", "gate_failed", now)
+            return
+        if parse_reason(node.reason).owner != "controller":
+            rec.why = f"health gate passed, but the reason is no longer ours: {node.reason!r}"
+            self._finish(rec, "not_resumed_reason_changed")
+            return
+        self.client.set_node_state([rec.node], "resume")
+        rec.why = f"health gate passed ({result.detail}); resumed"
+        self.metrics.duration.labels(rec.provider, rec.requested).observe(max(0.0, now - rec.detected_at))
+        self._finish(rec, "repaired")
+
+    def _attempt_failed(self, rec: RepairRecord, why: str, kind: str, now: float) -> None:
+        self.metrics.failures.labels(rec.provider, rec.action or rec.requested, kind).inc()
+        rec.rung += 1
+        if rec.rung < len(self.settings.ladder):
+            rec.move("pending", f"escalating to {self.settings.ladder[rec.rung]}: {why}", now)
+            self.store.save(rec)
+            self._decision("repair_escalated", rec, "warning")
+            return
+        # What a person must know comes first: Slurm reasons are clipped at 200 characters.
+        text = f"needs a person: gave up after {rec.attempt} attempt(s): {why}"
+        reason = controller_reason(text)  # no Action: word, so nothing picks it up again by itself
+        self._set_state(rec, "down", reason)
+        # DOWN alone would be undone by ReturnToService once slurmd answers; DRAIN keeps it out.
+        self._set_state(rec, "drain", reason)
+        rec.move("given_up", text, now)
+        self.store.save(rec)
+        self.metrics.outcomes.labels(rec.provider, rec.requested, "given_up").inc()
+        self._decision("repair_given_up", rec, "error", last_health=rec.last_health)
+
+    def _finish(self, rec: RepairRecord, outcome: str) -> None:
+        self.records.pop(rec.node, None)
+        self.inflight.pop(rec.node, None)
+        self.store.finish(rec, outcome)
+        self.metrics.outcomes.labels(rec.provider, rec.requested, outcome).inc()
+        self._decision("node_resumed" if outcome == "repaired" else "repair_finished", rec,
+                       "info" if outcome == "repaired" else "warning", outcome=outcome, last_health=rec.last_health,
+                       took_s=round(time.time() - rec.detected_at, 1))
+
+    # -- the daemon ----------------------------------------------------------------------------------
+    def wait_inflight(self, timeout: float | None = None) -> None:
+        for fut in list(self.inflight.values()):
+            fut.exception(timeout=timeout)
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self.last_ok_cycle < 3 * self.settings.poll_interval_s + 30
+
+    def run(self, once: bool = False) -> None:
+        """Take the lock, then cycle until stopped; `once`: one cycle, plus recording what it started.
+
+        A dry run takes no lock and writes nothing, so it can preview decisions beside the real daemon."""
+        if not self.settings.dry_run:
+            self.store.lock()
+        try:
+            self.load()
+            log.info("controller_started", state_dir=self.settings.state_dir, dry_run=self.settings.dry_run,
+                     under_repair=len(self.records), interval_s=self.settings.poll_interval_s)
+            notify("READY=1", "STATUS=watching node states")
+            watchdog = watchdog_interval_s()
+            while not self.stop_event.is_set():
+                try:
+                    self.cycle()
+                    if once:
+                        self.wait_inflight()
+                        self.cycle()
+                        break
+                except Exception as err:  # one bad cycle never ends the daemon
+                    self.metrics.cycle_errors.inc()
+                    log.error("controller_cycle_failed", error=str(err), kind=type(err).__name__)
+                    if once:
+                        raise
+                notify(f"STATUS={len(self.records)} node(s) under repair")
+                if watchdog is not None:
+                    notify("WATCHDOG=1")
+                self.wake.wait(min(self.settings.poll_interval_s, watchdog or self.settings.poll_interval_s))
+                self.wake.clear()
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.store.unlock()
+            notify("STOPPING=1")
+            log.info("controller_stopped", under_repair=len(self.records))
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+
+
+def came_back(node: Node, rec: RepairRecord) -> bool:
+    """slurmd registered since the provider acted: a new slurmd start or boot time, and it answers."""
+    if node.has("NOT_RESPONDING", "POWERING_UP", "REBOOT_ISSUED") or node.slurmd_start_time is None:
+        return False
+    return node.slurmd_start_time != rec.slurmd_before or (
+        node.boot_time is not None and rec.boot_before is not None and node.boot_time != rec.boot_before)

@@ -1,0 +1,105 @@
+"""The `script` and `reboot` providers and the health gates, with real processes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpresilience.controller.gates import create_gate
+from hpresilience.controller.providers import ProviderContext, create_provider
+from hpresilience.controller.providers.script import render
+from hpresilience.controller.settings import GateSettings
+from hpresilience.errors import ExternalError, SlurmError
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
+from hpresilience.slurm.runner import CommandRunner
+
+NODE = Node(name="gpu-3", address="10.0.0.3", hostname="ip-10-0-0-3", states=frozenset({"IDLE", "DRAIN"}))
+
+
+def script(tmp_path: Path, body: str) -> str:
+    p = tmp_path / "site.sh"
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(0o755)
+    return str(p)
+
+
+def ctx() -> ProviderContext:
+    return ProviderContext(SlurmClient(), "default")
+
+
+def test_script_gets_node_and_action_appended_and_reports_success(tmp_path: Path) -> None:
+    cmd = script(tmp_path, f'echo "$@" > "{tmp_path}/args"; echo power-cycled\n')
+    p = create_provider("script", {"command": [cmd]}, ctx())
+    assert p.act(NODE, "reboot") == f"`{cmd} gpu-3 reboot` exited 0"
+    assert (tmp_path / "args").read_text() == "gpu-3 reboot\n"
+
+
+def test_script_placeholders_fill_in_place() -> None:
+    assert render(["ipmitool", "-H", "{hostname}-bmc", "power", "{action}"],
+                  {"node": "gpu-3", "action": "cycle", "hostname": "h", "address": "a"}) == \
+        ["ipmitool", "-H", "h-bmc", "power", "cycle"]
+
+
+def test_script_failure_carries_exit_code_and_last_line(tmp_path: Path) -> None:
+    cmd = script(tmp_path, "echo starting; echo 'BMC unreachable' >&2; exit 3\n")
+    p = create_provider("script", {"command": [cmd]}, ctx())
+    with pytest.raises(ExternalError, match="exited 3: BMC unreachable"):
+        p.act(NODE, "replace")
+
+
+def test_script_timeout_kills_its_process_group(tmp_path: Path) -> None:
+    cmd = script(tmp_path, f'sleep 30 & echo $! > "{tmp_path}/child"; wait\n')
+    p = create_provider("script", {"command": [cmd], "timeout_s": 0.5}, ctx())
+    started = time.monotonic()
+    with pytest.raises(ExternalError, match=r"timed out after 0\.5 s"):
+        p.act(NODE, "replace")
+    assert time.monotonic() - started < 10
+    child = int((tmp_path / "child").read_text())
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+def test_command_gate_passes_on_exit_0_and_fails_with_output(tmp_path: Path) -> None:
+    cmd = script(tmp_path, 'if [ "$1" = 10.0.0.3 ]; then echo "all 8 GPUs ok"; exit 0; fi; echo "dcgm: fail"; exit 1\n')
+    ok = create_gate(GateSettings(command=[cmd, "{address}"])).check(NODE)
+    assert ok.passed and ok.detail == "exit 0: all 8 GPUs ok"
+    bad = create_gate(GateSettings(command=[cmd, "{node}"])).check(NODE)
+    assert not bad.passed and bad.detail == "exit 1: dcgm: fail"
+
+
+def test_command_gate_timeout_or_missing_command_is_a_failed_gate(tmp_path: Path) -> None:
+    slow = create_gate(GateSettings(command=[sys.executable, "-c", "import time; time.sleep(20)"], timeout_s=0.3))
+    res = slow.check(NODE)
+    assert not res.passed and "timed out" in res.detail
+    missing = create_gate(GateSettings(command=[str(tmp_path / "nope"), "{node}"])).check(NODE)
+    assert not missing.passed and "cannot run" in missing.detail
+
+
+def test_none_gate_always_passes() -> None:
+    assert create_gate(GateSettings(kind="none")).check(NODE).passed
+
+
+def test_reboot_provider_issues_scontrol_reboot_asap_with_our_reason(tmp_path: Path) -> None:
+    """The reason is ours, not Slurm's "Reboot ASAP": slurmctld then keeps our DRAIN across the reboot."""
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/argv"\n')
+    fake.chmod(0o755)
+    client = SlurmClient(CommandRunner(str(tmp_path), timeout=5, retries=0))
+    p = create_provider("reboot", {}, ProviderContext(client, "default"))
+    assert p.act(NODE, "reboot") == "scontrol reboot ASAP nextstate=resume"
+    assert (tmp_path / "argv").read_text().splitlines() == [
+        "reboot", "ASAP", "nextstate=RESUME", "reason=[hpr-controller] repair: reboot by scontrol reboot", "gpu-3"]
+    assert "rebooted instead" in p.act(NODE, "replace")
+
+
+def test_reboot_provider_failure_is_a_slurm_error(tmp_path: Path) -> None:
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\necho 'scontrol_reboot_nodes error: Unspecified error' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    p = create_provider("reboot", {"asap": False}, ProviderContext(
+        SlurmClient(CommandRunner(str(tmp_path), timeout=5, retries=0)), "default"))
+    with pytest.raises(SlurmError, match="Unspecified error"):
+        p.act(NODE, "reboot")

@@ -1,0 +1,102 @@
+"""Repair records on disk, the controller lock, and configuration errors that name what is wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpresilience.config import config_from_mapping
+from hpresilience.controller.gates import create_gate
+from hpresilience.controller.loop import Controller
+from hpresilience.controller.providers import ProviderContext, create_provider
+from hpresilience.controller.settings import ControllerSettings, GateSettings
+from hpresilience.controller.state import ControllerLocked, RepairRecord, StateStore
+from hpresilience.errors import ConfigError
+from hpresilience.slurm.client import SlurmClient
+
+
+def record(node: str = "n1") -> RepairRecord:
+    return RepairRecord(node=node, requested="replace", reason="Action:Replace", provider="script", detected_at=1.0)
+
+
+def test_record_round_trips_and_keeps_a_bounded_history(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    rec = record()
+    for i in range(30):
+        rec.move("pending" if i % 2 else "acting", f"step {i}", now=float(i))
+    rec.last_health = {"passed": False, "detail": "exit 1"}
+    store.save(rec)
+    back = store.load_all()["n1"]
+    assert back == rec and len(back.history) == 20 and back.history[-1]["why"] == "step 29"
+    assert not list((tmp_path / "nodes").glob("*.tmp")) and not list((tmp_path / "nodes").glob(".*"))
+
+
+def test_finish_removes_the_record_and_appends_history(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    rec = record()
+    store.save(rec)
+    store.finish(rec, "repaired")
+    assert store.load_all() == {}
+    assert [h["outcome"] for h in store.history()] == ["repaired"]
+
+
+def test_corrupt_record_is_set_aside_not_fatal(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(record("n2"))
+    (tmp_path / "nodes" / "n1.json").write_text("{not json")
+    (tmp_path / "nodes" / "n3.json").write_text(json.dumps({**record("n3").to_json(), "step": "dancing"}))
+    assert list(store.load_all(quarantine=False)) == ["n2"]
+    assert (tmp_path / "nodes" / "n1.json").exists()
+    assert list(store.load_all()) == ["n2"]
+    assert sorted(p.name for p in (tmp_path / "nodes").iterdir()) == ["n1.corrupt", "n2.json", "n3.corrupt"]
+
+
+def test_dry_run_store_writes_nothing(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "s", persist=False)
+    store.save(record())
+    store.finish(record(), "repaired")
+    assert not (tmp_path / "s").exists()
+
+
+def test_second_controller_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+    first, second = StateStore(tmp_path), StateStore(tmp_path)
+    first.lock()
+    try:
+        with pytest.raises(ControllerLocked, match=r"another controller \(pid \d+\)"):
+            second.lock()
+    finally:
+        first.unlock()
+    second.lock()
+    second.unlock()
+
+
+def test_node_names_that_could_escape_the_state_dir_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot name a state file"):
+        StateStore(tmp_path).save(record("../etc/passwd"))
+
+
+def test_unknown_provider_and_gate_list_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script"):
+        create_provider("ipmi", {}, ProviderContext(SlurmClient(), "default"))
+    with pytest.raises(ConfigError, match="unknown gate 'nhc'; known: command, none"):
+        create_gate(GateSettings(kind="nhc"))
+    with pytest.raises(ConfigError, match="unknown placeholder"):
+        create_gate(GateSettings(command=["ssh", "{nodename}"]))
+
+
+def test_controller_refuses_a_bad_group_at_start(tmp_path: Path) -> None:
+    s = ControllerSettings(state_dir=str(tmp_path), groups=[{"name": "gpu", "nodes": ["gpu-*"],  # type: ignore[list-item]
+                                                             "provider": "script", "options": {"timeout_s": 5}}])
+    with pytest.raises(ConfigError, match="group 'gpu', provider 'script': command: Field required"):
+        Controller(s, SlurmClient())
+
+
+def test_config_file_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"controller\.ladder.*must contain 'replace'"):
+        config_from_mapping({"controller": {"ladder": ["reboot"]}})
+    with pytest.raises(ConfigError, match=r"controller.groups\[0\].nodes"):
+        config_from_mapping({"controller": {"groups": [{"name": "x", "nodes": []}]}})
+    with pytest.raises(ConfigError, match=r"controller\.max_concurent: unknown key"):
+        config_from_mapping({"controller": {"max_concurent": 2}})

@@ -33,8 +33,9 @@ COMMIT = "COMMIT"
 METADATA = ".metadata"
 _STEP_RE = re.compile(r"^step_(\d{10})$")
 
+_xxhash: Any
 try:  # xxh3 is ~10x faster than zlib's crc32; it is optional and the algorithm is recorded per file.
-    import xxhash as _xxhash  # type: ignore[import-not-found,unused-ignore]
+    import xxhash as _xxhash
 
     DEFAULT_ALGO = "xxh3_64"
 except ImportError:  # pragma: no cover - depends on the environment
@@ -54,7 +55,8 @@ def hasher(algo: str) -> Callable[[Any], int]:
             raise ChecksumError(
                 "checkpoint was written with xxh3_64 checksums but the xxhash package is missing"
             )
-        return _xxhash.xxh3_64_intdigest  # type: ignore[no-any-return]
+        fn: Callable[[Any], int] = _xxhash.xxh3_64_intdigest
+        return fn
     raise ChecksumError(f"unknown checksum algorithm {algo!r}")
 
 

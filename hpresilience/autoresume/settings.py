@@ -1,9 +1,201 @@
-"""Configuration section for srun --auto-resume (log rules, restart policy, spares)."""
+"""Configuration section for srun --auto-resume (log rules, restart policy, spares).
+
+A HyperPod `runPolicy:` block (camelCase keys) can be pasted under `autoresume:` unchanged; our own
+keys are snake_case beside it, except the two policy extensions that live inside `runPolicy`
+(`retryOnApplicationError`, `noRetryExitCodes`). Semantics: docs/auto-resume-rules.md.
+"""
 
 from __future__ import annotations
 
+import re
+import signal
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from hpresilience.errors import ConfigError
 from hpresilience.settings_base import Section
+
+Operator = Literal["gt", "gteq", "lt", "lteq", "eq"]
+
+
+def _compile(rule: str, key: str, pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"rule {rule!r}: {key} is not a valid regular expression: {err}") from None
+
+
+class LogRuleSettings(Section):
+    """One entry of `logMonitoringConfiguration`: HyperPod's keys, plus `faultOnMatch` and `action`."""
+
+    name: str = Field(min_length=1)
+    log_pattern: str = Field(alias="logPattern", min_length=1)
+    expected_start_cutoff_s: float | None = Field(default=None, alias="expectedStartCutOffInSeconds", gt=0)
+    expected_recurring_frequency_s: float | None = Field(
+        default=None, alias="expectedRecurringFrequencyInSeconds", gt=0)
+    stop_pattern: str | None = Field(default=None, alias="stopPattern", min_length=1)
+    metric_threshold: float | None = Field(default=None, alias="metricThreshold")
+    operator: Operator | None = None
+    metric_evaluation_data_points: int | None = Field(default=None, alias="metricEvaluationDataPoints", ge=1)
+    # HyperPod's own agent knows this key: a match is a fault at once (e.g. "NCCL error").
+    fault_on_match: bool = Field(default=False, alias="faultOnMatch")
+    # Our extension: `restart` (HyperPod's behaviour) or `log` (report the trip, keep the step running).
+    action: Literal["restart", "log"] = "restart"
+
+    @model_validator(mode="after")
+    def _check_rule(self) -> LogRuleSettings:
+        compiled = _compile(self.name, "logPattern", self.log_pattern)
+        if self.stop_pattern is not None:
+            _compile(self.name, "stopPattern", self.stop_pattern)
+        if (self.metric_threshold is None) != (self.operator is None):
+            raise ValueError(f"rule {self.name!r}: metricThreshold and operator must be given together")
+        if self.metric_threshold is not None and compiled.groups < 1:
+            raise ValueError(f"rule {self.name!r}: metricThreshold needs a capture group in logPattern "
+                             "(the first group is the metric)")
+        if self.metric_evaluation_data_points is not None and self.metric_threshold is None:
+            raise ValueError(f"rule {self.name!r}: metricEvaluationDataPoints needs metricThreshold and operator")
+        if (self.expected_start_cutoff_s is None and self.expected_recurring_frequency_s is None
+                and self.metric_threshold is None and not self.fault_on_match):
+            raise ValueError(f"rule {self.name!r} checks nothing: set expectedStartCutOffInSeconds, "
+                             "expectedRecurringFrequencyInSeconds, metricThreshold with operator, or faultOnMatch")
+        return self
+
+    @property
+    def data_points(self) -> int:
+        return self.metric_evaluation_data_points or 1
+
+
+class RestartPolicySettings(Section):
+    """HyperPod's `restartPolicy`: when process-level restarts escalate to a full (requeue) restart."""
+
+    num_restart_before_full_job_restart: int = Field(default=3, alias="numRestartBeforeFullJobRestart", ge=0)
+    eval_period_seconds: float = Field(default=21600.0, alias="evalPeriodSeconds", gt=0)
+    max_full_job_restarts: int = Field(default=1, alias="maxFullJobRestarts", ge=0)
+
+
+class RunPolicySettings(Section):
+    """HyperPod's `runPolicy` block, accepted as pasted."""
+
+    job_max_retry_count: int = Field(default=10, alias="jobMaxRetryCount", ge=0)
+    restart_policy: RestartPolicySettings = Field(default_factory=RestartPolicySettings, alias="restartPolicy")
+    # Accepted so a pasted block loads; on Slurm every process of a step ends with the step, so it has no effect.
+    clean_pod_policy: Literal["All", "OnlyComplete", "None"] = Field(default="All", alias="cleanPodPolicy")
+    log_monitoring_configuration: list[LogRuleSettings] = Field(
+        default_factory=list, alias="logMonitoringConfiguration")
+    # Our extensions. false/0: an application error ends the job; true: retried like any fault; N: at most N times.
+    retry_on_application_error: bool | int = Field(default=False, alias="retryOnApplicationError")
+    # Exit codes that mean "do not retry" whatever the budget (the training script's own verdict).
+    no_retry_exit_codes: list[int] = Field(default_factory=list, alias="noRetryExitCodes")
+
+    @field_validator("retry_on_application_error")
+    @classmethod
+    def _non_negative(cls, v: bool | int) -> bool | int:
+        if not isinstance(v, bool) and v < 0:
+            raise ValueError("must be true, false or a count >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_rule_names(self) -> RunPolicySettings:
+        seen: set[str] = set()
+        for rule in self.log_monitoring_configuration:
+            if rule.name in seen:
+                raise ValueError(f"rule name {rule.name!r} is used twice in logMonitoringConfiguration")
+            seen.add(rule.name)
+        return self
+
+    def with_rules(self, rules: list[LogRuleSettings]) -> RunPolicySettings:
+        return self.model_copy(update={"log_monitoring_configuration": list(rules)})
 
 
 class AutoResumeSettings(Section):
     """Settings for srun --auto-resume (log rules, restart policy, spares). Defaults work with no file."""
+
+    run_policy: RunPolicySettings = Field(default_factory=RunPolicySettings, alias="runPolicy")
+    # Nodes held back in the allocation as hot spares (the step runs on the others).
+    spares: int = Field(default=0, ge=0)
+    # How long to wait for a replacement node (cluster-side replace or expansion) before the fallback.
+    replace_timeout_s: float = Field(default=900.0, gt=0)
+    # How a step is stopped before a restart: this signal, then SIGKILL after the timeout.
+    shutdown_signal: str = "SIGTERM"
+    shutdown_timeout_s: float = Field(default=30.0, ge=0)
+    # Grow the allocation back with Slurm's (undocumented) job expansion when the cluster permits it.
+    grow_by_expansion: bool = False
+    # No replacement node within replace_timeout_s: requeue the whole job, or fail it.
+    fallback_when_no_replacement: Literal["requeue", "fail"] = "requeue"
+    # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
+    max_line_bytes: int = Field(default=65536, ge=256)
+    # Where per-job state survives a requeue; must be on a shared file system.
+    # Empty: $SLURM_SUBMIT_DIR/.hpresilience/jobs, else ~/.hpresilience/jobs.
+    state_dir: str = ""
+
+    @field_validator("shutdown_signal")
+    @classmethod
+    def _signal_name(cls, v: str) -> str:
+        name = v.strip().upper()
+        if name.isdigit():
+            try:
+                return signal.Signals(int(name)).name
+            except ValueError:
+                raise ValueError(f"unknown signal number {v!r}") from None
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        if name not in signal.Signals.__members__:
+            raise ValueError(f"unknown signal {v!r} (e.g. SIGTERM, SIGINT, SIGUSR1)")
+        return name
+
+
+_RULE_LIST = TypeAdapter(list[LogRuleSettings])
+
+
+def _format(source: str, err: ValidationError, prefix: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = prefix
+        for part in e["loc"]:
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def rules_from_data(data: Any, base: RunPolicySettings, source: str = "<rules>") -> RunPolicySettings:
+    """A rules document in any of the three shapes `--auto-resume-rules` accepts, applied over `base`.
+
+    - a list of rules: replaces `logMonitoringConfiguration`;
+    - a mapping with `logMonitoringConfiguration`: the same;
+    - a mapping with `runPolicy` (a pasted HyperPod block, or a whole job.yaml `spec`): the whole policy.
+    """
+    if isinstance(data, dict) and "spec" in data and isinstance(data["spec"], dict):
+        data = data["spec"]
+    try:
+        if isinstance(data, list):
+            return base.with_rules(_RULE_LIST.validate_python(data))
+        if isinstance(data, dict) and set(data) == {"logMonitoringConfiguration"}:
+            return RunPolicySettings.model_validate(
+                {**base.model_dump(by_alias=True), "logMonitoringConfiguration": data["logMonitoringConfiguration"]})
+        if isinstance(data, dict) and set(data) == {"runPolicy"}:
+            return RunPolicySettings.model_validate(data["runPolicy"] or {})
+    except ValidationError as err:
+        raise ConfigError(_format(source, err, "")) from None
+    keys = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
+    raise ConfigError(f"{source}: expected a list of rules, or a mapping with logMonitoringConfiguration or "
+                      f"runPolicy (and nothing else), got {keys}")
+
+
+def load_rules_file(path: str | Path, base: RunPolicySettings | None = None) -> RunPolicySettings:
+    """Read the file given by `--auto-resume-rules FILE`; every mistake is a ConfigError naming file and rule."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read rules file: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}: not valid YAML{where}") from None
+    return rules_from_data(data, base if base is not None else RunPolicySettings(), str(p))

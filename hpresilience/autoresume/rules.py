@@ -1,0 +1,408 @@
+"""Log rules with HyperPod's semantics, evaluated on a step's output with an injectable clock.
+
+A `RuleSet` is compiled once from `logMonitoringConfiguration`. The wrapper feeds it the step's output
+(`feed_text` for a block of whole lines, `feed` for one line) with the time it read them, calls `tick`
+about once a second, and calls `reset` when an attempt starts. All three return `RuleTripped` events.
+
+Matching follows HyperPod's agent exactly: patterns use Python `re` and are applied with `re.match` to
+each line without its terminator (anchored at the start of the line, which is why HyperPod's examples
+begin with `.*`). Per line and rule, in this order: a logPattern match records the time (and is a fault
+with faultOnMatch); a stopPattern match deactivates the rule for the rest of the attempt, without a
+metric evaluation of that line; otherwise the first capture group of the match is the metric.
+Timers use strict `>`: a rule HANGs when `now - attempt start > expectedStartCutOffInSeconds` with no
+match yet, or `now - last match > expectedRecurringFrequencyInSeconds`.
+
+Speed: each rule runs its regex only on lines containing the pattern's longest required literal
+(`prefilter.py`); a rule that only watches timers stops at the first matching line of a block.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator as op
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hpresilience.autoresume.prefilter import required_literal
+from hpresilience.autoresume.settings import LogRuleSettings
+from hpresilience.log import get_logger
+
+_log = get_logger("hpresilience.autoresume.rules")
+
+# `srun --label` puts "<task id>: " (padded) before every line.
+_TASK_LABEL = re.compile(r"^ *\d+: ", re.MULTILINE)
+
+_OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "gt": op.gt, "gteq": op.ge, "lt": op.lt, "lteq": op.le, "eq": op.eq,
+}
+
+
+class LogState(enum.Enum):
+    WAITING = "WAITING"    # no match yet in this attempt
+    HEALTHY = "HEALTHY"
+    SLOW = "SLOW"          # metric breached the threshold metricEvaluationDataPoints times in a row
+    HANGING = "HANGING"    # a timer ran out
+    FAULTED = "FAULTED"    # faultOnMatch rule matched
+    STOPPED = "STOPPED"    # stopPattern seen: inactive until the next attempt
+
+
+@dataclass(frozen=True)
+class RuleTripped:
+    """A rule moved to HANGING, SLOW or FAULTED. `action` is the rule's: restart the step, or only log."""
+
+    rule: str
+    state: LogState
+    detail: str
+    at: float
+    action: str = "restart"
+    line: str | None = None
+
+    @property
+    def name(self) -> str:
+        """HyperPod's name for the condition, e.g. `LogStateHanging_JobStart`."""
+        return f"LogState{self.state.value.capitalize()}_{self.rule}"
+
+
+class _Rule:
+    """One compiled rule and its per-attempt state."""
+
+    __slots__ = (
+        "action",
+        "active",
+        "compare",
+        "cutoff",
+        "data_points",
+        "fast_metric",
+        "fault_on_match",
+        "freq",
+        "hang_latched",
+        "invalid_metrics",
+        "last_line",
+        "last_match",
+        "literal",
+        "name",
+        "pattern",
+        "slow_count",
+        "start",
+        "state",
+        "stop",
+        "stop_literal",
+        "threshold",
+        "watches_lines",
+    )
+
+    def __init__(self, s: LogRuleSettings) -> None:
+        self.name = s.name
+        self.action = s.action
+        self.pattern = re.compile(s.log_pattern)
+        self.literal = required_literal(s.log_pattern)
+        self.stop = re.compile(s.stop_pattern) if s.stop_pattern is not None else None
+        self.stop_literal = required_literal(s.stop_pattern) if s.stop_pattern is not None else ""
+        self.cutoff = s.expected_start_cutoff_s
+        self.freq = s.expected_recurring_frequency_s
+        self.threshold = s.metric_threshold
+        self.compare = _OPERATORS[s.operator] if s.operator is not None else None
+        self.data_points = s.data_points
+        self.fault_on_match = s.fault_on_match
+        # A rule without metric or fault only needs to know whether a block matched at all.
+        self.watches_lines = self.compare is not None or self.fault_on_match
+        self.fast_metric = self.compare is not None and not self.fault_on_match and bool(self.literal)
+        self.reset(0.0)
+
+    def reset(self, now: float) -> None:
+        self.active = True
+        self.start = now
+        self.last_match: float | None = None
+        self.last_line: str | None = None
+        self.slow_count = 0
+        self.hang_latched = False
+        self.invalid_metrics = 0
+        self.state = LogState.WAITING
+
+    def _trip(self, state: LogState, detail: str, now: float, line: str | None, out: list[RuleTripped]) -> None:
+        self.state = state
+        out.append(RuleTripped(self.name, state, detail, now, self.action, line))
+
+    def scan(self, text: str, lines: Callable[[], list[str]], now: float, out: list[RuleTripped]) -> None:
+        """Evaluate a block; `lines()` is the block split into lines, computed once and shared by the rules."""
+        if not self.active:
+            return
+        stop_line: str | None = None
+        if self.stop is not None:
+            span = _first_match(text, self.stop, self.stop_literal)
+            if span is not None:
+                stop_line = text[span[0]:span[1]]
+                text = text[:span[0]]
+        if self.fast_metric and stop_line is None:
+            self._scan_metric(lines(), now, out)
+        else:
+            for line, m in _matches(text, self.pattern, self.literal, not self.watches_lines):
+                self._on_match(line, m, now, out, metric=True)
+        if stop_line is not None:
+            stop_m = self.pattern.match(stop_line)
+            if stop_m is not None:
+                self._on_match(stop_line, stop_m, now, out, metric=False)
+            self.active = False
+            self.state = LogState.STOPPED
+
+    def _scan_metric(self, lines: list[str], now: float, out: list[RuleTripped]) -> None:
+        """`_on_match` for every line of a metric rule, inlined: the hot loop of a chatty job.
+
+        The filter, the regex calls and the iteration run in C (comprehension over `in`, `map`), so the
+        Python work per line is one float and one comparison.
+        """
+        lit = self.literal
+        candidates = [line for line in lines if lit in line]
+        if not candidates:
+            return
+        compare = self.compare
+        threshold = self.threshold
+        need = self.data_points
+        assert compare is not None and threshold is not None
+        count = self.slow_count
+        last_line: str | None = None
+        for line, m in zip(candidates, map(self.pattern.match, candidates), strict=True):
+            if m is None:
+                continue
+            last_line = line
+            try:
+                value = float(m.group(1))
+            except (TypeError, ValueError):
+                self._bad_metric(m, line)
+                continue
+            if compare(value, threshold):
+                count += 1
+                if count >= need:
+                    count = 0
+                    self._trip(LogState.SLOW, self._slow_detail(value), now, line, out)
+            else:
+                count = 0
+                if self.state is LogState.SLOW:
+                    self.state = LogState.HEALTHY
+        self.slow_count = count
+        if last_line is not None:
+            self.last_match = now
+            self.last_line = last_line
+            self.hang_latched = False
+            if self.state in (LogState.WAITING, LogState.HANGING):
+                self.state = LogState.HEALTHY
+
+    def _bad_metric(self, m: re.Match[str], line: str) -> None:
+        # A capture that is not a number (optional group missed, "abc"): skipped, as HyperPod's agent does.
+        self.invalid_metrics += 1
+        if self.invalid_metrics == 1:
+            _log.warning("log_rule_metric_not_a_number", rule=self.name, captured=m.group(1), line=line[:200])
+
+    def _slow_detail(self, value: float) -> str:
+        assert self.compare is not None and self.threshold is not None
+        return (f"metric {value:g} {_op_name(self.compare)} {self.threshold:g} for "
+                f"{self.data_points} consecutive data points")
+
+    def _on_match(self, line: str, m: re.Match[str], now: float, out: list[RuleTripped], metric: bool) -> None:
+        self.last_match = now
+        self.last_line = line
+        self.hang_latched = False
+        if self.state in (LogState.WAITING, LogState.HANGING):
+            self.state = LogState.HEALTHY
+        if self.fault_on_match:
+            self._trip(LogState.FAULTED, "logPattern matched (faultOnMatch)", now, line, out)
+            return
+        if not metric or self.compare is None or self.threshold is None:
+            return
+        try:
+            value = float(m.group(1))
+        except (TypeError, ValueError):
+            self._bad_metric(m, line)
+            return
+        if self.compare(value, self.threshold):
+            self.slow_count += 1
+            if self.slow_count >= self.data_points:
+                self.slow_count = 0  # the next trip needs another full run of bad points
+                self._trip(LogState.SLOW, self._slow_detail(value), now, line, out)
+        else:
+            self.slow_count = 0
+            if self.state is LogState.SLOW:
+                self.state = LogState.HEALTHY
+
+    def tick(self, now: float, out: list[RuleTripped]) -> None:
+        if not self.active or self.hang_latched:
+            return
+        if self.last_match is None:
+            if self.cutoff is not None and now - self.start > self.cutoff:
+                self.hang_latched = True
+                self._trip(LogState.HANGING, f"no match within expectedStartCutOffInSeconds={self.cutoff:g} "
+                           "of the attempt's start", now, None, out)
+        elif self.freq is not None and now - self.last_match > self.freq:
+            self.hang_latched = True
+            self._trip(LogState.HANGING, f"no match for {now - self.last_match:.0f} s "
+                       f"(expectedRecurringFrequencyInSeconds={self.freq:g})", now, self.last_line, out)
+
+
+def _op_name(fn: Callable[[float, float], bool]) -> str:
+    return next(k for k, v in _OPERATORS.items() if v is fn)
+
+
+def _line_at(text: str, i: int) -> tuple[int, int]:
+    start = text.rfind("\n", 0, i) + 1
+    end = text.find("\n", i)
+    return start, (len(text) if end < 0 else end)
+
+
+def _matches(text: str, pattern: re.Pattern[str], literal: str, first_only: bool
+             ) -> list[tuple[str, re.Match[str]]]:
+    """(line, match) for every line of `text` the pattern matches, in order; only the first if asked."""
+    found: list[tuple[str, re.Match[str]]] = []
+    match = pattern.match
+    if literal:
+        find = text.find
+        pos = find(literal)
+        while pos >= 0:
+            s, e = _line_at(text, pos)
+            line = text[s:e]
+            m = match(line)
+            if m is not None:
+                found.append((line, m))
+                if first_only:
+                    break
+            pos = find(literal, e + 1)
+        return found
+    lines = text.split("\n")
+    if lines and lines[-1] == "" and text.endswith("\n"):
+        lines.pop()
+    for line in lines:
+        m = match(line)
+        if m is not None:
+            found.append((line, m))
+            if first_only:
+                break
+    return found
+
+
+def _first_match(text: str, pattern: re.Pattern[str], literal: str) -> tuple[int, int] | None:
+    """The span of the first line of `text` that `pattern` matches (the line, not the match)."""
+    if literal:
+        pos = text.find(literal)
+        while pos >= 0:
+            s, e = _line_at(text, pos)
+            # Sliced, not match(text, s, e): "^" must match at the line's start as it does for a line alone.
+            if pattern.match(text[s:e]) is not None:
+                return s, e
+            pos = text.find(literal, e + 1)
+        return None
+    s = 0
+    n = len(text)
+    while s < n or (s == 0 and n == 0):
+        e = text.find("\n", s)
+        e = n if e < 0 else e
+        if pattern.match(text[s:e]) is not None:
+            return s, e
+        s = e + 1
+    return None
+
+
+class RuleSet:
+    """The rules of one job. Not thread-safe: one reader thread feeds it and ticks it."""
+
+    def __init__(self, rules: Sequence[LogRuleSettings], *, strip_task_label: bool = False,
+                 max_line_chars: int = 65536, now: float = 0.0) -> None:
+        self._rules = [_Rule(r) for r in rules]
+        self._strip_label = strip_task_label
+        self._max_line = max_line_chars
+        self.reset(now)
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self._rules]
+
+    def reset(self, now: float) -> None:
+        """A new attempt starts now: every rule is active again, with no matches and no counts."""
+        for r in self._rules:
+            r.reset(now)
+
+    def feed(self, line: str, now: float) -> list[RuleTripped]:
+        """One line (its terminator optional) read at `now`; over-long lines are cut to max_line_chars."""
+        if len(line) > self._max_line:
+            line = line[:self._max_line]
+        return self.feed_text(line.replace("\r", "\n"), now)
+
+    def feed_text(self, text: str, now: float) -> list[RuleTripped]:
+        """A block of whole lines separated by "\\n" (as `LineBuffer.push` returns), all read at `now`."""
+        out: list[RuleTripped] = []
+        if text:
+            if self._strip_label:
+                text = _TASK_LABEL.sub("", text)
+            split: list[list[str]] = []
+
+            def lines() -> list[str]:
+                if not split:
+                    parts = text.split("\n")
+                    if parts[-1] == "":
+                        parts.pop()  # the block's final newline ends the last line; it starts none
+                    split.append(parts)
+                return split[0]
+
+            for r in self._rules:
+                r.scan(text, lines, now, out)
+        for r in self._rules:
+            r.tick(now, out)
+        return out
+
+    def tick(self, now: float) -> list[RuleTripped]:
+        """Evaluate the timers with no new output; call about once a second."""
+        out: list[RuleTripped] = []
+        for r in self._rules:
+            r.tick(now, out)
+        return out
+
+    def states(self) -> dict[str, LogState]:
+        return {r.name: r.state for r in self._rules}
+
+
+class LineBuffer:
+    """Turns raw output chunks into blocks of whole, decoded, length-capped lines for `RuleSet.feed_text`.
+
+    Hostile output never hurts: invalid UTF-8 is replaced, "\\r" (progress bars) ends a line as in
+    HyperPod's universal-newline reading, and a line longer than `max_line_bytes` is cut (its rest is
+    dropped up to the next newline) so a single huge line costs bounded memory and regex time.
+    """
+
+    def __init__(self, max_line_bytes: int = 65536) -> None:
+        self._max = max_line_bytes
+        self._tail = b""
+        self._overflow = False
+        self._long_line = re.compile(rb"[^\n]{%d}" % (max_line_bytes + 1))
+
+    def push(self, data: bytes) -> str:
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._overflow:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return ""
+            self._overflow = False
+            data = data[nl:]
+        buf = self._tail + data if self._tail else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._keep_tail(buf)
+            return ""
+        block, rest = buf[:cut + 1], buf[cut + 1:]
+        self._keep_tail(rest)
+        if len(block) > self._max and self._long_line.search(block) is not None:
+            block = b"\n".join(line[:self._max] for line in block.split(b"\n"))
+        return block.decode("utf-8", "replace")
+
+    def flush(self) -> str:
+        """The last line when the output ended without a newline."""
+        tail, self._tail, self._overflow = self._tail, b"", False
+        return tail.decode("utf-8", "replace") + "\n" if tail else ""
+
+    def _keep_tail(self, rest: bytes) -> None:
+        if len(rest) > self._max:
+            rest = rest[:self._max]
+            self._overflow = True
+        self._tail = rest

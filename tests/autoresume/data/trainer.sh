@@ -1,0 +1,30 @@
+#!/bin/bash
+# A tiny stand-in trainer for the wrapper's tests: rank 0 keeps a checkpoint (the last step done) in
+# $CKPT_DIR, every rank prints `step=N` lines, and an attempt resumes after the checkpoint.
+# TRAIN_STEPS: steps in all; STEP_SLEEP: seconds per step; FAIL_EXIT: exit with this code at step 2;
+# HANG_AT: hang at that step (first attempt); LOSS_SEQ: losses printed per step (first attempt).
+set -u
+steps=${TRAIN_STEPS:-20}
+ckpt="${CKPT_DIR:?}/ckpt"
+start=0
+[ -f "$ckpt" ] && start=$(cat "$ckpt")
+rank=${SLURM_PROCID:-0}
+echo "rank=$rank node=$(hostname -s 2>/dev/null) slurmd=${SLURMD_NODENAME:-?} attempt=${AUTORESUME_ATTEMPT:-?} master=${MASTER_ADDR:-?}:${MASTER_PORT:-?} nodes=${NODE_LIST:-?} resume_from=$start"
+for ((s = start + 1; s <= steps; s++)); do
+    if [ -n "${FAIL_EXIT:-}" ] && [ "$s" -ge 2 ]; then
+        echo "rank=$rank failing with ${FAIL_EXIT}" >&2
+        exit "$FAIL_EXIT"
+    fi
+    if [ -n "${HANG_AT:-}" ] && [ "$s" -eq "$HANG_AT" ] && [ "${AUTORESUME_ATTEMPT:-1}" -eq 1 ]; then
+        sleep 1000
+    fi
+    sleep "${STEP_SLEEP:-0.2}"
+    loss=1.0
+    if [ -n "${LOSS_SEQ:-}" ] && [ "${AUTORESUME_ATTEMPT:-1}" -eq 1 ]; then
+        read -r -a seq <<< "$LOSS_SEQ"
+        loss=${seq[$(( (s - 1) % ${#seq[@]} ))]}
+    fi
+    echo "rank=$rank step=$s loss=$loss"
+    [ "$rank" -eq 0 ] && echo "$s" > "$ckpt.tmp" && mv "$ckpt.tmp" "$ckpt"
+done
+echo "rank=$rank training finished step=$steps"

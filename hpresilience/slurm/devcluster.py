@@ -8,6 +8,7 @@ slurmstepd processes they fork inherit: `down` stops exactly the processes carry
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -191,9 +192,31 @@ class DevCluster:
         log.info("devcluster_node_killed", node=name, pid=pid)
         return True
 
-    def restart_node(self, name: str) -> None:
-        """The devcluster's 'replace' of a node: a fresh slurmd under the same name."""
-        self.kill_node(name, signal.SIGTERM)
+    def node_port(self, name: str) -> int:
+        return self.base_port + 10 + self.names().index(name) + 1
+
+    def restart_node(self, name: str, timeout: float = 15.0) -> None:
+        """The devcluster's 'replace' of a node: everything that ran on it stops (slurmd and the slurmstepds
+        it forked, which inherit slurmd's listening socket), then a fresh slurmd starts under the same name."""
+        pid = self.daemon_pids().get(name)
+        if pid is not None:
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                procs = []
+            for p in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.send_signal(signal.SIGTERM)
+            _, alive = psutil.wait_procs(procs, timeout=5)
+            for p in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            psutil.wait_procs(alive, timeout=5)
+        port = self.node_port(name)
+        deadline = time.monotonic() + timeout
+        while _port_listening(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self.start_node(name)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -288,6 +311,14 @@ class DevCluster:
             tail = f.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {f.name} (last {len(tail)} lines)\n" + "\n".join(tail))
         return "\n".join(out) or "(no daemon logs yet)"
+
+
+def _port_listening(port: int) -> bool:
+    try:
+        return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                   for c in psutil.net_connections(kind="tcp"))
+    except (psutil.AccessDenied, OSError):
+        return False
 
 
 def _under(path: str, root: str) -> bool:

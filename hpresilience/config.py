@@ -11,13 +11,13 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError
 
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.autoresume.settings import AutoResumeSettings
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.errors import ConfigError
+from hpresilience.fileio import read_yaml
 from hpresilience.health.settings import HealthSettings
 from hpresilience.settings_base import Section
 
@@ -108,18 +108,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     p = resolve_config_path(path)
     if p is None:
         return Config()
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise ConfigError(f"{p}: cannot read configuration file: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{p}: not valid YAML{where}: {problem}") from None
-    return config_from_mapping(data, str(p))
+    return config_from_mapping(read_yaml(p, "configuration file"), str(p))
 
 
 def config_as_dict(cfg: Config) -> dict[str, Any]:

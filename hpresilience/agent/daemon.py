@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from hpresilience.agent.guard import Decision, Finding, Memory, cap_limit, decide, recently_marked_by_agents
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.errors import HPResilienceError
+from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 from hpresilience.reasons import parse_reason
 from hpresilience.slurm.client import SlurmClient
@@ -104,10 +105,7 @@ class Agent:
 
     def _save_memory(self) -> None:
         try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"streaks": self.memory.streaks}))
-            os.replace(tmp, self.state_path)
+            atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks}))
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
 

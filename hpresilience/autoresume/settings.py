@@ -12,10 +12,10 @@ import signal
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from hpresilience.errors import ConfigError
+from hpresilience.fileio import read_yaml
 from hpresilience.settings_base import Section
 
 Operator = Literal["gt", "gteq", "lt", "lteq", "eq"]
@@ -188,14 +188,5 @@ def rules_from_data(data: Any, base: RunPolicySettings, source: str = "<rules>")
 def load_rules_file(path: str | Path, base: RunPolicySettings | None = None) -> RunPolicySettings:
     """Read the file given by `--auto-resume-rules FILE`; every mistake is a ConfigError naming file and rule."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise ConfigError(f"{p}: cannot read rules file: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}: not valid YAML{where}") from None
+    data = read_yaml(p, "rules file")
     return rules_from_data(data, base if base is not None else RunPolicySettings(), str(p))

@@ -12,13 +12,13 @@ import fcntl
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
 from hpresilience.errors import HPResilienceError
+from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 
 log = get_logger("hpresilience.controller")
@@ -167,17 +167,5 @@ class StateStore:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # A repair's step must survive a crash of the head node, not only of the controller: fsync first.
+    atomic_write_text(path, text, fsync=True)

@@ -9,11 +9,11 @@ unreadable file is logged and treated as empty, which can only delay a replaceme
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 
+from hpresilience.fileio import atomic_write_text
 from hpresilience.health.base import SuggestedAction
 from hpresilience.log import get_logger
 
@@ -46,10 +46,7 @@ class EscalationStore:
 
     def _save(self, faults: dict[str, dict[str, float]]) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"version": 1, "faults": faults}, sort_keys=True))
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, json.dumps({"version": 1, "faults": faults}, sort_keys=True))
         except OSError as err:
             log.warning("escalation_state_not_saved", path=str(self.path), error=str(err))
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
 from hpresilience.errors import ConfigError
+from hpresilience.fileio import read_yaml
 from hpresilience.health.base import (
     Check,
     CheckContext,
@@ -97,12 +97,7 @@ def detect_instance_type(paths: HostPaths) -> str | None:
 
 
 def _load_file(path: Path) -> ProfileFile:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read profile: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    data = read_yaml(path, "profile")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a profile must be a mapping with name/expect/checks")
     try:

@@ -15,9 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hpresilience.errors import ConfigError
+from hpresilience.fileio import read_yaml
 
 CATALOG_PATH = Path(__file__).parent / "data" / "xid-catalog.yaml"
 ACTIONS = ("none", "warn", "reboot", "replace", "reboot_then_replace")
@@ -111,10 +110,7 @@ class XidCatalog:
 
 @lru_cache(maxsize=4)
 def _catalog_data(path: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: cannot load XID catalogue: {err}") from None
+    data = read_yaml(path, "XID catalogue")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: XID catalogue must be a mapping")
     return data

@@ -19,11 +19,21 @@ def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
     script = f"sleep 60 & echo $! > {pidfile}; wait"
     started = time.monotonic()
     with pytest.raises(SlurmTimeout) as exc:
-        run_once(["sh", "-c", script], timeout=0.5)
+        run_once(["sh", "-c", script], timeout=2.0)  # room to start the child on a loaded machine
     assert time.monotonic() - started < 5
-    assert "timed out after 0.5 s" in str(exc.value)
+    assert "timed out after 2 s" in str(exc.value)
     child = int(pidfile.read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    # SIGKILL is delivered at once, but a loaded kernel may take a moment to tear the process down.
+    deadline = time.monotonic() + 5
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone()
 
 
 def test_failure_carries_command_exit_code_and_stderr(tmp_path: Path) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpresilience.fileio import atomic_write_text
 from hpresilience.health.base import ACTION_RANK, CheckContext, HostPaths, SuggestedAction, read_text
 from hpresilience.health.escalation import EscalationStore
 from hpresilience.log import get_logger
@@ -79,9 +79,6 @@ def load_json(path: Path) -> dict[str, Any]:
 
 def save_json(path: Path, data: dict[str, Any]) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, sort_keys=True))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(data, sort_keys=True))
     except OSError as err:
         log.warning("health_state_not_saved", path=str(path), error=str(err))

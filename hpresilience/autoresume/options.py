@@ -1,0 +1,81 @@
+"""Everything one wrapper run needs, resolved once from the configuration file and the command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpresilience.autoresume.settings import AutoResumeSettings, RunPolicySettings
+from hpresilience.autoresume.srunargs import SrunArgs
+from hpresilience.autoresume.state import default_state_dir
+from hpresilience.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class WrapperOptions:
+    job_id: int
+    srun: SrunArgs
+    srun_bin: str
+    run_policy: RunPolicySettings
+    state_dir: Path
+    spares: int = 0
+    grow: bool = False
+    fallback: str = "requeue"
+    replace_timeout_s: float = 900.0
+    shutdown_signal: int = signal.SIGTERM
+    shutdown_timeout_s: float = 30.0
+    max_line_bytes: int = 65536
+    poll_interval_s: float = 1.0
+    metrics_path: str | None = None
+    master_port_base: int = 29500
+    master_port_span: int = 20000
+    pre_train_script: str | None = None
+    post_train_script: str | None = None
+    script_timeout_s: float = 600.0
+    requeue_wait_s: float = 120.0
+
+    def step_size(self, allocation_size: int) -> int:
+        """Nodes per step: srun's -N when given, else the allocation minus the hot spares."""
+        size = self.srun.nodes if self.srun.nodes else allocation_size - self.spares
+        if size < 1:
+            raise ConfigError(f"the allocation has {allocation_size} node(s) and {self.spares} are kept as hot "
+                              "spares: no node is left for the step")
+        return size
+
+
+def job_id_from(env: Mapping[str, str]) -> int:
+    raw = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not raw or not raw.isdigit():
+        raise ConfigError("srun --auto-resume runs inside a job: SLURM_JOB_ID is not set "
+                          "(start it from an sbatch script or an salloc shell)")
+    return int(raw)
+
+
+def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, env: Mapping[str, str], *,
+                 run_policy: RunPolicySettings | None = None, spares: int | None = None, grow: bool | None = None,
+                 fallback: str | None = None, replace_timeout_s: float | None = None,
+                 state_dir: str | None = None, metrics_path: str | None = None,
+                 poll_interval_s: float = 1.0, master_port_base: int = 29500,
+                 pre_train_script: str | None = None, post_train_script: str | None = None) -> WrapperOptions:
+    """Command-line values win over the configuration file; the rest are the file's (or its defaults)."""
+    job_id = job_id_from(env)
+    directory = Path(state_dir or settings.state_dir or default_state_dir(dict(env)))
+    if metrics_path is None:
+        metrics_path = str(directory / f"{job_id}.prom")
+    for script in (pre_train_script, post_train_script):
+        if script and not os.access(script, os.X_OK):
+            raise ConfigError(f"pre/post-train script {script!r} is not an executable file")
+    return WrapperOptions(
+        job_id=job_id, srun=srun, srun_bin=srun_bin,
+        run_policy=run_policy or settings.run_policy, state_dir=directory,
+        spares=settings.spares if spares is None else spares,
+        grow=settings.grow_by_expansion if grow is None else grow,
+        fallback=fallback or settings.fallback_when_no_replacement,
+        replace_timeout_s=replace_timeout_s or settings.replace_timeout_s,
+        shutdown_signal=int(signal.Signals[settings.shutdown_signal]),
+        shutdown_timeout_s=settings.shutdown_timeout_s, max_line_bytes=settings.max_line_bytes,
+        poll_interval_s=poll_interval_s, metrics_path=metrics_path or None, master_port_base=master_port_base,
+        pre_train_script=pre_train_script, post_train_script=post_train_script)

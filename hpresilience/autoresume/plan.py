@@ -1,0 +1,98 @@
+"""Which nodes an attempt runs on, and the environment and srun command line that tell the step.
+
+Rank order is stable across attempts: a survivor keeps its slot, a replacement takes the slot of the
+node it replaces. Slurm itself would sort `--nodelist` by node index, so the step is launched with
+`--distribution=arbitrary`, which lays tasks out in the order given: SLURM_PROCID follows NODE_LIST.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hpresilience.slurm.hostlist import compress
+
+# Variables srun would take as defaults for the step's shape; the wrapper passes the shape explicitly and
+# these, inherited from the batch script, describe the allocation as it was at submission.
+STALE_SHAPE_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                    "SLURM_DISTRIBUTION", "SLURM_HOSTFILE", "SLURM_NODELIST_STEP")
+
+
+def plan_nodes(allocation: Sequence[str], size: int, bad: Iterable[str] = (),
+               previous: Sequence[str] | None = None) -> list[str] | None:
+    """The step's nodes in rank order, or None when the healthy part of the allocation is too small.
+
+    First attempt: the first `size` healthy nodes in allocation order (the rest are hot spares).
+    Later: the previous list with each lost node's slot given to the next free healthy node."""
+    bad_set = set(bad)
+    healthy = [n for n in allocation if n not in bad_set]
+    if len(healthy) < size:
+        return None
+    if not previous:
+        return healthy[:size]
+    keep = set(healthy)
+    used = {n for n in previous if n in keep}
+    free = iter(n for n in healthy if n not in used)
+    plan: list[str] = []
+    for n in previous[:size]:
+        plan.append(n if n in keep else next(free))
+    while len(plan) < size:
+        plan.append(next(free))
+    return plan
+
+
+def master_port(base: int, span: int, job_id: int, attempt: int) -> int:
+    """A new port on every attempt (no TIME_WAIT or stale store), and apart from other jobs' ports."""
+    return base + (job_id * 97 + attempt) % span
+
+
+@dataclass(frozen=True)
+class AttemptLaunch:
+    attempt: int
+    nodes: tuple[str, ...]
+    allocation: tuple[str, ...]
+    master_addr: str
+    master_port: int
+    tasks_per_node: int
+
+    def environment(self, base: Mapping[str, str], restarts: int) -> dict[str, str]:
+        env = {k: v for k, v in base.items() if k not in STALE_SHAPE_VARS}
+        alloc = compress(self.allocation)
+        n = len(self.nodes)
+        env.update({
+            "NODE_LIST": ",".join(self.nodes),
+            "NNODES": str(n),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "WORLD_SIZE": str(n * self.tasks_per_node),
+            "NTASKS_PER_NODE": str(self.tasks_per_node),
+            "AUTORESUME_ATTEMPT": str(self.attempt),
+            "AUTORESUME_RESTARTS": str(restarts),
+            "SLURM_JOB_NODELIST": alloc,
+            "SLURM_NODELIST": alloc,
+            "SLURM_NNODES": str(len(self.allocation)),
+            "SLURM_JOB_NUM_NODES": str(len(self.allocation)),
+        })
+        return env
+
+    def exported_names(self) -> list[str]:
+        return ["NODE_LIST", "NNODES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NTASKS_PER_NODE",
+                "AUTORESUME_ATTEMPT", "AUTORESUME_RESTARTS", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                "SLURM_NNODES", "SLURM_JOB_NUM_NODES"]
+
+    def srun_argv(self, srun: str, job_id: int, step_name: str, passthrough: Sequence[str],
+                  command: Sequence[str], user_export: str | None = None, overlap: bool = False) -> list[str]:
+        n = len(self.nodes)
+        # With arbitrary distribution the node list is a task list: each node once per task on it.
+        tasks = [node for node in self.nodes for _ in range(self.tasks_per_node)]
+        if user_export is None or user_export.upper().startswith("ALL"):
+            export = user_export or "ALL"
+        else:
+            # A user's explicit list (or NONE) still has to carry our variables into the step.
+            head = "" if user_export.upper() == "NONE" else user_export + ","
+            export = head + ",".join(self.exported_names())
+        argv = [srun, f"--jobid={job_id}", f"--nodes={n}", f"--ntasks={n * self.tasks_per_node}",
+                f"--nodelist={','.join(tasks)}", "--distribution=arbitrary", "--kill-on-bad-exit=1",
+                f"--export={export}"] + (["--overlap"] if overlap else [])
+        # Last, so that it wins over a user's -J: the wrapper finds its step by this name to signal it.
+        return [*argv, *passthrough, f"--job-name={step_name}", *command]

@@ -1,0 +1,73 @@
+"""What the wrapper tells the world: one JSON line per decision, and Prometheus metrics in a textfile.
+
+Decisions go to stderr through structlog (the job's error file) and to `<job>.events.jsonl` beside the
+state file, so an out-of-job watcher can follow a job without reading its logs. Metrics are written to a
+`.prom` file after every decision, for node_exporter's textfile collector or the agent to serve.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from hpresilience.autoresume.state import StateStore
+from hpresilience.log import get_logger
+from hpresilience.metrics import write_textfile
+
+log = get_logger("hpresilience.autoresume")
+LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, float("inf"))
+
+
+class Reporter:
+    def __init__(self, store: StateStore, job_id: int, metrics_path: str | None) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.metrics_path = metrics_path
+        self.registry = CollectorRegistry()
+        labels = ["job_id"]
+        self.restarts = Counter("hpr_autoresume_restarts", "Step relaunches after a failure, by cause",
+                                [*labels, "cause"], registry=self.registry)
+        self.detect = Histogram("hpr_autoresume_fault_detection_latency_seconds",
+                                "From a node being marked bad in Slurm (or the step ending) to the wrapper acting",
+                                labels, buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.restart_latency = Histogram("hpr_autoresume_restart_latency_seconds",
+                                         "From the failed step ending to the new step running", labels,
+                                         buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.attempts = Gauge("hpr_autoresume_attempts", "Steps launched for this job so far", labels,
+                              registry=self.registry)
+        self.last_restart = Gauge("hpr_autoresume_last_restart_latency_seconds",
+                                  "The latest restart latency", labels, registry=self.registry)
+
+    def decision(self, event: str, **fields: Any) -> None:
+        """Record one decision; never lets a full disk or a bad path end the supervision."""
+        fields = {k: v for k, v in fields.items() if v is not None}
+        log.info(event, job_id=self.job_id, **fields)
+        record = {"event": event, "job_id": self.job_id, "time": time.time(), **fields}
+        try:
+            self.store.append_event(record)
+        except OSError as err:
+            log.warning("event_file_write_failed", path=str(self.store.events_path), error=str(err))
+        self.flush_metrics()
+
+    def count_restart(self, cause: str) -> None:
+        self.restarts.labels(str(self.job_id), cause).inc()
+
+    def observe_detection(self, seconds: float) -> None:
+        self.detect.labels(str(self.job_id)).observe(max(0.0, seconds))
+
+    def observe_restart(self, seconds: float) -> None:
+        self.restart_latency.labels(str(self.job_id)).observe(seconds)
+        self.last_restart.labels(str(self.job_id)).set(seconds)
+
+    def set_attempts(self, attempts: int) -> None:
+        self.attempts.labels(str(self.job_id)).set(attempts)
+
+    def flush_metrics(self) -> None:
+        if not self.metrics_path:
+            return
+        try:
+            write_textfile(self.registry, self.metrics_path)
+        except OSError as err:
+            log.warning("metrics_file_write_failed", path=self.metrics_path, error=str(err))

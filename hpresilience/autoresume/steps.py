@@ -1,0 +1,233 @@
+"""Running one attempt's step: launch, stream, watch rules and node states, stop it cleanly.
+
+Stopping is two-stage, as in hyperpodrun: the shutdown signal goes to the step's tasks (`scancel
+--signal`, so srun itself keeps running and reports their exit), then after the shutdown timeout the
+step is cancelled and srun is killed. Whatever happens, no step of ours outlives an attempt: after srun
+exits the wrapper looks for a step with its name and cancels it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO
+
+from hpresilience.autoresume.classify import node_is_bad
+from hpresilience.autoresume.options import WrapperOptions
+from hpresilience.autoresume.plan import AttemptLaunch
+from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.rules import RuleTripped
+from hpresilience.autoresume.stream import Pump, RuleFeed
+from hpresilience.errors import HPResilienceError
+from hpresilience.log import get_logger
+from hpresilience.slurm.autoresume_ops import named_steps, signal_step
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.step import StepProcess
+
+log = get_logger("hpresilience.autoresume")
+STEP_POLL_S = 0.1
+# srun needs a moment after SIGTERM to tell slurmstepd to kill the tasks and to collect their exit.
+SRUN_TERMINATE_GRACE_S = 10.0
+MAX_DETECTION_AGE_S = 3600
+
+
+@dataclass
+class AttemptResult:
+    exit_code: int
+    failed_at: float  # monotonic time the failure was seen (the kill decision, or srun's exit)
+    blamed: list[str] = field(default_factory=list)
+    trip: RuleTripped | None = None
+
+
+class StepRunner:
+    def __init__(self, opts: WrapperOptions, client: SlurmClient, feed: RuleFeed, reporter: Reporter,
+                 env: Mapping[str, str], stdout: IO[bytes], stderr: IO[bytes],
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.opts = opts
+        self.client = client
+        self.feed = feed
+        self.reporter = reporter
+        self.env = dict(env)
+        self.stdout = stdout
+        self.stderr = stderr
+        self.should_stop = should_stop
+        self.current: StepProcess | None = None
+        self.current_name = ""
+        self._stopping = False
+        self.overlap = False  # a dead step of ours still holds resources: share them
+
+    def step_name(self, attempt: int) -> str:
+        return f"hpr-autoresume-{self.opts.job_id}-{attempt}"
+
+    # -- one attempt ---------------------------------------------------------------------------------
+    def run_attempt(self, launch: AttemptLaunch, restarts: int, failed_at: float | None) -> AttemptResult:
+        env = launch.environment(self.env, restarts)
+        if self.opts.pre_train_script:
+            rc = self._script("pre_train", self.opts.pre_train_script, launch, env)
+            if rc != 0:
+                return AttemptResult(rc, time.monotonic())
+        name = self.step_name(launch.attempt)
+        argv = launch.srun_argv(self.opts.srun_bin, self.opts.job_id, name, self.opts.srun.passthrough,
+                                self.opts.srun.command, self.opts.srun.export, overlap=self.overlap)
+        self.feed.reset()
+        self._stopping = False
+        step = StepProcess(argv, env)
+        self.current, self.current_name = step, name
+        self.reporter.decision("attempt_started", attempt=launch.attempt, nodes=",".join(launch.nodes),
+                               master_addr=launch.master_addr, master_port=launch.master_port, step_name=name)
+        pumps = [Pump(step.stdout, self.stdout, self.feed, self.opts.max_line_bytes, "stdout"),
+                 Pump(step.stderr, self.stderr, self.feed, self.opts.max_line_bytes, "stderr")]
+        for p in pumps:
+            p.start()
+        result = self._watch(step, launch, failed_at)
+        for p in pumps:
+            p.join(timeout=10.0)
+        self.current = None
+        self._sweep(name)
+        if self.opts.post_train_script:
+            self._script("post_train", self.opts.post_train_script, launch, env)
+        return result
+
+    def _watch(self, step: StepProcess, launch: AttemptLaunch, failed_at: float | None) -> AttemptResult:
+        blamed: list[str] = []
+        trip: RuleTripped | None = None
+        decided_at: float | None = None
+        next_poll = time.monotonic() + self.opts.poll_interval_s
+        seen_running = failed_at is None
+        while (rc := step.wait(STEP_POLL_S)) is None:
+            now = time.monotonic()
+            if self.should_stop():
+                self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
+                continue
+            if decided_at is not None:
+                continue
+            for t in self.feed.tick():
+                self.reporter.decision("rule_fired", rule=t.rule, state=t.state.value, condition=t.name,
+                                       detail=t.detail, action=t.action, attempt=launch.attempt)
+                if t.action == "restart" and trip is None:
+                    trip, decided_at = t, now
+            if trip is not None:
+                self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
+                continue
+            if not seen_running and failed_at is not None:
+                seen_running = self._check_running(failed_at)
+            if now >= next_poll:
+                next_poll = now + self.opts.poll_interval_s
+                blamed = self._bad_nodes(launch)
+                if blamed:
+                    decided_at = now
+                    # The survivors would sit in a collective until it times out: kill at once.
+                    self.stop(step, signal.SIGKILL, 0.0)
+        if not seen_running and failed_at is not None and decided_at is None:
+            self._check_running(failed_at)
+        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip)
+
+    def _check_running(self, failed_at: float) -> bool:
+        try:
+            running = bool(named_steps(self.client, self.opts.job_id, self.current_name))
+        except HPResilienceError:
+            return False
+        if running:
+            latency = time.monotonic() - failed_at
+            self.reporter.observe_restart(latency)
+            self.reporter.decision("step_running", step_name=self.current_name, restart_latency_s=round(latency, 3))
+        return running
+
+    def _bad_nodes(self, launch: AttemptLaunch) -> list[str]:
+        try:
+            nodes = self.client.nodes(launch.nodes)
+        except HPResilienceError as err:
+            # An unanswering slurmctld is not a healthy verdict, nor a reason to kill a working step.
+            log.warning("slurm_poll_failed", error=str(err)[:300])
+            return []
+        bad = [n for n in nodes if node_is_bad(n)]
+        for n in bad:
+            age = time.time() - n.reason_changed_at if n.reason_changed_at else None
+            if age is not None and 0 <= age < MAX_DETECTION_AGE_S:
+                self.reporter.observe_detection(age)
+            self.reporter.decision("node_fault_seen", node=n.name, state=n.state_text, reason=n.reason or None,
+                                   detection_latency_s=round(age, 3) if age is not None else None)
+        return [n.name for n in bad]
+
+    # -- stopping ------------------------------------------------------------------------------------
+    def forward(self, signum: int) -> None:
+        """From a signal handler: pass a notice (USR1/USR2) straight to srun, which hands it to the tasks."""
+        step = self.current
+        if step is not None and signum not in (signal.SIGINT, signal.SIGTERM):
+            step.signal(signum)
+
+    def stop(self, step: StepProcess, sig: int, timeout: float) -> int | None:
+        """Shutdown signal to the tasks, wait `timeout`, then cancel the step and kill srun."""
+        if self._stopping:
+            return step.poll()
+        self._stopping = True
+        sig_name = signal.Signals(sig).name
+        self.reporter.decision("step_stopping", step_name=self.current_name, signal=sig_name, timeout_s=timeout)
+        if sig != signal.SIGKILL and timeout > 0:
+            self._signal_tasks(step, sig_name.removeprefix("SIG"))
+            rc = step.wait(timeout)
+            if rc is not None:
+                return rc
+        # srun answers SIGTERM by killing the step's tasks on every node it can reach, at once.
+        step.signal(signal.SIGTERM)
+        rc = step.wait(SRUN_TERMINATE_GRACE_S)
+        if rc is None:
+            self._signal_tasks(step, "KILL")
+            step.kill_group()
+            rc = step.wait(5.0)
+        return rc
+
+    def _signal_tasks(self, step: StepProcess, sig: str) -> None:
+        try:
+            found = named_steps(self.client, self.opts.job_id, self.current_name)
+        except HPResilienceError:
+            found = []
+        if not found:
+            step.signal(getattr(signal, f"SIG{sig}"))
+        for s in found:
+            signal_step(self.client, s.step_id, sig)
+
+    def _sweep(self, name: str) -> None:
+        """Cancel any step of ours still known to Slurm after srun exited (srun killed, or lost).
+
+        A step with a part on a dead node stays listed (and holds its CPUs) until Slurm gives that node up;
+        the next step is then launched with --overlap, or it would wait for "Requested nodes are busy"."""
+        try:
+            left = named_steps(self.client, self.opts.job_id, name)
+            for s in left:
+                signal_step(self.client, s.step_id)
+                self.reporter.decision("leftover_step_cancelled", step=s.step_id, nodes=",".join(s.nodes))
+            if left:
+                time.sleep(1.0)
+                self.overlap = bool(named_steps(self.client, self.opts.job_id, name))
+        except HPResilienceError as err:
+            log.warning("step_sweep_failed", error=str(err)[:300])
+
+    def ensure_stopped(self) -> None:
+        step = self.current
+        if step is not None and step.poll() is None:
+            self.stop(step, signal.SIGKILL, 0.0)
+            self._sweep(self.current_name)
+
+    # -- pre/post scripts ----------------------------------------------------------------------------
+    def _script(self, which: str, script: str, launch: AttemptLaunch, env: dict[str, str]) -> int:
+        """Run a script once per node of the attempt (as hyperpodrun does around training)."""
+        nodes = ",".join(launch.nodes)
+        try:
+            res = self.client.runner.run(
+                "srun", f"--jobid={self.opts.job_id}", f"--nodes={len(launch.nodes)}",
+                f"--ntasks={len(launch.nodes)}", f"--nodelist={nodes}", "--distribution=arbitrary",
+                "--export=ALL", f"--job-name=hpr-{which}", script, timeout=self.opts.script_timeout_s,
+                check=False, retry=False, env=env)
+        except HPResilienceError as err:
+            self.reporter.decision(f"{which}_script_failed", script=script, error=str(err)[:300])
+            return 1
+        for data, sink in ((res.stdout, self.stdout), (res.stderr, self.stderr)):
+            if data:
+                sink.write(data.encode())
+                sink.flush()
+        self.reporter.decision(f"{which}_script_done", script=script, exit_code=res.returncode)
+        return res.returncode
+

@@ -1,0 +1,95 @@
+"""Forwarding a step's output unchanged while the log rules read it.
+
+One thread per stream reads whatever the pipe has (no waiting for a newline, so progress bars and
+prompts reach the user as they come), writes the bytes as they are to the user's stream, and hands
+whole lines to the rule set. srun's own error lines are kept for the classifier (node failures).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+from hpresilience.autoresume.rules import LineBuffer, RuleSet, RuleTripped
+from hpresilience.log import get_logger
+
+log = get_logger("hpresilience.autoresume")
+SRUN_ERROR_PREFIX = "srun: error:"
+MAX_SRUN_ERRORS = 200
+
+
+class RuleFeed:
+    """The rule set of one attempt, shared by the two reader threads and the supervisor's ticks."""
+
+    def __init__(self, rules: RuleSet, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rules = rules
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.tripped: list[RuleTripped] = []
+        self.srun_errors: list[str] = []
+        self.last_output = clock()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.rules.reset(self.clock())
+            self.tripped = []
+            self.srun_errors = []
+            self.last_output = self.clock()
+
+    def feed(self, text: str) -> None:
+        now = self.clock()
+        with self.lock:
+            self.last_output = now
+            if self.rules:
+                self.tripped.extend(self.rules.feed_text(text, now))
+            if SRUN_ERROR_PREFIX in text and len(self.srun_errors) < MAX_SRUN_ERRORS:
+                self.srun_errors.extend(ln for ln in text.splitlines() if ln.startswith(SRUN_ERROR_PREFIX))
+
+    def tick(self) -> list[RuleTripped]:
+        """Evaluate timers; returns (and forgets) every trip seen since the last call."""
+        with self.lock:
+            if self.rules:
+                self.tripped.extend(self.rules.tick(self.clock()))
+            out, self.tripped = self.tripped, []
+            return out
+
+
+class Pump(threading.Thread):
+    def __init__(self, source: IO[bytes], sink: IO[bytes], feed: RuleFeed, max_line_bytes: int, name: str) -> None:
+        super().__init__(name=f"pump-{name}", daemon=True)
+        self.source = source
+        self.sink = sink
+        self.feed = feed
+        self.buffer = LineBuffer(max_line_bytes)
+
+    def run(self) -> None:
+        fd = self.source.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._forward(chunk)
+            text = self.buffer.push(chunk)
+            if text:
+                self.feed.feed(text)
+        tail = self.buffer.flush()
+        if tail:
+            self.feed.feed(tail)
+        try:
+            self.source.close()
+        except OSError:
+            pass
+
+    def _forward(self, chunk: bytes) -> None:
+        try:
+            self.sink.write(chunk)
+            self.sink.flush()
+        except (OSError, ValueError) as err:
+            # A closed or full user stream must not stop the reading, or srun would block on a full pipe.
+            log.debug("output_forward_failed", error=str(err))

@@ -1,0 +1,225 @@
+"""The step supervisor behind `srun --auto-resume=1`: launch, watch, classify, recover, relaunch.
+
+Each attempt reads the allocation from Slurm, plans the step's nodes (plan.py), launches srun with an
+explicit node list and a fresh environment, and watches three things until the step ends: its exit,
+the log rules, and (about once a second) the Slurm state of its nodes. A node marked bad while the step
+runs is not waited for: the step is killed at once, because on a real cluster its survivors would hang
+in a collective until a timeout. Every decision is one JSON line (report.py); the state that must
+outlive a requeue is saved by job id (state.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO
+
+from hpresilience.autoresume.capacity import Capacity, NoReplacement
+from hpresilience.autoresume.classify import Cause, Diagnosis, classify
+from hpresilience.autoresume.options import WrapperOptions
+from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
+from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
+from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.rules import LogState, RuleSet, RuleTripped
+from hpresilience.autoresume.state import StateStore, WrapperState
+from hpresilience.autoresume.steps import StepRunner
+from hpresilience.autoresume.stream import RuleFeed
+from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
+from hpresilience.log import get_logger
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
+
+log = get_logger("hpresilience.autoresume")
+# Signals that end the supervision (scancel, preemption's SIGTERM, Ctrl-C): forwarded, then no relaunch.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Signals passed on to the step and otherwise ignored (preemption notices sent with --signal=B:USR1@T).
+FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+KIND_OF = {Cause.HARDWARE: FailureKind.NODE_FAULT, Cause.HANG: FailureKind.RULE_TRIPPED,
+           Cause.SLOW: FailureKind.RULE_TRIPPED, Cause.APPLICATION: FailureKind.APPLICATION_ERROR}
+EXIT_REQUEUE_DID_NOT_STOP = 1
+
+
+class Supervisor:
+    def __init__(self, opts: WrapperOptions, client: SlurmClient, env: Mapping[str, str] | None = None,
+                 stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None) -> None:
+        self.opts = opts
+        self.client = client
+        self.env = dict(os.environ if env is None else env)
+        self.job_id = opts.job_id
+        self.store = StateStore(opts.state_dir, opts.job_id)
+        self.state: WrapperState = self.store.load()
+        self.reporter = Reporter(self.store, opts.job_id, opts.metrics_path)
+        self.policy = self._load_policy()
+        self.capacity = Capacity(client, opts.job_id, self.state, self.reporter, grow=opts.grow,
+                                 replace_timeout_s=opts.replace_timeout_s)
+        self.feed = RuleFeed(RuleSet(opts.run_policy.log_monitoring_configuration,
+                                     max_line_chars=opts.max_line_bytes))
+        self.stop_signal: int | None = None
+        self.steps = StepRunner(opts, client, self.feed, self.reporter, self.env,
+                                stdout or sys.stdout.buffer, stderr or sys.stderr.buffer,
+                                should_stop=lambda: self.stop_signal is not None)
+
+    # -- state across requeues -----------------------------------------------------------------------
+    def _load_policy(self) -> RestartPolicy:
+        restart_count = _int_env(self.env, "SLURM_RESTART_COUNT")
+        policy = RestartPolicy(self.opts.run_policy)
+        if self.state.policy:
+            try:
+                policy = RestartPolicy.from_dict(self.opts.run_policy, self.state.policy)
+            except ConfigError as err:
+                self.reporter.decision("policy_state_reset", error=str(err))
+        policy.observe_job_start(restart_count)
+        if restart_count != self.state.slurm_restart_count:
+            # A requeued job runs on a fresh allocation: what we knew about the old one no longer holds.
+            self.state.slurm_restart_count = restart_count
+            self.state.resized = False
+            self.state.kept_out = []
+            self.state.last_nodes = []
+        for cause, count in self.state.restarts_by_cause.items():
+            self.reporter.restarts.labels(str(self.job_id), cause).inc(count)
+        return policy
+
+    def _save(self) -> None:
+        self.state.policy = self.policy.to_dict()
+        try:
+            self.store.save(self.state)
+        except OSError as err:
+            log.warning("state_file_write_failed", path=str(self.store.path), error=str(err))
+
+    # -- signals -------------------------------------------------------------------------------------
+    def on_signal(self, signum: int) -> None:
+        """Called from the signal handler: records a stop or forwards a notice; the loop does the rest."""
+        if signum in STOP_SIGNALS:
+            self.stop_signal = self.stop_signal or signum
+        self.steps.forward(signum)
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.reporter.decision("supervisor_started", attempts_so_far=self.state.attempts,
+                               slurm_restart_count=self.state.slurm_restart_count,
+                               rules=self.feed.rules.names or None, command=" ".join(self.opts.srun.command))
+        try:
+            return self._run()
+        finally:
+            self.steps.ensure_stopped()
+            self._save()
+            self.reporter.flush_metrics()
+
+    def _run(self) -> int:
+        previous = list(self.state.last_nodes) or None
+        failed_at: float | None = None
+        plan: list[str] | None = None
+        while True:
+            if self.stop_signal:
+                return 128 + self.stop_signal
+            job = self.client.job(self.job_id)
+            size = self.opts.step_size(len(job.nodes))
+            if plan is None:
+                plan = plan_nodes(job.nodes, size, self.capacity.unhealthy(job), previous)
+            if plan is None:
+                try:
+                    plan = self.capacity.recover([], previous or [], size)
+                except NoReplacement as err:
+                    return self._no_replacement(str(err))
+            launch = self._launch_for(plan, job.nodes)
+            self.state.attempts += 1
+            self.state.last_nodes = list(plan)
+            self.reporter.set_attempts(self.state.attempts)
+            self._save()
+            result = self.steps.run_attempt(launch, self.state.restarts, failed_at)
+            if self.stop_signal:
+                self.reporter.decision("supervisor_stopped", signal=signal.Signals(self.stop_signal).name,
+                                       exit_code=result.exit_code)
+                return 128 + self.stop_signal
+            failed_at = result.failed_at
+            diagnosis = self._diagnose(result.exit_code, plan, result.blamed, result.trip)
+            if diagnosis.cause is Cause.NONE:
+                self.state.finished, self.state.exit_code = True, 0
+                self.reporter.decision("job_step_succeeded", attempt=launch.attempt)
+                return 0
+            self.reporter.decision("fault_seen", cause=diagnosis.cause.value, attempt=launch.attempt,
+                                   exit_code=result.exit_code, nodes=",".join(diagnosis.bad_nodes) or None,
+                                   detail=diagnosis.detail)
+            decision = self.policy.decide(KIND_OF[diagnosis.cause], result.exit_code)
+            self.reporter.decision("policy_decided", action=decision.action.value, reason=decision.reason,
+                                   detail=decision.detail, restarts_in_window=decision.restarts_in_window)
+            if decision.action is Action.GIVE_UP:
+                return self._give_up(diagnosis, result.exit_code, decision.detail)
+            if decision.action is Action.FULL_RESTART:
+                return self._requeue(decision.detail)
+            previous = plan
+            if diagnosis.cause is Cause.HARDWARE:
+                try:
+                    plan = self.capacity.recover(diagnosis.bad_nodes, plan, size)
+                except NoReplacement as err:
+                    return self._no_replacement(str(err))
+            self.state.count_restart(diagnosis.cause.value)
+            self.reporter.count_restart(diagnosis.cause.value)
+            self.reporter.decision("step_relaunching", cause=diagnosis.cause.value, nodes=",".join(plan),
+                                   restarts=self.state.restarts)
+
+    def _launch_for(self, plan: list[str], allocation: tuple[str, ...]) -> AttemptLaunch:
+        attempt = self.state.attempts + 1
+        first = self.client.node(plan[0])
+        return AttemptLaunch(attempt=attempt, nodes=tuple(plan), allocation=tuple(allocation),
+                             master_addr=first.address or first.name,
+                             master_port=master_port(self.opts.master_port_base, self.opts.master_port_span,
+                                                     self.job_id, attempt),
+                             tasks_per_node=self.opts.srun.tasks_per_node())
+
+    def _diagnose(self, exit_code: int, plan: list[str], blamed: list[str], trip: RuleTripped | None) -> Diagnosis:
+        try:
+            job = self.client.job(self.job_id)
+            by_name: dict[str, Node] = {n.name: n for n in self.client.nodes()}
+            allocation: tuple[str, ...] = job.nodes
+        except HPResilienceError as err:
+            # Never read an unanswering slurmctld as "all healthy": keep what the step itself told us.
+            self.reporter.decision("slurm_unreadable_after_step", error=str(err)[:300])
+            by_name, allocation = {}, tuple(plan)
+        fired = None
+        if trip is not None:
+            fired = (Cause.SLOW if trip.state is LogState.SLOW else Cause.HANG, f"{trip.name}: {trip.detail}")
+        return classify(exit_code, plan, by_name, allocation, self.feed.srun_errors, fired, blamed)
+
+    # -- endings -------------------------------------------------------------------------------------
+    def _give_up(self, diagnosis: Diagnosis, exit_code: int, why: str) -> int:
+        code = exit_code if exit_code > 0 else 1
+        self.state.finished, self.state.exit_code = True, code
+        self.reporter.decision("job_step_given_up", cause=diagnosis.cause.value, exit_code=code, why=why)
+        return code
+
+    def _no_replacement(self, why: str) -> int:
+        decision = self.policy.no_replacement(self.opts.fallback)
+        self.reporter.decision("no_replacement", why=why, action=decision.action.value, detail=decision.detail)
+        if decision.action is Action.FULL_RESTART:
+            return self._requeue(f"{why}; {decision.detail}")
+        self.state.finished, self.state.exit_code = True, 1
+        raise JobFailed(f"job {self.job_id}: {why}; {decision.detail}")
+
+    def _requeue(self, why: str) -> int:
+        self.state.requeues += 1
+        self._save()
+        self.reporter.decision("job_requeue_requested", why=why, requeues=self.state.requeues)
+        try:
+            self.client.requeue(self.job_id)
+        except HPResilienceError as err:
+            self.state.finished, self.state.exit_code = True, 1
+            raise JobFailed(f"job {self.job_id}: requeue refused ({err}); submit with --requeue to allow it") from None
+        # Slurm now ends this batch script; if it does not, say so rather than pretend the job went on.
+        deadline = time.monotonic() + self.opts.requeue_wait_s
+        while time.monotonic() < deadline and not self.stop_signal:
+            time.sleep(0.2)
+        if self.stop_signal:
+            return 128 + self.stop_signal
+        raise JobFailed(f"job {self.job_id} was requeued but this batch script kept running", EXIT_REQUEUE_DID_NOT_STOP)
+
+
+def _int_env(env: Mapping[str, str], key: str) -> int:
+    try:
+        return max(0, int(env.get(key, "0") or "0"))
+    except ValueError:
+        return 0
+

@@ -1,0 +1,217 @@
+"""The wrapper inside real sbatch jobs on the devcluster: hot spare, growth, lost slurmd, hang and loss
+rules, application errors, scancel. Each job writes its events to a state directory we read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.devcluster import DevCluster
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = REPO / "tests" / "autoresume" / "data" / "trainer.sh"
+TRAIN_GLOO = REPO / "examples" / "train_gloo.py"
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+class Run:
+    def __init__(self, cluster: DevCluster, slurm: SlurmClient, tmp: Path, wrapper_args: str, command: str,
+                 nodes: int, env: dict[str, str] | None = None) -> None:
+        self.slurm = slurm
+        self.tmp = tmp
+        self.state = tmp / "state"
+        (tmp / "ckpt").mkdir()
+        script = tmp / "job.sh"
+        script.write_text("#!/bin/bash\n"
+                          f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={self.state} "
+                          f"--auto-resume-poll-interval=0.5 {wrapper_args} {command}\n"
+                          "echo wrapper_rc=$?\n")
+        job_env = cluster.env()
+        job_env.update({"PATH": f"{VENV_BIN}:{job_env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),
+                        "HPR_CKPT_DIR": str(tmp / "ckpt"), **(env or {})})
+        self.job_id = slurm.sbatch(f"--nodes={nodes}", "--no-kill", f"--output={tmp}/out", f"--error={tmp}/err",
+                                   f"--chdir={tmp}", str(script), env=job_env)
+
+    @property
+    def out(self) -> str:
+        p = self.tmp / "out"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    @property
+    def err(self) -> str:
+        p = self.tmp / "err"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def events(self) -> list[dict[str, Any]]:
+        p = self.state / f"{self.job_id}.events.jsonl"
+        return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e["event"] == event]
+
+    def wait_output(self, text: str, timeout: float = 40.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.out:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} in the job's output after {timeout} s\n{self.out}\n{self.err}")
+            time.sleep(0.2)
+
+    def wait_done(self, timeout: float = 60.0) -> str:
+        self.wait_output("wrapper_rc=", timeout)
+        return self.out.split("wrapper_rc=")[-1].strip()
+
+
+def finished_steps(out: str) -> set[str]:
+    return {line.split("training finished ")[1].split()[0] for line in out.splitlines() if "training finished" in line}
+
+
+def test_hot_spare_takes_the_failed_first_nodes_slot_and_training_resumes(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """2-node step + 1 spare; the first node is set FAIL Action:Replace: relaunch on spare + survivor within
+    10 s, new MASTER_ADDR, same job id, resume from the last checkpoint, same final step."""
+    run = Run(cluster, slurm, tmp_path, "--auto-resume-spares=1", f"python {TRAIN_GLOO}", nodes=3,
+              env={"TRAIN_STEPS": "40", "TRAIN_STEP_SLEEP": "0.2", "CKPT_EVERY": "5"})
+    run.wait_output("step=12 ")
+    first = run.named("attempt_started")[0]
+    assert first["nodes"] == "n1,n2" and first["master_addr"] == "127.0.0.11"
+    slurm.set_node_state(["n1"], "fail", "Action:Replace")
+    assert run.wait_done(90) == "0", run.err
+    starts = run.named("attempt_started")
+    assert len(starts) == 2
+    assert starts[1]["nodes"] == "n3,n2" and starts[1]["master_addr"] == "127.0.0.13"
+    seen = run.named("node_fault_seen")[0]["time"]
+    running = run.named("step_running")[-1]
+    assert running["time"] - seen <= 10 and running["restart_latency_s"] < 10
+    assert "resumed from step=" in run.out and finished_steps(run.out) == {"step=40"}
+    assert slurm.job(run.job_id).job_id == run.job_id  # not resubmitted: the same job throughout
+    assert (run.state / f"{run.job_id}.prom").read_text().count('cause="hardware"') >= 1
+
+
+def test_without_spares_the_job_grows_back_with_an_idle_node(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    run = Run(cluster, slurm, tmp_path, "--auto-resume-grow --auto-resume-replace-timeout=30", str(TRAINER),
+              nodes=2, env={"TRAIN_STEPS": "25", "STEP_SLEEP": "0.2"})
+    run.wait_output("step=5 ")
+    slurm.set_node_state(["n2"], "fail", "Action:Replace")
+    assert run.wait_done() == "0", run.err
+    grown = run.named("allocation_grown")
+    assert grown and run.named("allocation_shrunk")
+    second = run.named("attempt_started")[1]["nodes"].split(",")
+    assert second[0] == "n1" and second[1] in ("n3", "n4")
+    assert finished_steps(run.out) == {"step=25"}
+
+
+def test_killed_slurmd_under_no_kill_job_continues_on_a_replacement(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """A crashed node (slurmd killed; SlurmdTimeout=5 in the test cluster) under a --no-kill job: the step
+    moves to the spare and makes progress there, in the same job."""
+    token = unique_token()
+    run = Run(cluster, slurm, tmp_path, "--auto-resume-spares=1", f"{TRAINER} {token}", nodes=3,
+              env={"TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"})
+    run.wait_output("step=3 ")
+    assert cluster.kill_node("n2")
+    # Slurm needs SlurmdTimeout plus up to a few ping rounds to call the node NOT_RESPONDING.
+    run.wait_output("attempt=2", timeout=100)
+    resumed = int(run.out.split("attempt=2")[1].split("resume_from=")[1].split()[0])
+    run.wait_output(f"step={resumed + 3} ", timeout=20)
+    fault = run.named("fault_seen")[0]
+    assert fault["cause"] == "hardware" and fault["nodes"] == "n2"
+    assert run.named("attempt_started")[1]["nodes"] == "n1,n3"
+    job = slurm.job(run.job_id)
+    assert job.is_running  # n2 may still be listed until Slurm calls it DOWN and excises it
+    slurm.cancel(run.job_id)
+    # On the devcluster a "crashed" node's tasks outlive its slurmd (one machine): end them ourselves.
+    for p in processes_with(token):
+        p.kill()
+
+
+def rules_file(tmp: Path, rules: list[dict[str, Any]]) -> str:
+    p = tmp / "rules.yaml"
+    p.write_text(json.dumps(rules))  # JSON is YAML
+    return str(p)
+
+
+def test_hang_trips_recurring_frequency_and_the_step_restarts(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    rules = rules_file(tmp_path, [{"name": "Progress", "logPattern": r".*step=(\d+)",
+                                   "expectedRecurringFrequencyInSeconds": 2}])
+    run = Run(cluster, slurm, tmp_path, f"--auto-resume-rules={rules} --auto-resume-shutdown-timeout=1",
+              str(TRAINER), nodes=2, env={"TRAIN_STEPS": "12", "HANG_AT": "4"})
+    assert run.wait_done() == "0", run.err
+    fired = run.named("rule_fired")
+    assert [f["condition"] for f in fired] == ["LogStateHanging_Progress"]
+    assert run.named("fault_seen")[0]["cause"] == "hang"
+    starts = run.named("attempt_started")
+    assert len(starts) == 2 and starts[0]["nodes"] == starts[1]["nodes"]  # same nodes for a hang
+    assert finished_steps(run.out) == {"step=12"}
+
+
+def test_loss_rule_trips_only_after_that_many_consecutive_bad_points(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    rules = rules_file(tmp_path, [{"name": "Loss", "logPattern": r"rank=0 step=\d+ loss=([\d.]+)",
+                                   "metricThreshold": 2.0, "operator": "gt", "metricEvaluationDataPoints": 3}])
+    # Steps 1-7: two bad points, a good one, two bad, a good one, then three bad in a row at steps 7-9.
+    run = Run(cluster, slurm, tmp_path, f"--auto-resume-rules={rules} --auto-resume-shutdown-timeout=1",
+              str(TRAINER), nodes=1, env={"TRAIN_STEPS": "14", "LOSS_SEQ": "5 5 0.5 5 5 0.5 5 5 5 5 5 5 5 5"})
+    assert run.wait_done() == "0", run.err
+    fired = run.named("rule_fired")
+    assert len(fired) == 1 and fired[0]["condition"] == "LogStateSlow_Loss"
+    first_attempt = run.out.split("attempt=2")[0]
+    assert "rank=0 step=9 " in first_attempt  # it took the third consecutive bad point
+    assert run.named("fault_seen")[0]["cause"] == "slow"
+    assert finished_steps(run.out) == {"step=14"}
+
+
+def test_application_error_is_not_retried_and_the_wrapper_exits_with_its_code(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    run = Run(cluster, slurm, tmp_path, "", str(TRAINER), nodes=2, env={"FAIL_EXIT": "3"})
+    assert run.wait_done() == "3", run.err
+    assert len(run.named("attempt_started")) == 1
+    assert run.named("fault_seen")[0]["cause"] == "application"
+    assert run.named("job_step_given_up")[0]["exit_code"] == 3
+
+
+def unique_token() -> str:
+    return f"hpr-token-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def processes_with(token: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(token in part for part in (p.info["cmdline"] or [])):
+            found.append(p)
+    return found
+
+
+def test_scancel_leaves_no_process_behind(cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    token = unique_token()
+    run = Run(cluster, slurm, tmp_path, "", f"{TRAINER} {shlex.quote(token)}", nodes=2,
+              env={"TRAIN_STEPS": "1000", "STEP_SLEEP": "0.2"})
+    run.wait_output("step=3 ")
+    slurm.cancel(run.job_id)
+
+    def ours() -> list[psutil.Process]:
+        return processes_with(token)
+
+    deadline = time.monotonic() + 30
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not ours(), [p.info["cmdline"] for p in ours()]
+    assert all(not s.startswith(f"{run.job_id}.") for s in _steps(slurm, run.job_id))
+
+
+def _steps(slurm: SlurmClient, job_id: int) -> list[str]:
+    from hpresilience.slurm.autoresume_ops import job_steps
+
+    return [s.step_id for s in job_steps(slurm, job_id) if s.name.startswith("hpr-")]

@@ -111,8 +111,8 @@ def _supervise(c: Ctx, parsed: Any, given: dict[str, Any]) -> int:
             settings, parsed, _real_srun(c), os.environ, run_policy=policy,
             spares=_opt_int(given["spares"]), grow=given["grow"], fallback=given["fallback"],
             replace_timeout_s=_opt_float(given["replace_timeout"]), state_dir=given["state_dir"],
-            metrics_path=given["metrics_file"], poll_interval_s=_opt_float(given["poll_interval"]) or 1.0,
-            master_port_base=_opt_int(given["master_port_base"]) or 29500,
+            metrics_path=given["metrics_file"], poll_interval_s=_opt_float(given["poll_interval"]),
+            master_port_base=_opt_int(given["master_port_base"]),
             pre_train_script=given["pre_train_script"], post_train_script=given["post_train_script"])
     except ValueError as err:
         raise ConfigError(f"srun --auto-resume: {err}") from None

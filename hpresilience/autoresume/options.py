@@ -58,13 +58,13 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
                  run_policy: RunPolicySettings | None = None, spares: int | None = None, grow: bool | None = None,
                  fallback: str | None = None, replace_timeout_s: float | None = None,
                  state_dir: str | None = None, metrics_path: str | None = None,
-                 poll_interval_s: float = 1.0, master_port_base: int = 29500,
+                 poll_interval_s: float | None = None, master_port_base: int | None = None,
                  pre_train_script: str | None = None, post_train_script: str | None = None) -> WrapperOptions:
     """Command-line values win over the configuration file; the rest are the file's (or its defaults)."""
     job_id = job_id_from(env)
     directory = Path(state_dir or settings.state_dir or default_state_dir(dict(env)))
     if metrics_path is None:
-        metrics_path = str(directory / f"{job_id}.prom")
+        metrics_path = settings.metrics_file or str(directory / f"{job_id}.prom")
     for script in (pre_train_script, post_train_script):
         if script and not os.access(script, os.X_OK):
             raise ConfigError(f"pre/post-train script {script!r} is not an executable file")
@@ -77,5 +77,7 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
         replace_timeout_s=replace_timeout_s or settings.replace_timeout_s,
         shutdown_signal=int(signal.Signals[settings.shutdown_signal]),
         shutdown_timeout_s=settings.shutdown_timeout_s, max_line_bytes=settings.max_line_bytes,
-        poll_interval_s=poll_interval_s, metrics_path=metrics_path or None, master_port_base=master_port_base,
+        poll_interval_s=poll_interval_s or settings.poll_interval_s, metrics_path=metrics_path or None,
+        master_port_base=master_port_base or settings.master_port_base,
+        script_timeout_s=settings.script_timeout_s, requeue_wait_s=settings.requeue_wait_s,
         pre_train_script=pre_train_script, post_train_script=post_train_script)

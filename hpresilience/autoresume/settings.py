@@ -130,6 +130,16 @@ class AutoResumeSettings(Section):
     # Where per-job state survives a requeue; must be on a shared file system.
     # Empty: $SLURM_SUBMIT_DIR/.hpresilience/jobs, else ~/.hpresilience/jobs.
     state_dir: str = ""
+    # Seconds between looks at the step's nodes in Slurm while it runs (one sinfo query each).
+    poll_interval_s: float = Field(default=1.0, ge=0.1)
+    # MASTER_PORT is this plus an offset that changes every attempt (no TIME_WAIT or stale-store clashes).
+    master_port_base: int = Field(default=29500, ge=1024, le=45000)
+    # Prometheus textfile; empty: <state dir>/<job id>.prom.
+    metrics_file: str = ""
+    # --pre-train-script / --post-train-script are killed after this long.
+    script_timeout_s: float = Field(default=600.0, gt=0)
+    # After asking Slurm to requeue the job, how long the wrapper waits to be replaced by the new batch run.
+    requeue_wait_s: float = Field(default=120.0, gt=0)
 
     @field_validator("shutdown_signal")
     @classmethod

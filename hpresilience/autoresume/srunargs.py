@@ -13,21 +13,23 @@ from dataclasses import dataclass, field
 from hpresilience.errors import ConfigError
 
 # srun's short options that take a value (srun.1, 22.05 through 25.x).
-SHORT_WITH_VALUE = frozenset("ABCDGJLMNSTcdeimnopqrtwx")
-# srun's long options that take a value, as a separate word or after `=`.
-# (--kill-on-bad-exit, --label and --resv-ports take an optional value, so only as `--opt=value`.)
+SHORT_WITH_VALUE = frozenset("ABCDFGJLMNSTWbcdeimnopqrtwx")
+# srun's long options that take a value, as a separate word or after `=` (from srun.1, Slurm 22.05 to 25.x).
+# Options whose value is optional (--kill-on-bad-exit, --label, --resv-ports, --nice, --propagate) only take it
+# as `--opt=value`, and --spread-job takes none. The shim (slurm/srun) keeps the same two lists; a test holds
+# them equal, since a difference would put the start of the user's command in a different place.
 LONG_WITH_VALUE = frozenset({
-    "account", "acctg-freq", "bb", "bbf", "bcast-exclude", "begin", "chdir", "cluster-constraint", "clusters",
-    "comment", "constraint", "container", "container-id", "core-spec", "cores-per-socket", "cpu-bind", "cpu-freq",
-    "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "epilog", "error",
-    "exclude", "export", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
-    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "hint", "input", "job-name", "jobid", "licenses",
-    "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus", "mpi",
-    "network", "nice", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu",
-    "ntasks-per-node", "ntasks-per-socket", "open-mode", "output", "partition", "power", "prefer", "prolog",
-    "propagate", "qos", "reservation", "segment", "signal", "slurmd-debug", "sockets-per-node", "spread-job",
-    "switches", "task-epilog", "task-prolog", "thread-spec", "threads-per-core", "time", "time-min", "tmp",
-    "tres-bind", "tres-per-task", "uid", "wait", "wckey"
+    "accel-bind", "account", "acctg-freq", "bb", "bbf", "bcast-exclude", "begin", "chdir", "cluster-constraint",
+    "clusters", "comment", "constraint", "container", "container-id", "core-spec", "cores-per-socket", "cpu-bind",
+    "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "epilog",
+    "error", "exclude", "export", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
+    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "het-group", "hint", "input", "job-name", "jobid",
+    "licenses", "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus",
+    "mpi", "msg-timeout", "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu",
+    "ntasks-per-node", "ntasks-per-socket", "open-mode", "output", "partition", "power", "prefer", "priority",
+    "profile", "prolog", "qos", "relative", "reservation", "segment", "signal", "slurmd-debug", "sockets-per-node",
+    "switches", "task-epilog", "task-prolog", "thread-spec", "threads", "threads-per-core", "time", "time-min",
+    "tmp", "tres-bind", "tres-per-task", "tree-width", "uid", "wait", "wckey",
 })
 
 # What the wrapper sets itself on each attempt: never passed through from the user.

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 
 log = get_logger("hpresilience.autoresume")
@@ -87,21 +87,9 @@ class StateStore:
             return WrapperState(self.job_id)
 
     def save(self, state: WrapperState) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # On a shared file system, and read back by the next batch run after a requeue: fsync before rename.
         data = {"version": STATE_VERSION, **asdict(state)}
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.job_id}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write_text(self.path, json.dumps(data, indent=1, sort_keys=True), fsync=True)
 
     def append_event(self, record: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

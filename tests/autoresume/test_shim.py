@@ -163,3 +163,17 @@ def test_shim_is_posix_sh_and_executable() -> None:
     assert os.access(SHIM, os.X_OK)
     assert SHIM.read_text().startswith("#!/bin/sh\n")
     assert subprocess.run(["sh", "-n", str(SHIM)], check=False).returncode == 0
+
+
+def test_shim_and_wrapper_agree_on_which_srun_options_take_a_value() -> None:
+    """The shim (sh) and the wrapper (Python) each split srun options from the command; the same lists."""
+    import re
+
+    from hpresilience.autoresume.srunargs import LONG_WITH_VALUE, SHORT_WITH_VALUE
+
+    text = (Path(__file__).resolve().parents[2] / "slurm" / "srun").read_text()
+    short = re.search(r"^short_val=(\S+)$", text, re.M)
+    long = re.search(r'^long_val="([^"]*)"', text, re.M)
+    assert short is not None and long is not None
+    assert set(short.group(1)) == set(SHORT_WITH_VALUE)
+    assert set(long.group(1).split()) == set(LONG_WITH_VALUE)

@@ -119,7 +119,8 @@ def _yes(node: ET.Element | None, path: str) -> bool | None:
     return None if t is None else t.lower() in ("yes", "active", "true")
 
 
-_EVENT_BITS = {
+# NVML clocks-event (throttle) reason bits, shared by the reader and the gpu.clocks check.
+CLOCK_REASONS = {
     "gpu_idle": 0x1,
     "applications_clocks_setting": 0x2,
     "sw_power_cap": 0x4,
@@ -176,7 +177,7 @@ def parse_nvidia_smi_xml(text: str) -> GpuSnapshot:
         mask: int | None = None
         if reasons is not None:
             mask = 0
-            for name, bit in _EVENT_BITS.items():
+            for name, bit in CLOCK_REASONS.items():
                 if _yes(reasons, prefix + name):
                     mask |= bit
         rec = _text(g, "gpu_recovery_action")

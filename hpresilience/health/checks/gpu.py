@@ -6,20 +6,9 @@ from pydantic import Field
 
 from hpresilience.health.base import Check, CheckOptions, CheckResult, Status, SuggestedAction, register
 from hpresilience.health.checks.common import Finding, ladder, nvidia_pci_devices, worst
-from hpresilience.health.nvml import GpuInfo, GpuSnapshot, NvmlUnavailable, open_reader
+from hpresilience.health.nvml import CLOCK_REASONS, GpuInfo, GpuSnapshot, NvmlUnavailable, open_reader
 from hpresilience.health.xid import normalize_pci
 
-CLOCK_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clocks_setting": 0x100,
-}
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230) values.
 RECOVERY_ACTIONS = {
     0: "none",

@@ -3,6 +3,7 @@ rules, application errors, scancel. Each job writes its events to a state direct
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -133,7 +134,8 @@ def test_killed_slurmd_under_no_kill_job_continues_on_a_replacement(
     slurm.cancel(run.job_id)
     # On the devcluster a "crashed" node's tasks outlive its slurmd (one machine): end them ourselves.
     for p in processes_with(token):
-        p.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # scancel may have ended it between listing and kill
+            p.kill()
 
 
 def rules_file(tmp: Path, rules: list[dict[str, Any]]) -> str:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.log import get_logger
@@ -72,7 +73,15 @@ class TieredCheckpointer:
         self._s3_pg = (
             dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.s3 else None
         )
-        self._stager = CachedStager()
+        self._stager = CachedStager(
+            background=cfg.background_staging, inline_below=int(cfg.inline_staging_below_mib * (1 << 20))
+        )
+        # The optimizer step is what changes the weights a background copy is still reading.
+        self._step_hook = (
+            register_optimizer_step_pre_hook(self._before_optimizer_step)
+            if cfg.background_staging
+            else None
+        )
         self._inflight: Future[Any] | None = None
         self._capacity_checked = shard > 0
         self._pinned: set[int] = set()
@@ -113,7 +122,8 @@ class TieredCheckpointer:
         self._post_q.put((step, md))
 
     def async_save(self, state_dict: dict[str, Any], step: int) -> Future[Any]:
-        """Stage `state_dict` (blocking, one memcpy) and write it in the background.
+        """Stage `state_dict` (one memcpy; in the background when `background_staging`) and write it
+        in the background.
 
         Returns DCP's future (its result is the checkpoint metadata). At most one save is in flight:
         a second call first waits for the previous one.
@@ -137,6 +147,19 @@ class TieredCheckpointer:
         fut.add_done_callback(done)
         self._inflight = fut
         return fut
+
+    def wait_staged(self) -> float:
+        """Block until the state passed to the last async_save is copied; the seconds waited.
+
+        Needed only with `background_staging`, before changing large saved tensors in place other than
+        through optimizer.step() (which waits by itself).
+        """
+        return self._stager.wait()
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        waited = self._stager.wait()
+        if waited > 0:
+            log.info("checkpoint_staging_waited", seconds=round(waited, 4), rank=self.rank)
 
     def wait(self) -> bool:
         """Wait for the in-flight save (not its peer copy or upload); False if it failed."""
@@ -350,6 +373,9 @@ class TieredCheckpointer:
             self._s3_q.put(_STOP)
         for t in self._threads:
             t.join()
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
         self._stager.close()
         for pg in (self._save_pg, self._repl_pg, self._s3_pg):
             if pg is not None:

@@ -49,6 +49,13 @@ class CheckpointConfig(Section):
     s3_region: str | None = None
     s3_max_concurrency: int = Field(default=4, ge=1, le=64)
     s3_part_size_mib: int = Field(default=64, ge=5, le=5120)
+    # async_save copies large tensors in a background thread and returns at once; every optimizer.step()
+    # in the process waits for that copy. Leave off if something other than the optimizer changes large
+    # tensors of the saved state in place between steps (or call wait_staged() before it does).
+    background_staging: bool = False
+    # With background staging, tensors smaller than this are still copied inside async_save (BatchNorm
+    # statistics and counters that forward updates in place).
+    inline_staging_below_mib: float = Field(default=1.0, ge=0)
     # Timeout of the checkpoint's own gloo groups (saves, replication, uploads, load agreement).
     timeout_s: float = Field(default=600.0, gt=0)
 

@@ -3,10 +3,20 @@
 DCP's default staging allocates a fresh CPU copy per save; on a fresh allocation every page faults in,
 which costs several times the copy itself. We keep one copy per rank (the "cache_staged_state_dict" idea)
 and rebuild it only when the state's layout changes.
+
+Background staging (opt-in) moves the copy of large tensors off the training thread, as torchtitan's
+"async_with_pinned_mem" mode does: the copy then overlaps the next forward and backward, which read the
+weights but do not write them. What does write them is the optimizer step, so every `optimizer.step()` in
+the process waits for the copy (the checkpointer registers that hook). Small tensors are copied inside the
+call: forward updates some buffers in place (BatchNorm running statistics, step counters), and those
+are small.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -39,26 +49,103 @@ def local_bytes(obj: Any) -> int:
     return 0
 
 
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def _stage_tree(src: Any, dst: Any, deferred: list[Pair], inline_below: int) -> Any:
+    """The staged view of `src` in the cache `dst`: tensors of `inline_below` bytes or more are only
+    recorded in `deferred` (destination, source); everything else is copied now."""
+    if isinstance(src, torch.Tensor):
+        plain = type(src) in (torch.Tensor, torch.nn.Parameter) and type(dst) is torch.Tensor
+        if not plain:  # DTensor, ShardedTensor: torch knows how to copy their local parts
+            return _copy_state_dict({"t": src}, {"t": dst})["t"]
+        if src.numel() * src.element_size() >= inline_below:
+            deferred.append((dst, src))
+        else:
+            dst.copy_(src)
+        return dst
+    if isinstance(src, dict):
+        return {k: _stage_tree(v, dst[k], deferred, inline_below) for k, v in src.items()}
+    if isinstance(src, list):
+        return [_stage_tree(a, b, deferred, inline_below) for a, b in zip(src, dst, strict=True)]
+    if isinstance(src, tuple):
+        return tuple(_stage_tree(a, b, deferred, inline_below) for a, b in zip(src, dst, strict=True))
+    return src
+
+
 class CachedStager(AsyncStager):
-    """Blocking staging into a persistent CPU copy. One save at a time may use it (the checkpointer waits)."""
+    """Staging into a persistent CPU copy. One save at a time may use it (the checkpointer waits).
+
+    With `background=True`, `stage()` copies tensors under `inline_below` bytes at once and returns a
+    future that a worker thread completes once the large ones are copied; `wait()` blocks until then.
+    """
 
     _synchronize_after_execute: bool = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, background: bool = False, inline_below: int = 1 << 20) -> None:
+        self.background = background
+        self.inline_below = inline_below
         self._cache: Any = None
         self._layout: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[Any] | None = None
+        self._lock = threading.Lock()
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+    def _cache_for(self, state_dict: dict[str, Any]) -> Any:
         layout = layout_of(state_dict)
         if self._cache is None or layout != self._layout:
             self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
             self._layout = layout
-        staged: dict[str, Any] = _copy_state_dict(state_dict, self._cache)
-        return staged
+        return self._cache
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
+        self.wait()
+        cache = self._cache_for(state_dict)
+        if not self.background:
+            staged: dict[str, Any] = _copy_state_dict(state_dict, cache)
+            return staged
+        deferred: list[Pair] = []
+        with torch.no_grad():
+            view: dict[str, Any] = _stage_tree(state_dict, cache, deferred, self.inline_below)
+        if not deferred:
+            return view
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stage")
+        fut = self._pool.submit(self._copy, deferred, view)
+        with self._lock:
+            self._pending = fut
+        return fut
+
+    def _copy(self, pairs: list[Pair], view: dict[str, Any]) -> dict[str, Any]:
+        # Grad mode is per thread: this one starts with it on.
+        with torch.no_grad():
+            for dst, src in pairs:
+                dst.copy_(src)
+        return view
+
+    def wait(self) -> float:
+        """Block until a background copy has finished; the seconds waited (0.0 when none was running).
+
+        Never raises: a failed copy fails its save, which the checkpointer logs.
+        """
+        with self._lock:
+            fut = self._pending
+        if fut is None or fut.done():
+            return 0.0
+        t0 = time.monotonic()
+        try:
+            fut.result()
+        except Exception:  # noqa: BLE001 - reported through the save's own future
+            pass
+        return time.monotonic() - t0
 
     def synchronize_staging(self) -> None:
-        """Staging is blocking: nothing to wait for."""
+        """Inline staging is finished when stage() returns; background staging reports through its future."""
 
     def close(self) -> None:
+        self.wait()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self._cache = None
         self._layout = None

@@ -82,3 +82,12 @@ def test_rank_killed_mid_save_leaves_previous_step_loadable_and_partial_one_igno
     assert not (tmp_path / "node0/job1/step_0000000002/COMMIT").exists()
     out = _ok(run_ranks(tmp_path, "load"))
     assert [(r["step"], r["match"]) for r in out] == [(1, True), (1, True)]
+
+
+def test_background_staging_saves_and_restores_across_ranks(tmp_path: Path) -> None:
+    """With every tensor copied in the background, DCP's collectives wait for the copy on each rank."""
+    cfg = {"keep": 2, "background_staging": True, "inline_staging_below_mib": 0}
+    res = _ok(run_ranks(tmp_path, "save", steps=[1, 2], cfg=cfg))
+    assert [r["last_committed"] for r in res] == [2, 2]
+    res = _ok(run_ranks(tmp_path, "load", cfg=cfg))
+    assert [(r["step"], r["source"], r["match"]) for r in res] == [(2, "own", True), (2, "own", True)]

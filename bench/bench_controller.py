@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import io
 import json
@@ -34,12 +35,18 @@ from hpresilience.slurm.parse import parse_nodes_json
 HERE = Path(__file__).resolve().parent
 
 
-def _generate(count: int) -> str:
+@functools.cache
+def _sibling() -> Any:
+    """bench_slurm_parse.py, for its fixture generator and timing helper."""
     spec = importlib.util.spec_from_file_location("bench_slurm_parse", HERE / "bench_slurm_parse.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    doc: dict[str, Any] = json.loads(mod.generate("sinfo_v0.0.38.json", count))
+    return mod
+
+
+def _generate(count: int) -> str:
+    doc: dict[str, Any] = json.loads(_sibling().generate("sinfo_v0.0.38.json", count))
     for i, node in enumerate(doc["nodes"]):
         if "Action:" in (node.get("reason") or "") and i % 200 != 1:
             node["reason"], node["state_flags"] = "", []
@@ -47,12 +54,9 @@ def _generate(count: int) -> str:
 
 
 def best(fn: Any, repeat: int) -> tuple[float, float]:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times), statistics.median(times)
+    """(best, median) seconds of `repeat` calls."""
+    result: tuple[float, float] = _sibling().best_of(fn, repeat)
+    return result
 
 
 def poll_cost(count: int, repeat: int) -> None:

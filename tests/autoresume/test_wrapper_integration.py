@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -211,6 +213,89 @@ def test_scancel_leaves_no_process_behind(cluster: DevCluster, slurm: SlurmClien
         time.sleep(0.3)
     assert not ours(), [p.info["cmdline"] for p in ours()]
     assert all(not s.startswith(f"{run.job_id}.") for s in _steps(slurm, run.job_id))
+
+
+def test_pre_and_post_train_scripts_run_once_per_node_around_the_attempt(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    log = tmp_path / "scripts.log"
+    for which in ("pre", "post"):
+        script = tmp_path / f"{which}.sh"
+        script.write_text(f'#!/bin/bash\necho "{which} $SLURMD_NODENAME attempt=$AUTORESUME_ATTEMPT '
+                          f'nodes=$NODE_LIST" >> {log}\n')
+        script.chmod(0o755)
+    run = Run(cluster, slurm, tmp_path,
+              f"--pre-train-script={tmp_path}/pre.sh --post-train-script={tmp_path}/post.sh", str(TRAINER),
+              nodes=2, env={"TRAIN_STEPS": "3", "STEP_SLEEP": "0.1"})
+    assert run.wait_done() == "0", run.err
+    nodes = run.named("attempt_started")[0]["nodes"]  # whichever two nodes Slurm gave the job
+    assert sorted(log.read_text().splitlines()) == sorted(
+        f"{which} {n} attempt=1 nodes={nodes}" for which in ("pre", "post") for n in nodes.split(","))
+    order = [e["event"] for e in run.events() if e["event"] in
+             ("pre_train_script_done", "attempt_started", "post_train_script_done")]
+    assert order == ["pre_train_script_done", "attempt_started", "post_train_script_done"]
+    assert finished_steps(run.out) == {"step=3"}
+
+
+def test_failing_pre_train_script_starts_no_training(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    script = tmp_path / "pre.sh"
+    script.write_text("#!/bin/bash\necho 'pre: scratch disk missing' >&2\nexit 7\n")
+    script.chmod(0o755)
+    run = Run(cluster, slurm, tmp_path, f"--pre-train-script={script}", str(TRAINER), nodes=2,
+              env={"TRAIN_STEPS": "3", "STEP_SLEEP": "0.1"})
+    assert run.wait_done() == "7", run.err
+    assert run.named("pre_train_script_done")[0]["exit_code"] == 7
+    assert "step=1 " not in run.out and "pre: scratch disk missing" in run.err
+
+
+def test_usr1_sent_to_the_wrapper_reaches_every_task_and_training_goes_on(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    run = Run(cluster, slurm, tmp_path, "", str(TRAINER), nodes=2, env={"TRAIN_STEPS": "25", "STEP_SLEEP": "0.2"})
+    run.wait_output("step=3 ")
+    marker = f"--auto-resume-state-dir={run.state}"
+    wrappers = [p for p in psutil.process_iter(["cmdline"])
+                if marker in (p.info["cmdline"] or []) and "srun" in (p.info["cmdline"] or [])]
+    assert len(wrappers) == 1, [p.info["cmdline"] for p in wrappers]
+    wrappers[0].send_signal(signal.SIGUSR1)
+    run.wait_output("rank=1 got SIGUSR1")
+    run.wait_output("rank=0 got SIGUSR1")
+    assert run.wait_done() == "0", run.err
+    assert len(run.named("attempt_started")) == 1 and finished_steps(run.out) == {"step=25"}
+
+
+def test_no_replacement_requeues_the_job_which_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """Both nodes of a 2-node cluster are needed; one fails and none can replace it: the wrapper requeues
+    the job (same id), and once the node is back the new batch run resumes from the checkpoint.
+
+    Slurm holds a requeued job for AuthInfo's cred_expire + 1 s (default 120 s); this cluster sets 10 s.
+    """
+    from tests.conftest import TEST_BASE_PORT, require_slurm
+
+    require_slurm()
+    own = DevCluster(state_dir=tmp_path / "c3", nodes=2, base_port=TEST_BASE_PORT + 300,
+                     overrides={"SlurmdTimeout": "5", "AuthInfo": "cred_expire=10"})
+    own.up(timeout=60)
+    try:
+        client = own.client()
+        run = Run(own, client, tmp_path, "--auto-resume-fallback=requeue --auto-resume-replace-timeout=2",
+                  str(TRAINER), nodes=2, env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2"})
+        run.wait_output("step=5 ")
+        client.set_node_state(["n2"], "fail", "Action:Replace")
+        deadline = time.monotonic() + 60
+        while not run.named("job_requeue_requested") and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert run.named("job_requeue_requested"), run.err
+        client.set_node_state(["n2"], "resume")  # repaired: the requeued job can start again
+        run.wait_output("wrapper_rc=0", timeout=120)
+        starts = run.named("supervisor_started")
+        assert [s["slurm_restart_count"] for s in starts] == [0, 1]
+        # The output file was truncated when the requeued batch script started: only the new run is in it.
+        resumed = [int(x) for x in re.findall(r"resume_from=(\d+)", run.out)]
+        assert resumed and all(r >= 5 for r in resumed), run.out
+        assert finished_steps(run.out) == {"step=30"}
+        assert client.job(run.job_id).job_id == run.job_id
+    finally:
+        own.down()
 
 
 def _steps(slurm: SlurmClient, job_id: int) -> list[str]:

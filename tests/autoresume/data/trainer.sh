@@ -9,6 +9,9 @@ ckpt="${CKPT_DIR:?}/ckpt"
 start=0
 [ -f "$ckpt" ] && start=$(cat "$ckpt")
 rank=${SLURM_PROCID:-0}
+# A notice such as Slurm's --signal=USR1@120: say so and go on (a real trainer would save and exit).
+trap 'echo "rank=$rank got SIGUSR1 at step=$s"' USR1
+s=0
 echo "rank=$rank node=$(hostname -s 2>/dev/null) slurmd=${SLURMD_NODENAME:-?} attempt=${AUTORESUME_ATTEMPT:-?} master=${MASTER_ADDR:-?}:${MASTER_PORT:-?} nodes=${NODE_LIST:-?} resume_from=$start"
 for ((s = start + 1; s <= steps; s++)); do
     if [ -n "${FAIL_EXIT:-}" ] && [ "$s" -ge 2 ]; then

@@ -14,7 +14,6 @@ are small.
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -89,7 +88,6 @@ class CachedStager(AsyncStager):
         self._layout: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[Any] | None = None
-        self._lock = threading.Lock()
 
     def _cache_for(self, state_dict: dict[str, Any]) -> Any:
         layout = layout_of(state_dict)
@@ -111,10 +109,8 @@ class CachedStager(AsyncStager):
             return view
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stage")
-        fut = self._pool.submit(self._copy, deferred, view)
-        with self._lock:
-            self._pending = fut
-        return fut
+        self._pending = self._pool.submit(self._copy, deferred, view)
+        return self._pending
 
     def _copy(self, pairs: list[Pair], view: dict[str, Any]) -> dict[str, Any]:
         # Grad mode is per thread: this one starts with it on.
@@ -128,8 +124,7 @@ class CachedStager(AsyncStager):
 
         Never raises: a failed copy fails its save, which the checkpointer logs.
         """
-        with self._lock:
-            fut = self._pending
+        fut = self._pending  # one reference read: the optimizer hook may run in another thread
         if fut is None or fut.done():
             return 0.0
         t0 = time.monotonic()

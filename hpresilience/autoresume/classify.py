@@ -31,6 +31,9 @@ NODE_FAILURE_LINE = re.compile(
     r"|Task launch for StepId=\S+ failed on node (?P<node2>[\w.\-]+)"
     r"|(?P<node3>[\w.\-]+): tasks? [\d,\-]+: Unknown error)", re.MULTILINE)
 HARD_STATES = frozenset({"FAIL", "DOWN", "NOT_RESPONDING"})
+# srun's line for each task that ended badly: "n2: task 1: Exited with exit code 3", "n1: task 0: Terminated".
+TASK_END_LINE = re.compile(r"^srun: error: [\w.\-]+: tasks? [\d,\-]+: (?P<what>.*)$", re.MULTILINE)
+TASK_EXITED = re.compile(r"^Exited with exit code (?P<code>\d+)")
 
 
 def node_is_bad(node: Node) -> bool:
@@ -48,6 +51,21 @@ def nodes_from_srun_errors(lines: Iterable[str]) -> set[str]:
             if name:
                 found.add(name)
     return found
+
+
+def application_exit_code(exit_code: int, srun_errors: Iterable[str]) -> int:
+    """The step's exit code as the application set it.
+
+    srun exits with the highest code over its tasks, a signal counting as 128+signal. When one task exits
+    3, srun (--kill-on-bad-exit) terminates the others, and their 143 hides the 3 that caused it, and with
+    it noRetryExitCodes. So when srun's code is a signal's and the first task srun reports ended by
+    exiting, that task's code is the step's.
+    """
+    if exit_code <= 128:
+        return exit_code
+    first = next((m.group("what") for line in srun_errors for m in TASK_END_LINE.finditer(line)), None)
+    exited = TASK_EXITED.match(first) if first is not None else None
+    return int(exited.group("code")) if exited and int(exited.group("code")) else exit_code
 
 
 @dataclass(frozen=True)

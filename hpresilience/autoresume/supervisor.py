@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import IO
 
 from hpresilience.autoresume.capacity import Capacity, NoReplacement
-from hpresilience.autoresume.classify import Cause, Diagnosis, classify
+from hpresilience.autoresume.classify import Cause, Diagnosis, application_exit_code, classify
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
@@ -135,19 +135,25 @@ class Supervisor:
                                        exit_code=result.exit_code)
                 return 128 + self.stop_signal
             failed_at = result.failed_at
-            diagnosis = self._diagnose(result.exit_code, plan, result.blamed, result.trip)
+            exit_code = result.exit_code
+            if result.trip is None and not result.blamed:  # the step ended by itself, not by our hand
+                exit_code = application_exit_code(result.exit_code, self.feed.srun_errors)
+                if exit_code != result.exit_code:
+                    self.reporter.decision("step_exit_code_from_first_task", srun_exit_code=result.exit_code,
+                                           exit_code=exit_code)
+            diagnosis = self._diagnose(exit_code, plan, result.blamed, result.trip)
             if diagnosis.cause is Cause.NONE:
                 self.state.finished, self.state.exit_code = True, 0
                 self.reporter.decision("job_step_succeeded", attempt=launch.attempt)
                 return 0
             self.reporter.decision("fault_seen", cause=diagnosis.cause.value, attempt=launch.attempt,
-                                   exit_code=result.exit_code, nodes=",".join(diagnosis.bad_nodes) or None,
+                                   exit_code=exit_code, nodes=",".join(diagnosis.bad_nodes) or None,
                                    detail=diagnosis.detail)
-            decision = self.policy.decide(KIND_OF[diagnosis.cause], result.exit_code)
+            decision = self.policy.decide(KIND_OF[diagnosis.cause], exit_code)
             self.reporter.decision("policy_decided", action=decision.action.value, reason=decision.reason,
                                    detail=decision.detail, restarts_in_window=decision.restarts_in_window)
             if decision.action is Action.GIVE_UP:
-                return self._give_up(diagnosis, result.exit_code, decision.detail)
+                return self._give_up(diagnosis, exit_code, decision.detail)
             if decision.action is Action.FULL_RESTART:
                 return self._requeue(decision.detail)
             previous = plan

@@ -186,6 +186,18 @@ def test_application_error_is_not_retried_and_the_wrapper_exits_with_its_code(
     assert run.named("job_step_given_up")[0]["exit_code"] == 3
 
 
+def test_exit_code_of_the_failing_rank_survives_srun_terminating_the_others(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """Rank 1 exits 3 while rank 0 trains on; srun ends rank 0 (143) and exits 143, yet the wrapper
+    reports, judges and exits with 3."""
+    run = Run(cluster, slurm, tmp_path, "", str(TRAINER), nodes=2,
+              env={"FAIL_EXIT": "3", "FAIL_RANK": "1", "TRAIN_STEPS": "200"})
+    assert run.wait_done() == "3", run.err
+    assert run.named("step_exit_code_from_first_task")[0]["srun_exit_code"] == 143
+    assert run.named("fault_seen")[0]["exit_code"] == 3
+    assert run.named("job_step_given_up")[0]["exit_code"] == 3
+
+
 def unique_token() -> str:
     return f"hpr-token-{os.getpid()}-{time.monotonic_ns()}"
 

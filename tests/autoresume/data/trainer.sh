@@ -1,7 +1,8 @@
 #!/bin/bash
 # A tiny stand-in trainer for the wrapper's tests: rank 0 keeps a checkpoint (the last step done) in
 # $CKPT_DIR, every rank prints `step=N` lines, and an attempt resumes after the checkpoint.
-# TRAIN_STEPS: steps in all; STEP_SLEEP: seconds per step; FAIL_EXIT: exit with this code at step 2;
+# TRAIN_STEPS: steps in all; STEP_SLEEP: seconds per step; FAIL_EXIT: exit with this code at step 2
+# (only rank FAIL_RANK when that is set);
 # HANG_AT: hang at that step (first attempt); LOSS_SEQ: losses printed per step (first attempt).
 set -u
 steps=${TRAIN_STEPS:-20}
@@ -14,7 +15,7 @@ trap 'echo "rank=$rank got SIGUSR1 at step=$s"' USR1
 s=0
 echo "rank=$rank node=$(hostname -s 2>/dev/null) slurmd=${SLURMD_NODENAME:-?} attempt=${AUTORESUME_ATTEMPT:-?} master=${MASTER_ADDR:-?}:${MASTER_PORT:-?} nodes=${NODE_LIST:-?} resume_from=$start"
 for ((s = start + 1; s <= steps; s++)); do
-    if [ -n "${FAIL_EXIT:-}" ] && [ "$s" -ge 2 ]; then
+    if [ -n "${FAIL_EXIT:-}" ] && [ "$s" -ge 2 ] && [ "${FAIL_RANK:-$rank}" -eq "$rank" ]; then
         echo "rank=$rank failing with ${FAIL_EXIT}" >&2
         exit "$FAIL_EXIT"
     fi

@@ -53,6 +53,10 @@ class DevclusterSettings(Section):
     # Extra slurm.conf settings (SlurmdTimeout, ...), appended after ours so they win.
     overrides: dict[str, str] = Field(default_factory=dict)
     base_port: int = Field(default=17817, ge=1024, le=65000)
+    # None: MariaDB + slurmdbd when their Debian packages are installed; true requires them; false: none.
+    accounting: bool | None = None
+    extra_nodes: int = Field(default=0, ge=0, le=100_000)
+    proctrack: Literal["auto", "cgroup", "pgid"] = "auto"
 
 
 class Config(Section):

@@ -1,8 +1,10 @@
 """Getting the step back to size after a hardware fault, cheapest rung first.
 
-1. Release the bad nodes (one shrink per job: with accounting_storage/none Slurm refuses any further
-   update of a resized job). The batch host is never released, since that would kill the batch script
-   and this wrapper with it; it stays in the allocation, out of the step.
+1. Release the bad nodes. With slurmdbd (every production cluster) a job can be resized again and again;
+   with accounting_storage/none Slurm refuses any update of a job after its first resize, and a job whose
+   resize met an unreachable slurmdbd refuses them for good ("DB index is being set"): then bad nodes stay
+   in the allocation, out of the step. The batch host is never released, since that would kill the batch
+   script and this wrapper with it.
 2. Hot spares already in the allocation: no Slurm round trip at all.
 3. Grow the job with the expand dependency, when configured and the cluster permits it (probed once),
    waiting with visible progress for the replaced node or any idle node, up to replace_timeout_s.
@@ -25,6 +27,9 @@ from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Job
 from hpresilience.waiting import WaitTimeout, wait_for
 
+# slurmctld's answer to any update of a job whose accounting record cannot be written: final for that job.
+DB_INDEX_REFUSAL = "DB index"
+
 
 class NoReplacement(HPResilienceError):
     """No healthy node could be found for the step within the allocation or by growing it."""
@@ -41,7 +46,25 @@ class Capacity:
         self.replace_timeout_s = replace_timeout_s
         self.progress_every_s = progress_every_s
         self._expansion: bool | None = None
+        self._accounting: bool | None = None
         self._unreachable: set[str] = set()
+
+    def accounting(self) -> bool:
+        if self._accounting is None:
+            try:
+                self._accounting = self.client.accounting_enabled()
+            except HPResilienceError as err:
+                self.reporter.decision("accounting_probe_failed", error=str(err))
+                self._accounting = False  # the cautious answer: at most one resize
+        return self._accounting
+
+    def can_resize_again(self) -> str | None:
+        """None when the job may be resized now, else why not."""
+        if self.state.resize_refused:
+            return "Slurm refused to resize this job for good (its DB index was never set)"
+        if self.state.resized and not self.accounting():
+            return "the job was resized once already and without slurmdbd Slurm refuses a second resize"
+        return None
 
     def expansion_permitted(self) -> bool:
         if self._expansion is None:
@@ -93,18 +116,21 @@ class Capacity:
         if job.batch_host in unhealthy:
             self.reporter.decision("nodes_kept_in_allocation", nodes=job.batch_host,
                                    why="it is the batch host: releasing it would end the batch script")
-        if not release or self.state.resized:
+        refused = self.can_resize_again() if release else None
+        if not release or refused:
             if release:
-                self.reporter.decision("nodes_kept_in_allocation", nodes=compress(release),
-                                       why="the job was resized once already; Slurm refuses a second resize")
+                self.reporter.decision("nodes_kept_in_allocation", nodes=compress(release), why=refused)
             return job
         keep = [n for n in job.nodes if n not in release]
-        # Whatever the outcome, Slurm may now consider the job resized: never try a second time.
+        # Whatever the outcome, Slurm may now consider the job resized.
         self.state.resized = True
         try:
             job = self.client.shrink_job(self.job_id, keep)
         except HPResilienceError as err:
-            self.reporter.decision("allocation_shrink_failed", nodes=compress(release), error=str(err)[:300])
+            if DB_INDEX_REFUSAL in str(err):
+                self.state.resize_refused = True
+            self.reporter.decision("allocation_shrink_failed", nodes=compress(release), error=str(err)[:300],
+                                   final=self.state.resize_refused)
             return self.client.job(self.job_id)
         self.state.kept_out = [n for n in self.state.kept_out if n in job.nodes]
         self.reporter.decision("allocation_shrunk", released=compress(release), nodes=compress(job.nodes))

@@ -2,7 +2,8 @@
 
 A requeued batch script starts again from the top with the same SLURM_JOB_ID; the wrapper it starts
 reads this file and carries on counting attempts, remembers which nodes it blamed and whether the
-allocation was already resized (Slurm allows that once per job with accounting_storage/none), and
+allocation was already resized (Slurm allows that once per job with accounting_storage/none) or Slurm
+refuses to resize it for good (slurmdbd was unreachable at a resize), and
 hands the restart policy back its windows.
 """
 
@@ -28,7 +29,9 @@ class WrapperState:
     restarts: int = 0  # relaunches after a failure
     restarts_by_cause: dict[str, int] = field(default_factory=dict)
     blamed_nodes: list[str] = field(default_factory=list)
-    resized: bool = False  # the allocation was resized once: later faults keep bad nodes inside it
+    resized: bool = False  # the allocation was resized at least once
+    # Slurm refused a resize for good ("DB index is being set"): later faults keep bad nodes inside the job.
+    resize_refused: bool = False
     kept_out: list[str] = field(default_factory=list)  # blamed nodes still in the allocation, out of the step
     slurm_restart_count: int = 0  # SLURM_RESTART_COUNT of the allocation the fields above describe
     requeues: int = 0

@@ -76,6 +76,7 @@ class Supervisor:
             # A requeued job runs on a fresh allocation: what we knew about the old one no longer holds.
             self.state.slurm_restart_count = restart_count
             self.state.resized = False
+            self.state.resize_refused = False
             self.state.kept_out = []
             self.state.last_nodes = []
         for cause, count in self.state.restarts_by_cause.items():

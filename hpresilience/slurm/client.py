@@ -53,6 +53,11 @@ class SlurmClient:
     def config(self) -> dict[str, str]:
         return parse.parse_key_values(self.runner.run("scontrol", "show", "config").stdout)
 
+    def accounting_enabled(self) -> bool:
+        """Whether slurmctld stores accounting (slurmdbd). Without it, Slurm refuses every update of a running
+        job after its first resize, so callers must not plan on a second one."""
+        return self.config().get("AccountingStorageType", "accounting_storage/none") != "accounting_storage/none"
+
     def permits_job_expansion(self) -> bool:
         params = self.config().get("SchedulerParameters", "")
         return "permit_job_expansion" in params.split(",")

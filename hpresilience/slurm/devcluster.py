@@ -4,6 +4,11 @@ Each node has its own name (n1..nN), loopback address (127.0.0.11, ...: every 12
 local on Linux) and port; everything lives in one state directory, nothing is written to /etc.
 Daemons are started with the environment marker HPRESILIENCE_DEVCLUSTER=<state dir>, which the
 slurmstepd processes they fork inherit: `down` stops exactly the processes carrying our marker.
+
+It behaves like a production cluster where that changes what our code sees: accounting through a
+private MariaDB + slurmdbd (devaccounting.py) when their packages are installed, process tracking by
+cgroup (every process of a cancelled step dies, also those that left its process group), and on request
+a production-size node table of powered-down cloud nodes that never run jobs.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from pathlib import Path
 
 import psutil
 
-from hpresilience.errors import EnvironmentMissing, ExternalError, HPResilienceError
+from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError, HPResilienceError
 from hpresilience.log import get_logger
+from hpresilience.slurm import devaccounting
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.runner import CommandRunner
@@ -31,6 +37,11 @@ MARKER = "HPRESILIENCE_DEVCLUSTER"
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("scontrol", "sinfo", "squeue", "srun", "sbatch", "salloc", "scancel")
 APT_HINT = "apt-get install -y slurm-wlm  (Debian packages slurmctld, slurmd and slurm-client)"
+PROCTRACK = ("auto", "cgroup", "pgid")
+CGROUP_V1_FREEZER = Path("/sys/fs/cgroup/freezer")
+# The production-size table: powered-down p5-like nodes (State=CLOUD) that slurmctld serves but never starts.
+EXTRA_NODE_PREFIX = "gpu-st-p5-"
+EXTRA_PARTITION = "p5"
 
 
 class DevclusterError(ExternalError):
@@ -48,12 +59,23 @@ def node_address(index: int) -> str:
 
 class DevCluster:
     def __init__(self, state_dir: Path | str, nodes: int = 4, base_port: int = 17817,
-                 overrides: Mapping[str, str] | None = None, bin_dir: str = "") -> None:
+                 overrides: Mapping[str, str] | None = None, bin_dir: str = "", *,
+                 accounting: bool | None = None, extra_nodes: int = 0, proctrack: str = "auto") -> None:
+        """accounting: None starts MariaDB + slurmdbd when their packages are installed (else logs the apt
+        line and runs without); True requires them. proctrack: auto uses cgroup v1 where it is mounted."""
+        if proctrack not in PROCTRACK:
+            raise ConfigError(f"unknown proctrack {proctrack!r}; known: {', '.join(PROCTRACK)}")
+        if extra_nodes < 0:
+            raise ConfigError(f"extra_nodes must be >= 0, not {extra_nodes}")
         self.state_dir = Path(state_dir).absolute()
         self.nodes = nodes
         self.base_port = base_port
         self.overrides = dict(overrides or {})
         self.bin_dir = bin_dir
+        self.want_accounting = accounting
+        self.extra_nodes = extra_nodes
+        self.proctrack = proctrack
+        self.accounting = devaccounting.Accounting(self.state_dir, base_port + 2, base_port + 3, self._spawn)
 
     # -- paths and configuration ---------------------------------------------------------------------
     @property
@@ -86,8 +108,11 @@ class DevCluster:
             # Debian's build ships auth/none and cred/none: no munge needed on one machine.
             "AuthType": "auth/none",
             "CredType": "cred/none",
-            "ProctrackType": "proctrack/pgid",
+            "ProctrackType": f"proctrack/{self.resolved_proctrack()}",
             "TaskPlugin": "task/none",
+            # Job ids of clusters running side by side (tests beside a demo) never meet: with proctrack/cgroup
+            # every cluster's node n1 shares /sys/fs/cgroup/freezer/slurm_n1/uid_0/job_<id>.
+            "FirstJobId": str(self.base_port * 1000),
             "SelectType": "select/linear",
             "MpiDefault": "none",
             "ReturnToService": "2",
@@ -103,11 +128,19 @@ class DevCluster:
             "SlurmdLogFile": f"{d}/log/slurmd-%n.log",
             "AccountingStorageType": "accounting_storage/none",
             "JobCompType": "jobcomp/none",
+            "JobAcctGatherType": "jobacct_gather/none",
             "SlurmdTimeout": "30",
             "KillWait": "5",
             "MinJobAge": "300",
             "InactiveLimit": "0",
         }
+        if self.accounting_wanted():
+            s.update(self.accounting.slurm_conf_settings())
+        if self.extra_nodes:
+            # Powered-down cloud nodes: listed by sinfo/scontrol (PrivateData=cloud) and never resumed for
+            # real, since no job is sent to their partition.
+            s.update({"PrivateData": "cloud", "SuspendProgram": "/bin/true", "ResumeProgram": "/bin/true",
+                      "GresTypes": "gpu", "SuspendTime": "INFINITE"})
         s.update({str(k): str(v) for k, v in self.overrides.items()})
         return s
 
@@ -118,8 +151,36 @@ class DevCluster:
         for i, name in enumerate(self.names(), start=1):
             lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr={node_address(i)} Port={port0 + i} "
                          "CPUs=1 RealMemory=1000 State=UNKNOWN")
-        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        if self.extra_nodes:
+            lines.append(f"NodeName={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] NodeHostname=localhost "
+                         "NodeAddr=127.0.9.1 CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 ThreadsPerCore=2 "
+                         "RealMemory=2000000 Gres=gpu:8 Features=p5,p5.48xlarge,efa,nvlink Weight=100 State=CLOUD")
+        real = f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
+        lines.append(f"PartitionName=debug Nodes={real} Default=YES MaxTime=INFINITE State=UP")
+        if self.extra_nodes:
+            lines.append(f"PartitionName={EXTRA_PARTITION} Nodes={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] "
+                         "MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
+
+    def render_cgroup_conf(self) -> str:
+        # Only process tracking: constraining cores or memory would fight the other slurmd on this host.
+        return "\n".join(["# Written by `hpresilience devcluster up`.", "CgroupPlugin=cgroup/v1",
+                          "CgroupAutomount=no", "CgroupMountpoint=/sys/fs/cgroup", "ConstrainCores=no",
+                          "ConstrainRAMSpace=no", "ConstrainDevices=no"]) + "\n"
+
+    def resolved_proctrack(self) -> str:
+        """cgroup where Slurm 22.05 can use it here (cgroup v1 freezer mounted and writable), else pgid."""
+        if self.proctrack != "auto":
+            return self.proctrack
+        return "cgroup" if cgroup_v1_usable() else "pgid"
+
+    def accounting_wanted(self) -> bool:
+        """Whether this cluster runs with slurmdbd: the written slurm.conf decides once the cluster exists."""
+        if self.conf_path.exists() and self.want_accounting is None:
+            return "accounting_storage/slurmdbd" in self.conf_path.read_text(errors="replace")
+        if self.want_accounting is not None:
+            return self.want_accounting
+        return not devaccounting.missing_tools()
 
     # -- processes -----------------------------------------------------------------------------------
     def _tool(self, name: str) -> str:
@@ -158,8 +219,10 @@ class DevCluster:
     def daemon_pids(self) -> dict[str, int]:
         """name -> pid for slurmctld and each node's slurmd that is alive."""
         out: dict[str, int] = {}
-        for key, pidfile in [("slurmctld", self.state_dir / "slurmctld.pid")] + [
-                (n, self.state_dir / f"slurmd-{n}.pid") for n in self.names()]:
+        pidfiles = [("slurmctld", self.state_dir / "slurmctld.pid")]
+        pidfiles += [(n, self.state_dir / f"slurmd-{n}.pid") for n in self.names()]
+        pidfiles += list(self.accounting.pidfiles().items())
+        for key, pidfile in pidfiles:
             try:
                 pid = int(pidfile.read_text().strip())
             except (OSError, ValueError):
@@ -168,10 +231,16 @@ class DevCluster:
                 out[key] = pid
         return out
 
-    def _spawn(self, argv: list[str]) -> None:
+    def _spawn(self, argv: list[str], foreground: bool = False) -> None:
+        """Start a daemon with our marker. Slurm's daemons fork into the background and chdir to / (-f must be
+        absolute: it is); a `foreground` one (mariadbd) is detached into its own session here instead."""
         env = self.env()
         env[MARKER] = str(self.state_dir)
-        # Both daemons fork into the background and chdir to /; -f must be absolute (it is).
+        if foreground:
+            with open(self.log_dir / f"{os.path.basename(argv[0])}.out", "ab") as out:
+                subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, cwd=self.state_dir)
+            return
         res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
         if res.returncode != 0:
             raise DevclusterError(f"`{' '.join(argv)}` exited {res.returncode}: {res.stderr.strip()[-300:]}\n"
@@ -222,7 +291,8 @@ class DevCluster:
     # -- lifecycle -----------------------------------------------------------------------------------
     def is_up(self) -> bool:
         pids = self.daemon_pids()
-        return "slurmctld" in pids and all(n in pids for n in self.names())
+        daemons = ["slurmctld", *self.names()] + (["mariadbd", "slurmdbd"] if self.accounting_wanted() else [])
+        return all(d in pids for d in daemons)
 
     def up(self, timeout: float = 30.0, progress: Callable[[str], None] | None = None) -> float:
         """Start everything (unless already up) and wait for every node idle; returns seconds taken."""
@@ -235,13 +305,24 @@ class DevCluster:
             self.down(remove=False)
         for sub in ("ctld", "spool", "log"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)  # holds the database and its password: nobody else's business
+        if self.want_accounting is None and devaccounting.missing_tools():
+            log.warning("devcluster_accounting_off", missing=devaccounting.missing_tools(),
+                        install=devaccounting.APT_LINE)
+        if self.conf_path.exists():
+            self.conf_path.unlink()  # accounting_wanted() must not read a previous cluster's choice
+        accounting = self.accounting_wanted()
+        if accounting:
+            self.accounting.start(self.state_dir, timeout, progress)
+        (self.state_dir / "cgroup.conf").write_text(self.render_cgroup_conf())
         self.conf_path.write_text(self.render_conf())
         self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
         for name in self.names():
             self.start_node(name)
         self.wait_idle(timeout, progress)
         took = time.monotonic() - started
-        log.info("devcluster_up", nodes=self.nodes, seconds=round(took, 2), slurm_conf=str(self.conf_path))
+        log.info("devcluster_up", nodes=self.nodes, extra_nodes=self.extra_nodes, accounting=accounting,
+                 proctrack=self.resolved_proctrack(), seconds=round(took, 2), slurm_conf=str(self.conf_path))
         return took
 
     def wait_idle(self, timeout: float = 30.0, progress: Callable[[str], None] | None = None) -> list[Node]:
@@ -251,8 +332,8 @@ class DevCluster:
         last: list[Node] = []
         while True:
             try:
-                last = client.nodes()
-                if len(last) == self.nodes and all(n.is_idle for n in last):
+                last = client.nodes(self.names())
+                if all(n.is_idle for n in last):
                     return last
             except HPResilienceError:  # slurmctld still starting: keep waiting, the timeout reports it
                 last = []
@@ -306,11 +387,19 @@ class DevCluster:
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 15) -> str:
-        out = []
+        out: list[str] = []
         for f in sorted(self.log_dir.glob("*.log")) if self.log_dir.exists() else []:
             tail = f.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {f.name} (last {len(tail)} lines)\n" + "\n".join(tail))
         return "\n".join(out) or "(no daemon logs yet)"
+
+
+def cgroup_v1_usable() -> bool:
+    """Slurm 22.05's proctrack/cgroup needs the v1 freezer hierarchy, writable (as root)."""
+    try:
+        return (CGROUP_V1_FREEZER / "cgroup.procs").exists() and os.access(CGROUP_V1_FREEZER, os.W_OK)
+    except OSError:
+        return False
 
 
 def _port_listening(port: int) -> bool:

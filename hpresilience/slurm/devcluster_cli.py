@@ -7,11 +7,13 @@ import os
 import click
 
 from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.slurm.devaccounting import describe
 from hpresilience.slurm.devcluster import DevCluster
 
 
 def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
-                 overrides: tuple[str, ...] = ()) -> DevCluster:
+                 overrides: tuple[str, ...] = (), accounting: bool | None = None, extra_nodes: int | None = None,
+                 proctrack: str | None = None) -> DevCluster:
     s = c.config.devcluster
     extra = dict(s.overrides)
     for item in overrides:
@@ -22,6 +24,8 @@ def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
     return DevCluster(
         state_dir=state_dir or os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or s.state_dir,
         nodes=nodes or s.nodes, base_port=s.base_port, overrides=extra, bin_dir=c.config.slurm.bin_dir,
+        accounting=s.accounting if accounting is None else accounting,
+        extra_nodes=s.extra_nodes if extra_nodes is None else extra_nodes, proctrack=proctrack or s.proctrack,
     )
 
 
@@ -38,15 +42,27 @@ def devcluster() -> None:
 @click.option("--nodes", "-n", type=click.IntRange(1, 64), help="Number of nodes (default 4).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="slurm.conf override, e.g. --set SlurmdTimeout=5 (repeatable).")
-@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for all-idle.")
+@click.option("--timeout", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
+              help="Seconds to wait for all-idle.")
+@click.option("--accounting/--no-accounting", default=None,
+              help="Run MariaDB + slurmdbd (default: when their packages are installed).")
+@click.option("--extra-nodes", type=click.IntRange(0, 100_000), default=None,
+              help="Add N powered-down p5 nodes (State=CLOUD, partition p5) for a production-size node table.")
+@click.option("--proctrack", type=click.Choice(["auto", "cgroup", "pgid"]), default=None,
+              help="Process tracking (auto: cgroup v1 where mounted, as real clusters; else pgid).")
 @state_dir_opt
 @pass_ctx
-def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, state_dir: str | None) -> None:
+def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, accounting: bool | None,
+       extra_nodes: int | None, proctrack: str | None, state_dir: str | None) -> None:
     """Start the cluster (idempotent); return when every node is idle."""
-    cl = cluster_from(c, nodes, state_dir, overrides)
+    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack)
     took = cl.up(timeout=timeout, progress=lambda msg: click.echo(msg, err=True))
-    c.emit({"nodes": cl.names(), "seconds": round(took, 3), "slurm_conf": str(cl.conf_path)},
-           f"devcluster up: {cl.nodes} nodes idle in {took:.2f} s\nexport SLURM_CONF={cl.conf_path}")
+    acct = "with accounting (slurmdbd)" if cl.accounting_wanted() else "without accounting"
+    extra = f" + {cl.extra_nodes} powered-down nodes" if cl.extra_nodes else ""
+    c.emit({"nodes": cl.names(), "extra_nodes": cl.extra_nodes, "accounting": cl.accounting_wanted(),
+            "proctrack": cl.resolved_proctrack(), "seconds": round(took, 3), "slurm_conf": str(cl.conf_path)},
+           f"devcluster up: {cl.nodes} nodes{extra} idle in {took:.2f} s, {acct}, "
+           f"proctrack/{cl.resolved_proctrack()}\nexport SLURM_CONF={cl.conf_path}")
 
 
 @devcluster.command()
@@ -69,10 +85,11 @@ def status(c: Ctx, state_dir: str | None) -> None:
         c.emit({"up": False}, f"devcluster: not up ({cl.state_dir} has no slurm.conf)")
         raise click.exceptions.Exit(1)
     pids = cl.daemon_pids()
-    nodes = cl.client(timeout=5, retries=0).nodes() if "slurmctld" in pids else []
-    data = {"up": cl.is_up(), "slurm_conf": str(cl.conf_path), "pids": pids,
+    nodes = cl.client(timeout=5, retries=0).nodes(cl.names()) if "slurmctld" in pids else []
+    data = {"up": cl.is_up(), "slurm_conf": str(cl.conf_path), "pids": pids, "accounting": cl.accounting_wanted(),
             "nodes": {n.name: {"state": n.state_text, "address": n.address, "reason": n.reason} for n in nodes}}
     lines = [f"slurm_conf: {cl.conf_path}", f"slurmctld: {pids.get('slurmctld', 'not running')}"]
+    lines += describe(pids, cl.accounting_wanted())
     lines += [f"{n.name:6} {n.address:12} slurmd={pids.get(n.name, '-')!s:8} {n.state_text:20} {n.reason}"
               for n in nodes]
     c.emit(data, "\n".join(lines))

@@ -9,8 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from hpresilience.errors import EnvironmentMissing
+from hpresilience.slurm import devaccounting, parse
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT, require_slurm
@@ -95,13 +98,14 @@ def test_nodes_command_lists_reason_as_json(cluster: DevCluster, slurm: SlurmCli
 
 
 def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
-    """A second, separate 2-node cluster: up twice, then down; none of its processes survive."""
+    """A second, separate 2-node cluster with accounting: up twice, then down; none of its processes survive,
+    MariaDB and slurmdbd included."""
     require_slurm()
-    cl = DevCluster(state_dir=tmp_path / "c2", nodes=2, base_port=TEST_BASE_PORT + 200)
+    cl = DevCluster(state_dir=tmp_path / "c2", nodes=2, base_port=TEST_BASE_PORT + 200, accounting=True)
     try:
         took = cl.up(timeout=60)
         pids = cl.daemon_pids()
-        assert set(pids) == {"slurmctld", "n1", "n2"} and took < 30
+        assert set(pids) == {"slurmctld", "n1", "n2", "mariadbd", "slurmdbd"} and took < 30
         assert cl.up(timeout=60) < 10 and cl.daemon_pids() == pids
         job_id = cl.client().sbatch("-N2", "-o", "/dev/null", "--wrap", "srun sleep 300")
         cl.client().wait_running(job_id)
@@ -110,4 +114,116 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
     finally:
         cl.down()
     assert cl.processes() == []
+    assert not any(psutil.pid_exists(p) for p in pids.values())
     assert not (tmp_path / "c2").exists()
+
+
+def test_session_cluster_runs_accounting_and_cgroup_tracking(cluster: DevCluster) -> None:
+    """The shared test cluster is production-like: slurmdbd accounting and proctrack/cgroup (on this kind of
+    machine both are available; the suite must not silently fall back)."""
+    config = cluster.client().config()
+    assert config["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    assert config["ProctrackType"] == "proctrack/cgroup"
+    assert {"mariadbd", "slurmdbd"} <= set(cluster.daemon_pids())
+
+
+def _step_nodes(slurm: SlurmClient, job_id: int, nodes: list[str]) -> list[str]:
+    res = slurm.runner.run("srun", f"--jobid={job_id}", f"-N{len(nodes)}", f"--nodelist={','.join(nodes)}",
+                           "--label", "printenv", "SLURMD_NODENAME")
+    return sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
+
+
+def test_running_job_is_resized_five_times_with_a_step_on_each_node_set(cluster: DevCluster,
+                                                                         slurm: SlurmClient) -> None:
+    """With slurmdbd a running job may be resized again and again (without it Slurm refuses every update of
+    the job after the first resize): shrink, grow, shrink, grow, shrink, and a step runs on each node set."""
+    job_id = slurm.sbatch("-N3", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
+    job = slurm.wait_running(job_id)
+    nodes = sorted(job.nodes)
+    # Grow with the node released longest ago: a node merged back into the job it just left can still be
+    # running that job's release clean-up, which kills the new step's task there (seen here).
+    idle = [n for n in cluster.names() if n not in nodes]
+    seen = [_step_nodes(slurm, job_id, nodes)]
+    for i, op in enumerate(["shrink", "grow", "shrink", "grow", "shrink"]):
+        if op == "shrink":
+            drop = next(n for n in reversed(nodes) if n != job.batch_host)
+            nodes = sorted(n for n in nodes if n != drop)
+            resized = slurm.shrink_job(job_id, nodes)
+            idle.append(drop)
+        else:
+            spare = idle.pop(0)
+            resized = slurm.grow_job(job_id, 1, nodes=[spare], timeout=60)
+            nodes = sorted([*nodes, spare])
+        assert sorted(resized.nodes) == nodes and resized.is_running, (op, i)
+        seen.append(_step_nodes(slurm, job_id, nodes))
+        assert seen[-1] == nodes
+    assert len(seen) == 6 and slurm.job(job_id).job_id == job_id
+
+
+def test_sacct_shows_the_job(cluster: DevCluster, slurm: SlurmClient) -> None:
+    job_id = slurm.sbatch("-N1", "-o", "/dev/null", "--wrap", "true")
+    deadline = time.monotonic() + 30
+    while True:
+        res = slurm.runner.run("sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "JobID,State")
+        rows = [ln.split("|") for ln in res.stdout.split()]
+        if [str(job_id), "COMPLETED"] in rows:
+            break
+        assert time.monotonic() < deadline, f"sacct never showed job {job_id} completed: {res.stdout!r}"
+        time.sleep(0.5)
+
+
+def test_cancelled_step_leaves_no_process_that_left_its_group(cluster: DevCluster, slurm: SlurmClient,
+                                                              tmp_path: Path) -> None:
+    """A task that forks a grandchild in a new session (as torchrun does with its workers): cancelling the
+    step kills the grandchild too, as proctrack/cgroup does on real clusters."""
+    marker = f"600.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a sleep length no other process uses
+    script = tmp_path / "task.sh"
+    script.write_text(f"#!/bin/sh\nsetsid sleep {marker} &\nsleep 600\n")
+    script.chmod(0o755)
+    job_id = slurm.sbatch("-N2", "-o", "/dev/null", "--wrap", f"srun -N2 {script}")
+    slurm.wait_running(job_id)
+
+    def orphans() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+    deadline = time.monotonic() + 30
+    while len(orphans()) < 2:
+        assert time.monotonic() < deadline, "the step's grandchildren never started"
+        time.sleep(0.2)
+    assert all(p.ppid() != 0 and os.getsid(p.pid) == p.pid for p in orphans())  # really in sessions of their own
+    slurm.runner.run("scancel", f"{job_id}.0")
+    deadline = time.monotonic() + 30
+    while orphans():
+        assert time.monotonic() < deadline, f"still alive after the step was cancelled: {orphans()}"
+        time.sleep(0.2)
+    slurm.cancel(job_id)
+
+
+def test_ten_thousand_extra_nodes_are_served_while_real_nodes_run_jobs(tmp_path: Path) -> None:
+    """--extra-nodes: slurmctld holds a production-size table of powered-down p5 nodes with realistic records
+    (8 GPUs as gres, features, their own partition) and the real nodes still run jobs."""
+    require_slurm()
+    cl = DevCluster(state_dir=tmp_path / "big", nodes=2, base_port=TEST_BASE_PORT + 300, accounting=False,
+                    extra_nodes=10_000)
+    try:
+        cl.up(timeout=120)
+        client = cl.client(timeout=60)
+        names = client.runner.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()
+        assert len(set(names)) == 10_002
+        rec = parse.parse_oneliner(client.runner.run("scontrol", "show", "node", "gpu-st-p5-9999", "-o").stdout)
+        assert rec["Gres"] == "gpu:8" and "p5" in rec["AvailableFeatures"] and rec["Partitions"] == "p5"
+        assert "POWERED_DOWN" in rec["State"] or "CLOUD" in rec["State"]
+        res = client.runner.run("srun", "-N2", "--label", "printenv", "SLURMD_NODENAME")
+        assert sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines()) == ["n1", "n2"]
+    finally:
+        cl.down()
+    assert cl.processes() == []
+
+
+def test_accounting_asked_for_without_its_packages_names_the_apt_line(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(devaccounting.TOOLS, "mariadbd-not-installed-here", "mariadb-server")
+    cl = DevCluster(state_dir=tmp_path / "c", nodes=1, base_port=TEST_BASE_PORT + 400, accounting=True)
+    with pytest.raises(EnvironmentMissing, match="apt-get install -y slurmdbd mariadb-server"):
+        cl.accounting.start(tmp_path, timeout=5)
+    assert "mariadbd-not-installed-here" in devaccounting.missing_tools()

@@ -9,6 +9,14 @@ NODE_BASE_STATES = frozenset({"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "
 # States in which a node must not receive new work, whatever set them.
 UNAVAILABLE_FLAGS = frozenset({"DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "REBOOT_REQUESTED",
                                "REBOOT_ISSUED", "MAINTENANCE", "INVALID_REG", "FUTURE"})
+# Flags of an idle node that Slurm has promised to other work (a planned start, a reservation, a job's
+# block): in service, but not free for a job to grow into.
+PROMISED_FLAGS = frozenset({"PLANNED", "RESERVED", "BLOCKED"})
+# The states a job ends in. Slurm 22.05 and 23.02 give `job_state` as one word and put a flag there instead
+# of the base state for held jobs (REQUEUE_HOLD, SPECIAL_EXIT, STOPPED, RESV_DEL_HOLD): anything not listed
+# here is a job that is still alive in some form.
+JOB_FINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                              "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED"})
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,8 @@ class Node:
 
     @property
     def is_idle(self) -> bool:
-        return "IDLE" in self.states and not self.states & UNAVAILABLE_FLAGS and "COMPLETING" not in self.states
+        return ("IDLE" in self.states and not self.states & (UNAVAILABLE_FLAGS | PROMISED_FLAGS)
+                and "COMPLETING" not in self.states)
 
     @property
     def is_busy(self) -> bool:
@@ -87,5 +96,4 @@ class Job:
 
     @property
     def is_finished(self) -> bool:
-        return self.state not in ("RUNNING", "PENDING", "SUSPENDED", "CONFIGURING", "COMPLETING",
-                                  "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT")
+        return self.state in JOB_FINAL_STATES

@@ -25,3 +25,22 @@ def test_compress_is_sorted_and_compact() -> None:
 def test_malformed_expression_names_it() -> None:
     with pytest.raises(SlurmParseError, match=r"n\[1-"):
         expand("n[1-")
+
+
+def test_compress_ranges_only_trailing_numbers_that_every_slurm_accepts() -> None:
+    """Slurm 22.05-23.02.4 reject `node[1-2]-ib` ("Invalid hostlist"): such names are listed, not ranged."""
+    assert compress(["node1-ib", "node2-ib"]) == "node1-ib,node2-ib"
+    assert compress(["gpu-st-p5-2", "n10", "n1", "gpu-st-p5-1", "n2"]) == "gpu-st-p5-[1-2],n[1-2,10]"
+    assert compress(["a1-b1", "a1-b2"]) == "a1-b[1-2]"
+    names = ["node1-ib", "node2-ib", "n1", "head"]
+    assert sorted(expand(compress(names))) == sorted(names)
+
+
+@pytest.mark.parametrize("bad", ["n[1", "a,b", "", "n 1"])
+def test_compress_of_a_bad_name_raises_the_package_error(bad: str) -> None:
+    with pytest.raises(SlurmParseError):
+        compress([bad, "n2"])
+
+
+def test_expand_drops_spaces_as_scontrol_does() -> None:
+    assert expand(" n1 , n2 ") == ["n1", "n2"]

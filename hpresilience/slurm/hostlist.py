@@ -12,7 +12,6 @@ import hostlist as _hostlist
 
 from hpresilience.errors import SlurmParseError
 
-
 # Only a trailing number may be bracketed: Slurm 22.05 to 23.02.4 reject a range before other text
 # (`node[1-2]-ib`, "Invalid hostlist"), which python-hostlist would otherwise produce.
 _TRAILING_NUMBER = re.compile(r"^(?P<prefix>.*?)(?P<number>\d+)$")

@@ -13,8 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hpresilience.errors import SlurmParseError
+from hpresilience.log import get_logger
 from hpresilience.reasons import parse_reason
+from hpresilience.slurm.hostlist import expand
 from hpresilience.slurm.models import Node
+
+log = get_logger("hpresilience.autoresume")
 
 
 class Cause(str, Enum):
@@ -48,8 +53,13 @@ def nodes_from_srun_errors(lines: Iterable[str]) -> set[str]:
     for line in lines:
         for m in NODE_FAILURE_LINE.finditer(line):
             name = m.group("node") or m.group("node2") or m.group("node3")
-            if name:
-                found.add(name)
+            if not name:
+                continue
+            # srun names several lost nodes as one hostlist ("Node failure on n[2-3]").
+            try:
+                found.update(expand(name))
+            except SlurmParseError:
+                log.warning("srun_node_list_unreadable", nodes=name[:200])
     return found
 
 

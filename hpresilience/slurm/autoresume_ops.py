@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpresilience.errors import SlurmError, SlurmTimeout
+from hpresilience.errors import SlurmError, SlurmParseError, SlurmTimeout
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import expand
@@ -36,7 +36,9 @@ def job_steps(client: SlurmClient, job_id: int) -> list[StepInfo]:
             continue
         try:
             nodes = tuple(expand(parts[2])) if parts[2] else ()
-        except ValueError:
+        except SlurmParseError:
+            # The step still exists: list it (it can be cancelled by id) without its nodes.
+            log.warning("squeue_step_nodes_unreadable", step=parts[0], nodes=parts[2][:200])
             nodes = ()
         steps.append(StepInfo(parts[0], parts[1], nodes))
     return steps
@@ -51,8 +53,13 @@ def signal_step(client: SlurmClient, step_id: str, signal: str | None = None, ti
     Bounded: scancel waits for every node of the step to answer, and a dead node never does."""
     args = ([f"--signal={signal}"] if signal else []) + [step_id]
     try:
-        client.runner.run("scancel", *args, retry=False, check=False, timeout=timeout)
+        res = client.runner.run("scancel", *args, retry=False, check=False, timeout=timeout)
     except SlurmTimeout:
         log.warning("step_signal_timed_out", step=step_id, signal=signal, timeout_s=timeout)
+        return
+    if res.returncode != 0:
+        # e.g. "Access/permission denied", or the step is already gone: nothing was signalled.
+        log.warning("step_signal_refused", step=step_id, signal=signal, exit_code=res.returncode,
+                    stderr=res.stderr.strip()[:300])
         return
     log.info("step_signalled" if signal else "step_cancelled", step=step_id, signal=signal)

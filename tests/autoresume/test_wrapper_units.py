@@ -131,6 +131,10 @@ def test_srun_node_failure_lines() -> None:
     assert nodes_from_srun_errors(["srun: error: Node failure on n7", "srun: error: n2: task 1: Killed"]) == {"n7"}
 
 
+def test_srun_node_failure_on_a_hostlist_blames_each_node() -> None:
+    assert nodes_from_srun_errors(["srun: error: Node failure on n[2-3]"]) == {"n2", "n3"}
+
+
 # srun 22.05's stderr on the devcluster when rank 1 exited 3 and srun then terminated rank 0 (recorded).
 KILL_ON_BAD_EXIT = [
     "srun: error: n2: task 1: Exited with exit code 3",

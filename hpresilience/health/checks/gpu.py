@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import re
+import time
+from typing import Literal
+
 from pydantic import Field
 
-from hpresilience.health.base import Check, CheckOptions, CheckResult, Status, SuggestedAction, register
-from hpresilience.health.checks.common import Finding, ladder, nvidia_pci_devices, worst
+from hpresilience.health.base import (
+    Check,
+    CheckOptions,
+    CheckResult,
+    HostPaths,
+    Status,
+    SuggestedAction,
+    read_text,
+    register,
+)
+from hpresilience.health.checks.common import Finding, ladder, load_json, nvidia_pci_devices, save_json, worst
 from hpresilience.health.nvml import CLOCK_REASONS, GpuInfo, GpuSnapshot, NvmlUnavailable, open_reader
 from hpresilience.health.xid import normalize_pci
 
@@ -58,6 +71,9 @@ class GpuCheck(Check):
 
 class GpuCountOptions(CheckOptions):
     expected: int | None = Field(default=None, ge=0)
+    # Shortly after boot or a driver change NVML may see no GPUs (or fail to init) on a healthy node
+    # (HyperPod agent PR #425): a missing GPU or an NVML failure then only warns until this has passed.
+    grace_s: float = Field(default=300.0, ge=0, le=86400)
 
 
 @register
@@ -67,19 +83,39 @@ class GpuCount(GpuCheck):
     name = "gpu.count"
     Options = GpuCountOptions
 
+    def _grace(self) -> str:
+        """Why a missing GPU must not act yet ("" when it may): just booted, or the driver just changed."""
+        assert isinstance(self.options, GpuCountOptions)
+        g = self.options.grace_s
+        up = uptime_s(self.ctx.paths)
+        if up is not None and up < g:
+            return f"booted {up:.0f} s ago, grace {g:.0f} s"
+        version = driver_version(self.ctx.paths)
+        if version is None:
+            return ""
+        path = self.ctx.state_path("gpu-driver.json")
+        state = load_json(path)
+        now = time.time()
+        if state.get("version") != version:
+            # The first version ever seen is no change; a different one restarts the grace period.
+            state = {"version": version, "since": now if state.get("version") else 0.0, "was": state.get("version")}
+            save_json(path, state)
+        since = float(state.get("since") or 0.0)
+        if now - since < g:
+            return f"driver changed from {state.get('was')} to {version} {now - since:.0f} s ago, grace {g:.0f} s"
+        return ""
+
     def run(self) -> CheckResult:
         assert isinstance(self.options, GpuCountOptions)
         pci = nvidia_pci_devices(self.ctx.paths)
+        grace = self._grace()
         try:
             snap = self.snapshot()
         except NvmlUnavailable as err:
-            return self.fail(
-                f"{len(pci)} NVIDIA GPU(s) on PCI but NVML unusable: {err}",
-                SuggestedAction.REBOOT,
-                "gpu.nvml_unavailable",
-                False,
-                pci_devices=pci,
-            )
+            what = f"{len(pci)} NVIDIA GPU(s) on PCI but NVML unusable: {err}"
+            if grace:
+                return self.warn(f"{what} ({grace})", key="gpu.nvml_unavailable", pci_devices=pci)
+            return self.fail(what, SuggestedAction.REBOOT, "gpu.nvml_unavailable", False, pci_devices=pci)
         expected = self.options.expected if self.options.expected is not None else self.ctx.expect.get("gpus")
         findings = []
         for g in snap.gpus:
@@ -127,6 +163,14 @@ class GpuCount(GpuCheck):
                     {"pci_devices": pci},
                 )
             )
+        if grace:
+            held = {"gpu.count", "gpu.count_pci"}
+            findings = [
+                Finding(f"{f.what} ({grace})", SuggestedAction.NONE, f.key, False, f.detail)
+                if f.key in held
+                else f
+                for f in findings
+            ]
         return self.summarize(
             findings,
             f"{snap.count} GPU(s) present" + (f", {expected} expected" if expected is not None else ""),
@@ -137,6 +181,24 @@ class GpuCount(GpuCheck):
         )
 
 
+def driver_version(paths: HostPaths) -> str | None:
+    """The loaded NVIDIA kernel module's version, without asking NVML (which may be what is broken)."""
+    v = read_text(paths.sys("module", "nvidia", "version"))
+    if v:
+        return v
+    text = read_text(paths.proc("driver", "nvidia", "version")) or ""
+    m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return m.group(1) if m else None
+
+
+def uptime_s(paths: HostPaths) -> float | None:
+    text = read_text(paths.proc("uptime"))
+    try:
+        return float(text.split()[0]) if text else None
+    except ValueError:
+        return None
+
+
 class GpuMemoryOptions(CheckOptions):
     max_volatile_uncorrected: int = Field(default=0, ge=0)
     # None: aggregate (lifetime) uncorrected ECC is not judged; row remapping handles those on A100/H100.
@@ -145,6 +207,10 @@ class GpuMemoryOptions(CheckOptions):
     max_uncorrectable_remaps: int = Field(default=512, ge=0)
     # Pre-Ampere page retirement table: 64 entries; at 60 the GPU is effectively out of spare pages.
     max_retired_pages: int = Field(default=60, ge=0)
+    # Blackwell memory repair (schema v13): a channel or TPC repair is applied at the next GPU reset, so it
+    # asks for a reboot (a replacement if it survives reboots); unrepairable memory is an RMA case.
+    repair_pending_action: Literal["reboot_then_replace", "reboot", "warn"] = "reboot_then_replace"
+    unrepairable_memory_action: Literal["replace", "reboot_then_replace", "warn"] = "replace"
 
 
 @register
@@ -221,6 +287,25 @@ class GpuMemory(GpuCheck):
                         {"gpu": g.index, "value": retired},
                     )
                 )
+            if g.unrepairable_memory:
+                findings.append(
+                    self._flag_finding(
+                        o.unrepairable_memory_action,
+                        f"{at}: memory marked unrepairable",
+                        f"gpu.unrepairable_memory:{dev}",
+                        g.index,
+                    )
+                )
+            for rflag, what, key in (
+                (g.channel_repair_pending, "memory channel repair pending", "gpu.channel_repair_pending"),
+                (g.tpc_repair_pending, "TPC repair pending", "gpu.tpc_repair_pending"),
+            ):
+                if rflag:
+                    findings.append(
+                        self._flag_finding(
+                            o.repair_pending_action, f"{at}: {what} (needs a reboot)", f"{key}:{dev}", g.index
+                        )
+                    )
             for flag, what, key in (
                 (g.remap_pending, "row remapping pending", "gpu.remap_pending"),
                 (g.retired_pages_pending, "page retirement pending", "gpu.retire_pending"),
@@ -250,12 +335,25 @@ class GpuMemory(GpuCheck):
                         {"gpu": g.index, "value": g.ecc_volatile_uncorrected, "boots_seen": boots},
                     )
                 )
-        return self.summarize(findings, "no ECC, row-remap or page-retirement faults")
+        return self.summarize(findings, "no ECC, row-remap, page-retirement or memory-repair faults")
+
+    def _flag_finding(self, how: str, what: str, key: str, index: int) -> Finding:
+        if how == "warn":
+            return Finding(what, SuggestedAction.NONE, key, False, {"gpu": index})
+        if how == "replace":
+            return Finding(what, SuggestedAction.REPLACE, key, True, {"gpu": index})
+        if how == "reboot":
+            return Finding(what, SuggestedAction.REBOOT, key, True, {"gpu": index})
+        action, boots = ladder(self.ctx, key)
+        return Finding(what, action, key, True, {"gpu": index, "boots_seen": boots})
 
 
 class GpuPcieOptions(CheckOptions):
     # Link generation drops at idle to save power, so by default only the width is judged.
     check_generation: bool = False
+    # The width this instance type's GPUs train at when healthy. None: the GPU's own maximum. Some
+    # virtualised instances (the A10G and T4 recordings of EC2 g5/g4dn) run healthy at x8 of x16.
+    expected_width: int | None = Field(default=None, ge=1, le=32)
 
 
 @register
@@ -273,15 +371,16 @@ class GpuPcie(GpuCheck):
             links[g.index] = (
                 f"gen{g.pcie_gen_current}/{g.pcie_gen_max} x{g.pcie_width_current}/{g.pcie_width_max}"
             )
-            if (
-                g.pcie_width_current is not None
-                and g.pcie_width_max
-                and g.pcie_width_current < g.pcie_width_max
-            ):
+            want = self.options.expected_width or g.pcie_width_max
+            if g.pcie_width_current is not None and want and g.pcie_width_current < want:
                 findings.append(
                     Finding(
-                        f"GPU {g.index} {g.pci_bus_id}: PCIe link x{g.pcie_width_current}, max "
-                        f"x{g.pcie_width_max}",
+                        f"GPU {g.index} {g.pci_bus_id}: PCIe link x{g.pcie_width_current}, "
+                        + (
+                            f"profile expects x{want}"
+                            if self.options.expected_width
+                            else f"max x{g.pcie_width_max}"
+                        ),
                         SuggestedAction.NONE,
                         f"gpu.pcie_width:{g.pci_bus_id}",
                         False,
@@ -304,7 +403,8 @@ class GpuPcie(GpuCheck):
                         {"gpu": g.index},
                     )
                 )
-        return self.summarize(findings, "PCIe links at full width", links=links)
+        full = f"at the expected x{self.options.expected_width}" if self.options.expected_width else "at full width"
+        return self.summarize(findings, f"PCIe links {full}", links=links)
 
 
 class GpuClocksOptions(CheckOptions):
@@ -354,11 +454,17 @@ class GpuRecoveryAction(GpuCheck):
     def run(self) -> CheckResult:
         findings = []
         reported = 0
+        unrecognised = []
         for g in self.gpus():
             if g.recovery_action is None:
                 continue
             reported += 1
-            name = RECOVERY_ACTIONS.get(g.recovery_action, f"unknown({g.recovery_action})")
+            if g.recovery_action not in RECOVERY_ACTIONS:
+                # A value this reader does not know is "unknown", never "nothing to do".
+                text = g.recovery_action_text or str(g.recovery_action)
+                unrecognised.append(f"GPU {g.index} {g.pci_bus_id}: recovery action {text!r}")
+                continue
+            name = RECOVERY_ACTIONS[g.recovery_action]
             if g.recovery_action == 0:
                 continue
             key = f"gpu.recovery:{normalize_pci(g.pci_bus_id) if g.pci_bus_id else g.index}"
@@ -382,6 +488,13 @@ class GpuRecoveryAction(GpuCheck):
                     True,
                     {"gpu": g.index, "recovery_action": name, "boots_seen": boots},
                 )
+            )
+        if unrecognised and not any(f.action != SuggestedAction.NONE for f in findings):
+            return self.result(
+                Status.UNKNOWN,
+                "unrecognised recovery action: " + "; ".join(unrecognised)[:250],
+                unrecognised=unrecognised,
+                findings=[f.to_dict() for f in findings],
             )
         ok = "driver reports no recovery action" if reported else "driver does not report a recovery action"
         return self.summarize(findings, ok, gpus_reporting=reported)

@@ -28,6 +28,7 @@ class CommandSettings(Section):
     fi_pingpong: str = "fi_pingpong"
     stress_ng: str = "stress-ng"
     dmesg: str = "dmesg"
+    systemctl: str = "systemctl"
 
 
 class HealthSettings(Section):

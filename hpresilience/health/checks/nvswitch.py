@@ -18,7 +18,7 @@ TRANSIENT = {"activating", "reloading", "deactivating"}
 
 
 class FabricManagerOptions(CheckOptions):
-    service: str = Field(default="nvidia-fabricmanager", min_length=1, pattern=r"^[A-Za-z0-9@_.\-]+$")
+    service: str = Field(default="nvidia-fabricmanager", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9@_.\-]*$")
 
 
 @register

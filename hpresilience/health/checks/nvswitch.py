@@ -11,6 +11,7 @@ key, so both sightings climb one ladder). The kernel's own SXid lines are read b
 from __future__ import annotations
 
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -72,7 +73,10 @@ def _fm_time(ts: str) -> float | None:
 def read_fm_log(path: Path, since: float | None) -> tuple[list[FaultEvent], int]:
     """SXid events the fabric manager logged at or after `since` (None: all), and multicast-team failures."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            return [], 0
+        size = st.st_size
         with open(path, "rb") as f:
             f.seek(max(0, size - MAX_LOG_BYTES))
             text = f.read(MAX_LOG_BYTES).decode("utf-8", errors="replace")

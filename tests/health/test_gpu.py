@@ -405,6 +405,8 @@ def _fake_pynvml(lost_on: str) -> types.ModuleType:
         "nvmlDeviceGetMaxPcieLinkWidth": 16,
         "nvmlDeviceGetCurrentClocksThrottleReasons": 1,
         "nvmlDeviceGetFieldValues": None,
+        "nvmlDeviceGetRepairStatus": types.SimpleNamespace(bChannelRepairPending=0, bTpcRepairPending=1),
+        "nvmlDeviceGetUnrepairableMemoryFlag_v1": types.SimpleNamespace(bUnrepairableMemory=0),
     }
     for name, value in values.items():
         setattr(nv, name, answer(name, value))
@@ -432,3 +434,13 @@ def test_typo_in_health_nvml_is_a_config_error_naming_the_key(tmp_path: Path) ->
             load_config(cfg)
     cfg.write_text(f"health:\n  nvml: {tmp_path}/rec.json\n")
     assert load_config(cfg).health.nvml.endswith("rec.json")
+
+
+def test_nvml_repair_status_and_unrepairable_flag_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(lost_on="none"))
+    g = PynvmlReader().snapshot().gpus[0]
+    assert (g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) == (False, True, False)
+    nv = _fake_pynvml(lost_on="none")
+    del nv.nvmlDeviceGetRepairStatus  # an older NVML without the call: unknown, not "no repair pending"
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    assert PynvmlReader().snapshot().gpus[0].tpc_repair_pending is None

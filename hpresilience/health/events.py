@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpresilience.health.proc import resolve, run_command
-from hpresilience.health.xid import FaultEvent, normalize_pci, parse_line
+from hpresilience.health.xid import FaultEvent, KernelLogParser, normalize_pci
 from hpresilience.log import get_logger
 
 log = get_logger("hpresilience.health")
@@ -100,6 +100,8 @@ class KernelLogFollower:
         self.fd: int | None = None
         self.offset = 0
         self.pending = b""
+        # One parser for the follower's life: a report split over records may span two polls.
+        self._parser = KernelLogParser(source=str(self.path))
         if self.kmsg:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             if not from_start:
@@ -132,7 +134,7 @@ class KernelLogFollower:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             lines = _read_kmsg_records(self.fd) if self.fd is not None else self._read_file()
-            events = [ev for ev in (parse_line(ln, source=str(self.path)) for ln in lines) if ev is not None]
+            events = [ev for ln in lines for ev in self._parser.feed(ln)]
             left = deadline - time.monotonic()
             if events or left <= 0:
                 return events

@@ -143,6 +143,16 @@ def healthy_gpu(i: int, bus: str, name: str, gen: int) -> dict[str, Any]:
     }
 
 
+# Per-NeuronCore hardware error counters of the driver's status table (driver 2.x sysfs metrics).
+NEURON_CORE_HW_COUNTERS = (
+    "hw_hbm_ue_error",
+    "hw_nc_ue_error",
+    "hw_dma_abort_error",
+    "hw_collectives_error",
+    "hw_repairable_hbm_ue_error",
+)
+
+
 def neuron_counter_paths(layout: str, cores: int = 2) -> dict[str, str]:
     """Counter name -> path under neuron<N>/ for one layout (dirs with `total` for status counters)."""
     if layout == "pre-2.31":
@@ -154,6 +164,8 @@ def neuron_counter_paths(layout: str, cores: int = 2) -> dict[str, str]:
         for c in range(cores):
             paths[f"hw_error@{c}"] = f"neuron_core{c}/stats/status/hw_error/total"
             paths[f"reset_fail_count@{c}"] = f"neuron_core{c}/stats/other_info/reset_fail_count/total"
+            for name in NEURON_CORE_HW_COUNTERS:
+                paths[f"{name}@{c}"] = f"neuron_core{c}/stats/status/{name}/total"
         return paths
     # Driver 2.31 moved nodes; this layout stands for "the same counter names under other directories".
     paths = {
@@ -164,6 +176,8 @@ def neuron_counter_paths(layout: str, cores: int = 2) -> dict[str, str]:
     for c in range(cores):
         paths[f"hw_error@{c}"] = f"cores/neuron_core{c}/status/hw_error/total"
         paths[f"reset_fail_count@{c}"] = f"cores/neuron_core{c}/reset/reset_fail_count"
+        for name in NEURON_CORE_HW_COUNTERS:
+            paths[f"{name}@{c}"] = f"cores/neuron_core{c}/status/{name}/total"
     return paths
 
 
@@ -330,6 +344,13 @@ class FakeNode:
             rel = neuron_counter_paths(self.neuron_layout)[counter]
             path = self.sys / f"devices/virtual/neuron_device/neuron{args[0] if args else 0}" / rel
             path.write_text(f"{int(path.read_text()) + 1}\n")
+        elif name == "neuron_core_error":
+            # neuron_core_error:COUNTER[:dev[:core]], e.g. neuron_core_error:hw_nc_ue_error:3:1
+            counter, dev = args[0], args[1] if len(args) > 1 else "0"
+            core = args[2] if len(args) > 2 else "0"
+            rel = neuron_counter_paths(self.neuron_layout, int(core) + 1)[f"{counter}@{core}"]
+            path = self.sys / f"devices/virtual/neuron_device/neuron{dev}" / rel
+            path.write_text(f"{int(path.read_text()) + 1}\n")
         elif name == "efa_down":
             (self.sys / f"class/infiniband/rdmap{args[0] if args else 0}s0/ports/1/state").write_text(
                 "1: DOWN\n"
@@ -342,7 +363,8 @@ class FakeNode:
             raise ValueError(
                 f"unknown fault {fault!r}; known: xid:N[:gpu], neuron_hw_err:CODE[:dev], gpu_lost:i, "
                 "remap_pending:i, remap_failure:i, ecc:i[:n], gpu_missing, neuron_ecc[:dev], "
-                "neuron_hw_error[:dev], efa_down[:dev], efa_counter:dev:name:n"
+                "neuron_hw_error[:dev], neuron_core_error:counter[:dev[:core]], efa_down[:dev], "
+                "efa_counter:dev:name:n"
             )
 
     def reboot(self) -> None:

@@ -44,7 +44,13 @@ class GpuInfo:
     pcie_width_current: int | None = None
     pcie_width_max: int | None = None
     clock_event_reasons: int | None = None
+    # NVML field 230; RECOVERY_UNRECOGNISED when the source printed a value this reader does not know.
     recovery_action: int | None = None
+    recovery_action_text: str = ""
+    # Blackwell-era memory repair flags (nvidia-smi XML schema v13, NVML repair status).
+    channel_repair_pending: bool | None = None
+    tpc_repair_pending: bool | None = None
+    unrepairable_memory: bool | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GpuInfo:
@@ -131,8 +137,12 @@ CLOCK_REASONS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clocks_setting": 0x100,
 }
+RECOVERY_UNRECOGNISED = -1
+# nvidia-smi prints the short words (`Reset`, `Reboot`, seen on real machines); NVML's names are the long ones.
 _RECOVERY = {
     "none": 0,
+    "reset": 1,
+    "reboot": 2,
     "gpu reset": 1,
     "gpu_reset": 1,
     "node reboot": 2,
@@ -203,7 +213,11 @@ def parse_nvidia_smi_xml(text: str) -> GpuSnapshot:
             pcie_width_current=_int(link, "link_widths/current_link_width"),
             pcie_width_max=_int(link, "link_widths/max_link_width"),
             clock_event_reasons=mask,
-            recovery_action=None if rec is None else _RECOVERY.get(rec.lower()),
+            recovery_action=None if rec is None else _RECOVERY.get(rec.lower(), RECOVERY_UNRECOGNISED),
+            recovery_action_text=rec or "",
+            channel_repair_pending=_yes(g, "ecc_errors/channel_repair_pending"),
+            tpc_repair_pending=_yes(g, "ecc_errors/tpc_repair_pending"),
+            unrepairable_memory=_yes(g, "ecc_errors/unrepairable_memory"),
         )
         gpus.append(info)
     return GpuSnapshot("nvidia-smi", _text(root, "driver_version") or "", gpus)
@@ -241,7 +255,10 @@ class PynvmlReader:
         except pynvml.NVMLError as err:
             raise NvmlUnavailable(f"NVML init failed: {err}") from None
         try:
-            driver = _call(pynvml.nvmlSystemGetDriverVersion) or ""
+            try:
+                driver = _call(pynvml.nvmlSystemGetDriverVersion) or ""
+            except GpuLostError:
+                driver = ""
             count = pynvml.nvmlDeviceGetCount()
             return GpuSnapshot("nvml", str(driver), [self._gpu(pynvml, i) for i in range(count)])
         finally:
@@ -264,6 +281,14 @@ class PynvmlReader:
             if _is_lost(nv, err):
                 info.lost, info.error = True, str(err)
                 return info
+        try:
+            self._fields(nv, h, info)
+        except GpuLostError as err:
+            # Lost in the middle of the query: every field read so far is suspect, the GPU is gone.
+            info.lost, info.error = True, str(err)
+        return info
+
+    def _fields(self, nv: Any, h: Any, info: GpuInfo) -> None:
         info.name = str(_call(nv.nvmlDeviceGetName, h) or "")
         unc, vol, agg = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC, nv.NVML_AGGREGATE_ECC
         info.ecc_volatile_uncorrected = _call(nv.nvmlDeviceGetTotalEccErrors, h, unc, vol)
@@ -296,7 +321,13 @@ class PynvmlReader:
         values = _call(nv.nvmlDeviceGetFieldValues, h, [field_id])
         if values is not None and len(values) and int(values[0].nvmlReturn) == 0:
             info.recovery_action = int(values[0].value.uiVal)
-        return info
+        repair = _call(getattr(nv, "nvmlDeviceGetRepairStatus", None), h)
+        if repair is not None:
+            info.channel_repair_pending = bool(getattr(repair, "bChannelRepairPending", False))
+            info.tpc_repair_pending = bool(getattr(repair, "bTpcRepairPending", False))
+        flag = _call(getattr(nv, "nvmlDeviceGetUnrepairableMemoryFlag_v1", None), h)
+        if flag is not None:
+            info.unrepairable_memory = bool(getattr(flag, "bUnrepairableMemory", flag))
 
 
 def _is_lost(nv: Any, err: Exception) -> bool:
@@ -304,11 +335,39 @@ def _is_lost(nv: Any, err: Exception) -> bool:
     return code in (getattr(nv, "NVML_ERROR_GPU_IS_LOST", 15), getattr(nv, "NVML_ERROR_UNKNOWN", 999))
 
 
+class GpuLostError(Exception):
+    """NVML answered GPU_IS_LOST in the middle of reading a GPU."""
+
+
+# NVML_ERROR_GPU_IS_LOST: never a "field not supported", always the GPU itself.
+_GPU_IS_LOST = 15
+
+
 def _call(fn: Any, *args: Any) -> Any:
+    """One NVML query; None where it is not supported (or absent), GpuLostError when the GPU is lost."""
+    if fn is None:
+        return None
     try:
         return fn(*args)
-    except Exception:  # noqa: BLE001 - NOT_SUPPORTED and friends: the field stays unknown
+    except Exception as err:  # noqa: BLE001 - NOT_SUPPORTED and friends: the field stays unknown
+        if getattr(err, "value", None) == _GPU_IS_LOST:
+            raise GpuLostError(str(err)) from None
         return None
+
+
+NVML_SOURCES = ("auto", "pynvml", "nvidia-smi")
+
+
+def nvml_source_error(source: str) -> str | None:
+    """Why `health.nvml` is not a valid source, or None: a keyword, or a path to a recorded JSON snapshot."""
+    if source in NVML_SOURCES:
+        return None
+    if "/" in source and source.endswith(".json"):
+        return None
+    return (
+        f"{source!r} is neither one of {', '.join(NVML_SOURCES)} nor a path to a recorded snapshot "
+        "(a path with a '/' ending in .json)"
+    )
 
 
 def open_reader(source: str, nvidia_smi: str) -> GpuReader:
@@ -319,6 +378,10 @@ def open_reader(source: str, nvidia_smi: str) -> GpuReader:
         return NvidiaSmiReader(nvidia_smi)
     if source == "auto":
         return _AutoReader(nvidia_smi)
+    problem = nvml_source_error(source)
+    if problem is not None:
+        # Settings validation refuses this first; a context built by hand must not read it as a path.
+        raise NvmlUnavailable(f"health.nvml: {problem}")
     return RecordedReader(Path(source))
 
 

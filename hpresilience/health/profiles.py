@@ -96,6 +96,16 @@ def detect_instance_type(paths: HostPaths) -> str | None:
     return text or None
 
 
+def auto_profile(itype: str | None, files: dict[str, Path]) -> str:
+    """The instance type's own profile, else its family's (`g5` for g5.2xlarge), else generic."""
+    if itype and itype in files:
+        return itype
+    family = (itype or "").split(".", 1)[0]
+    if family and family in files:
+        return family
+    return "generic"
+
+
 def _load_file(path: Path) -> ProfileFile:
     data = read_yaml(path, "profile")
     if not isinstance(data, dict):
@@ -133,8 +143,7 @@ def load_profile(
     files = available_profiles(settings)
     wanted = name or settings.profile
     if wanted == "auto":
-        itype = detect_instance_type(paths or HostPaths())
-        wanted = itype if itype in files else "generic"
+        wanted = auto_profile(detect_instance_type(paths or HostPaths()), files)
     merged, sources = _merge_chain(wanted, files)
     try:
         expect = Expect.model_validate(merged["expect"])

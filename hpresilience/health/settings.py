@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hpresilience.settings_base import Section
 
@@ -28,6 +28,7 @@ class CommandSettings(Section):
     fi_pingpong: str = "fi_pingpong"
     stress_ng: str = "stress-ng"
     dmesg: str = "dmesg"
+    systemctl: str = "systemctl"
 
 
 class HealthSettings(Section):
@@ -57,3 +58,15 @@ class HealthSettings(Section):
     # Per-check tuning over the profile, e.g.
     # {"gpu.memory": {"max_uncorrectable_remaps": 256}, "efa.loopback": {"enabled": false}}.
     checks: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("nvml")
+    @classmethod
+    def _known_nvml_source(cls, v: str) -> str:
+        # A typo must not be read as the path of a recording that does not exist: that made gpu.count fail
+        # with action reboot on every GPU node.
+        from hpresilience.health.nvml import nvml_source_error
+
+        problem = nvml_source_error(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v

@@ -131,3 +131,24 @@ def test_health_watch_results(
         run_one(DcgmHealth(CheckOptions(), ctx_factory(commands={"dcgmi": "/no/dcgmi"}))).status
         == Status.NOT_APPLICABLE
     )
+
+
+def test_diag_whose_every_test_is_skipped_is_unknown_not_passed(
+    ctx_factory: Callable[..., CheckContext], fake_tool: Callable[[str, str], str], tmp_path: Path
+) -> None:
+    """`dcgmi diag -r 3 -j` on a GPU the plugins do not support: every result Skip, nothing tested."""
+    skipped = {
+        "DCGM GPU Diagnostic": {
+            "test_categories": [
+                {"category": cat, "tests": [{"name": name, "results": [{"gpu_id": "0", "status": "Skip"}]}]}
+                for cat, name in (("Integration", "PCIe"), ("Hardware", "GPU Memory"), ("Stress", "SM Stress"))
+            ]
+        }
+    }
+    ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, skipped)})
+    r = run_one(DcgmDiag(DcgmDiagOptions(level=3), ctx))
+    assert (r.status, r.action) == (Status.UNKNOWN, SuggestedAction.NONE) and "nothing was tested" in r.reason
+    skipped["DCGM GPU Diagnostic"]["test_categories"][0]["tests"][0]["results"][0]["status"] = "Pass"  # type: ignore[index]
+    ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, skipped)})
+    r = run_one(DcgmDiag(DcgmDiagOptions(level=3), ctx))
+    assert r.status == Status.OK and "1 result(s) passed, 2 skipped" in r.reason

@@ -11,7 +11,7 @@ from hpresilience.health.base import CheckResult, Kind, Status, SuggestedAction
 from hpresilience.health.events import KernelLogFollower, read_kernel_log
 from hpresilience.health.fault import FakeNode
 from hpresilience.reasons import Action
-from tests.health.conftest import node_settings
+from tests.health.conftest import FIXTURES, node_settings
 
 
 def test_follower_returns_only_new_fault_lines_and_waits_for_complete_lines(tmp_path: Path) -> None:
@@ -85,3 +85,18 @@ def test_collector_runs_profile_checks_and_wakes_on_injected_faults(tmp_path: Pa
         assert found[0].finding.action == Action.REBOOT and found[0].observed_at is not None
     finally:
         col.close()
+
+
+def test_follower_joins_the_off_bus_report_across_polls_and_ignores_audit_lines(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("")
+    f = KernelLogFollower(str(log))
+    lines = (FIXTURES / "kmsg-fallen-off-bus-570.txt").read_text().splitlines(True)
+    hostile = (FIXTURES / "kmsg-hostile.txt").read_text()
+    with open(log, "a") as fh:
+        fh.write(hostile + "".join(lines[:2]))
+    assert f.poll(0) == []  # the head of the report alone, and nothing from the audit records
+    with open(log, "a") as fh:
+        fh.write("".join(lines[2:]))
+    [ev] = f.poll(0)
+    assert (ev.vendor, ev.code, ev.device) == ("nvidia", "79", "0000:c4:00")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from hpresilience.health.base import Status, SuggestedAction
+from hpresilience.errors import ConfigError
+from hpresilience.health.base import HostPaths, Status, SuggestedAction
 from hpresilience.health.fault import FakeNode
 from hpresilience.health.nvml import NvmlUnavailable, PynvmlReader, parse_nvidia_smi_xml
-from tests.health.conftest import FIXTURES, run_node
+from hpresilience.health.settings import HealthSettings
+from tests.health.conftest import FIXTURES, node_settings, run_node
 
 XML = (FIXTURES / "nvidia-smi-q-x-h100.xml").read_text()
 
@@ -224,3 +228,219 @@ def test_fewer_gpus_in_nvml_than_on_pci_is_reported(p5: FakeNode) -> None:
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
     whats = [f["what"] for f in r.evidence["findings"]]
     assert "8 NVIDIA GPUs on PCI, NVML sees 7" in whats and r.action == SuggestedAction.REBOOT
+
+
+# -- issue 13: what real recordings showed ----------------------------------------------------------------
+B200 = (FIXTURES / "nvidia-smi-q-x-b200-v13.xml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [("None", 0), ("Reset", 1), ("Reboot", 2), ("Drain P2P", 3), ("Drain and Reset", 4), ("Recalibrate", -1)],
+)
+def test_nvidia_smi_recovery_action_words_are_read(word: str, value: int) -> None:
+    """nvidia-smi prints `Reset`/`Reboot` (seen on a real node stuck needing a reset); NVML's long names too."""
+    xml = B200.replace("<gpu_recovery_action>None", f"<gpu_recovery_action>{word}", 1)
+    g = parse_nvidia_smi_xml(xml).gpus[0]
+    assert g.recovery_action == value and g.recovery_action_text == word
+
+
+def _smi_settings(node: FakeNode, fake_tool: Callable[[str, str], str], xml: str) -> HealthSettings:
+    path = node.root / "smi.xml"
+    path.write_text(xml)
+    tool = fake_tool("nvidia-smi", f'[ "$1" = "-q" ] && [ "$2" = "-x" ] && exec cat {path}\nexit 9')
+    s = node_settings(node)
+    return s.model_copy(
+        update={"nvml": "nvidia-smi", "commands": s.commands.model_copy(update={"nvidia_smi": tool})}
+    )
+
+
+def test_recovery_reset_from_nvidia_smi_fails_and_an_unknown_word_is_unknown(
+    p5: FakeNode, fake_tool: Callable[[str, str], str]
+) -> None:
+    from hpresilience.health.api import run_profile
+
+    s = _smi_settings(p5, fake_tool, B200.replace("<gpu_recovery_action>None", "<gpu_recovery_action>Reset", 1))
+    r = run_profile(s, only=["gpu.recovery"])[1][0]
+    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT) and "gpu_reset" in r.reason
+    s = _smi_settings(p5, fake_tool, B200.replace("<gpu_recovery_action>None", "<gpu_recovery_action>Zap", 1))
+    r = run_profile(s, only=["gpu.recovery"])[1][0]
+    assert (r.status, r.action) == (Status.UNKNOWN, SuggestedAction.NONE) and "'Zap'" in r.reason
+
+
+def test_schema_v13_memory_repair_flags_are_read_and_judged(
+    p5: FakeNode, fake_tool: Callable[[str, str], str]
+) -> None:
+    from hpresilience.health.api import run_profile
+
+    healthy = parse_nvidia_smi_xml(B200).gpus[0]
+    assert (healthy.channel_repair_pending, healthy.tpc_repair_pending, healthy.unrepairable_memory) == (
+        False,
+        False,
+        False,
+    )
+    cases = [
+        ("channel_repair_pending", SuggestedAction.REBOOT, "gpu.channel_repair_pending:0000:1b:00"),
+        ("tpc_repair_pending", SuggestedAction.REBOOT, "gpu.tpc_repair_pending:0000:1b:00"),
+        ("unrepairable_memory", SuggestedAction.REPLACE, "gpu.unrepairable_memory:0000:1b:00"),
+    ]
+    for tag, action, key in cases:
+        xml = B200.replace(f"<{tag}>No", f"<{tag}>Yes", 1)
+        r = run_profile(_smi_settings(p5, fake_tool, xml), only=["gpu.memory"])[1][0]
+        assert (r.status, r.action, r.key, r.certain) == (Status.FAIL, action, key, True), tag
+    xml = B200.replace("<tpc_repair_pending>No", "<tpc_repair_pending>Yes", 1)
+    s = _smi_settings(p5, fake_tool, xml)
+    s = s.model_copy(update={"checks": {**s.checks, "gpu.memory": {"repair_pending_action": "warn"}}})
+    r = run_profile(s, only=["gpu.memory"])[1][0]
+    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+
+
+def test_pcie_expectation_is_a_profile_setting(p5: FakeNode) -> None:
+    for i in range(8):
+        p5.set_gpu(i, pcie_width_current=8)
+    assert run_node(p5, ["gpu.pcie"])[0]["gpu.pcie"].status == Status.WARN
+    r = run_node(p5, ["gpu.pcie"], **{"gpu.pcie": {"expected_width": 8}})[0]["gpu.pcie"]
+    assert r.status == Status.OK and "expected x8" in r.reason
+    p5.set_gpu(3, pcie_width_current=4)
+    r = run_node(p5, ["gpu.pcie"], **{"gpu.pcie": {"expected_width": 8}})[0]["gpu.pcie"]
+    assert r.status == Status.WARN and "x4, profile expects x8" in r.reason
+
+
+def test_g5_and_g4dn_instances_pick_their_family_profile_expecting_x8(tmp_path: Path) -> None:
+    from hpresilience.health.profiles import load_profile
+
+    for itype, family in (("g5.12xlarge", "g5"), ("g4dn.xlarge", "g4dn"), ("m7i.large", "generic")):
+        dmi = tmp_path / itype / "sys/devices/virtual/dmi/id/product_name"
+        dmi.parent.mkdir(parents=True)
+        dmi.write_text(itype + "\n")
+        prof = load_profile(HealthSettings(profile_dirs=[]), paths=HostPaths(tmp_path / itype / "sys"))
+        assert prof.name == family
+        if family != "generic":
+            assert prof.options["gpu.pcie"].expected_width == 8  # type: ignore[attr-defined]
+
+
+def test_gpu_missing_shortly_after_boot_only_warns_until_the_grace_period_passes(p5: FakeNode) -> None:
+    """HyperPod agent PR #425: after a driver upgrade NVML saw 0 GPUs and healthy nodes were rebooted."""
+    p5.inject("gpu_missing")
+    (p5.proc / "uptime").write_text("45.20 80.11\n")
+    r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
+    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "booted 45 s ago" in r.reason
+    p5.write_nvml({"unavailable": "NVML init failed: Driver/library version mismatch"})
+    r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
+    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+    (p5.proc / "uptime").write_text("4000.00 8000.00\n")
+    r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
+    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT)
+
+
+def test_gpu_missing_right_after_a_driver_change_only_warns(p5: FakeNode) -> None:
+    (p5.proc / "uptime").write_text("90000.0 1.0\n")
+    version = p5.sys / "module/nvidia/version"
+    version.parent.mkdir(parents=True)
+    version.write_text("550.127.05\n")
+    assert run_node(p5, ["gpu.count"])[0]["gpu.count"].status == Status.OK  # first version seen: no change
+    p5.inject("gpu_missing")
+    assert run_node(p5, ["gpu.count"])[0]["gpu.count"].action == SuggestedAction.REBOOT
+    version.write_text("570.158.01\n")
+    r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
+    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "driver changed" in r.reason
+    r = run_node(p5, ["gpu.count"], **{"gpu.count": {"grace_s": 0}})[0]["gpu.count"]
+    assert r.action == SuggestedAction.REBOOT
+
+
+def test_lost_gpu_is_still_acted_on_inside_the_grace_period(p5: FakeNode) -> None:
+    (p5.proc / "uptime").write_text("30.0 1.0\n")
+    p5.inject("gpu_lost:1")
+    r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
+    assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REBOOT, True)
+
+
+class _NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+def _fake_pynvml(lost_on: str) -> types.ModuleType:
+    """NVML as pynvml exposes it, for 2 GPUs; GPU 1 answers GPU_IS_LOST (15) to the call `lost_on`."""
+    nv = types.ModuleType("pynvml")
+    nv.NVMLError = _NVMLError  # type: ignore[attr-defined]
+    for i, name in enumerate(
+        [
+            "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+            "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+            "NVML_VOLATILE_ECC",
+            "NVML_AGGREGATE_ECC",
+            "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+            "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
+        ]
+    ):
+        setattr(nv, name, i)
+    nv.NVML_ERROR_GPU_IS_LOST = 15  # type: ignore[attr-defined]
+    nv.NVML_ERROR_UNKNOWN = 999  # type: ignore[attr-defined]
+
+    def answer(name: str, value: object) -> Callable[..., object]:
+        def call(*args: object) -> object:
+            if args and args[0] == 1 and name == lost_on:
+                raise _NVMLError(15)
+            return value
+
+        return call
+
+    values = {
+        "nvmlInit": None,
+        "nvmlShutdown": None,
+        "nvmlSystemGetDriverVersion": "570.158.01",
+        "nvmlDeviceGetCount": 2,
+        "nvmlDeviceGetName": "NVIDIA H100 80GB HBM3",
+        "nvmlDeviceGetUUID": "GPU-00000000-0000-0000-0000-000000000001",
+        "nvmlDeviceGetPciInfo": types.SimpleNamespace(busId="00000000:53:00.0"),
+        "nvmlDeviceGetTotalEccErrors": 0,
+        "nvmlDeviceGetRemappedRows": (0, 0, 0, 0),
+        "nvmlDeviceGetRetiredPages": [],
+        "nvmlDeviceGetRetiredPagesPendingStatus": 0,
+        "nvmlDeviceGetCurrPcieLinkGeneration": 5,
+        "nvmlDeviceGetMaxPcieLinkGeneration": 5,
+        "nvmlDeviceGetCurrPcieLinkWidth": 16,
+        "nvmlDeviceGetMaxPcieLinkWidth": 16,
+        "nvmlDeviceGetCurrentClocksThrottleReasons": 1,
+        "nvmlDeviceGetFieldValues": None,
+        "nvmlDeviceGetRepairStatus": types.SimpleNamespace(bChannelRepairPending=0, bTpcRepairPending=1),
+        "nvmlDeviceGetUnrepairableMemoryFlag_v1": types.SimpleNamespace(bUnrepairableMemory=0),
+    }
+    for name, value in values.items():
+        setattr(nv, name, answer(name, value))
+    nv.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    return nv
+
+
+@pytest.mark.parametrize("lost_on", ["nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"])
+def test_gpu_lost_in_the_middle_of_the_query_is_lost_not_healthy(
+    monkeypatch: pytest.MonkeyPatch, lost_on: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(lost_on))
+    snap = PynvmlReader().snapshot()
+    assert [g.lost for g in snap.gpus] == [False, True]
+    assert "15" in snap.gpus[1].error and snap.gpus[0].pcie_width_max == 16
+
+
+def test_typo_in_health_nvml_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    from hpresilience.config import load_config
+
+    for bad in ("nvidia_smi", "pynvm", "nvml.json"):
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"health:\n  nvml: {bad}\n")
+        with pytest.raises(ConfigError, match=r"health\.nvml"):
+            load_config(cfg)
+    cfg.write_text(f"health:\n  nvml: {tmp_path}/rec.json\n")
+    assert load_config(cfg).health.nvml.endswith("rec.json")
+
+
+def test_nvml_repair_status_and_unrepairable_flag_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(lost_on="none"))
+    g = PynvmlReader().snapshot().gpus[0]
+    assert (g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) == (False, True, False)
+    nv = _fake_pynvml(lost_on="none")
+    del nv.nvmlDeviceGetRepairStatus  # an older NVML without the call: unknown, not "no repair pending"
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    assert PynvmlReader().snapshot().gpus[0].tpc_repair_pending is None

@@ -23,12 +23,14 @@ LAYOUTS = {
         "hw_error": "neuron_core1/stats/status/hw_error/total",
         "reset": "neuron_core0/stats/other_info/reset_fail_count/total",
         "repairable": "stats/hardware/mem_ecc_repairable_uncorrected",
+        "core": "neuron_core1/stats/status/{}/total",
     },
     "sysfs-neuron-relocated": {
         "ecc": "hardware/ecc/mem_ecc_uncorrected",
         "hw_error": "cores/neuron_core1/status/hw_error/total",
         "reset": "cores/neuron_core0/reset/reset_fail_count",
         "repairable": "hardware/ecc/mem_ecc_repairable_uncorrected",
+        "core": "cores/neuron_core1/status/{}/total",
     },
 }
 
@@ -54,15 +56,20 @@ def test_counters_are_found_by_name_in_both_layouts(
     found = find_counters(dev(ctx, 0))
     names = sorted({Path(k).name if Path(k).name != "total" else Path(k).parent.name for k in found})
     assert names == [
+        "hw_collectives_error",
+        "hw_dma_abort_error",
         "hw_error",
+        "hw_hbm_ue_error",
+        "hw_nc_ue_error",
+        "hw_repairable_hbm_ue_error",
         "mem_ecc_repairable_uncorrected",
         "mem_ecc_uncorrected",
         "reset_fail_count",
         "sram_ecc_uncorrected",
     ]
-    assert len(found) == 7 and set(found.values()) == {0}  # 3 device counters + 2 per core x 2 cores
+    assert len(found) == 17 and set(found.values()) == {0}  # 3 device counters + 7 per core x 2 cores
     r = counters(ctx)
-    assert r.status == Status.OK and r.evidence["counters"] == 14
+    assert r.status == Status.OK and r.evidence["counters"] == 34
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -142,7 +149,7 @@ def test_garbage_counter_value_is_skipped(
     ctx = ctx_factory()
     (dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["ecc"]).write_text("garbage\n")
     r = counters(ctx)
-    assert r.status == Status.OK and r.evidence["counters"] == 13
+    assert r.status == Status.OK and r.evidence["counters"] == 33
 
 
 def test_device_count_against_the_profile(
@@ -156,3 +163,54 @@ def test_device_count_against_the_profile(
     r = run_one(NeuronCount(NeuronCountOptions(expected=16), ctx))
     assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REBOOT, False)
     assert "2 Neuron device(s), profile expects 16" in r.reason
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(
+    ("counter", "action"),
+    [
+        ("hw_hbm_ue_error", SuggestedAction.REPLACE),
+        ("hw_nc_ue_error", SuggestedAction.REPLACE),
+        ("hw_dma_abort_error", SuggestedAction.REBOOT),
+        ("hw_collectives_error", SuggestedAction.REBOOT),
+        ("hw_repairable_hbm_ue_error", SuggestedAction.REBOOT),
+    ],
+)
+def test_per_core_hardware_counter_increase_leads_to_its_action(
+    layout: str,
+    counter: str,
+    action: SuggestedAction,
+    tree: Callable[..., Path],
+    ctx_factory: Callable[..., CheckContext],
+) -> None:
+    """The driver's per-NeuronCore status counters, one per execution that hit that hardware error."""
+    tree(layout)
+    ctx = ctx_factory()
+    assert counters(ctx).status == Status.OK
+    bump(dev(ctx, 1) / LAYOUTS[layout]["core"].format(counter))
+    r = counters(ctx)
+    assert (r.status, r.action, r.key, r.certain) == (Status.FAIL, action, f"neuron.{counter}:neuron1", True)
+    assert r.evidence["findings"][0]["core"] == "neuron_core1"
+
+
+def test_per_core_counter_action_is_a_profile_setting(tmp_path: Path) -> None:
+    from hpresilience.health.fault import FakeNode
+    from tests.health.conftest import run_node
+
+    node = FakeNode.make(tmp_path / "trn1", "trn1.32xlarge", efa=1)
+    node.inject("neuron_core_error:hw_collectives_error:3:1")
+    r = run_node(node, ["neuron.counters"])[0]["neuron.counters"]
+    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT) and "neuron_core1" in r.reason
+    opts = {"neuron.counters": {"actions": {"hw_collectives_error": "warn"}}}
+    r = run_node(node, ["neuron.counters"], **opts)[0]["neuron.counters"]
+    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+
+
+def test_unknown_counter_in_actions_is_a_config_error(tmp_path: Path) -> None:
+    from hpresilience.errors import ConfigError
+    from hpresilience.health.fault import FakeNode
+    from tests.health.conftest import run_node
+
+    node = FakeNode.make(tmp_path / "trn1", "trn1.32xlarge", efa=1)
+    with pytest.raises(ConfigError, match=r"checks\.neuron\.counters\.actions.*hw_typo_error"):
+        run_node(node, ["neuron.counters"], **{"neuron.counters": {"actions": {"hw_typo_error": "warn"}}})

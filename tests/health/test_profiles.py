@@ -18,7 +18,16 @@ from hpresilience.health.profiles import (
 from hpresilience.health.settings import HealthSettings
 
 REPO = Path(__file__).parent.parent.parent
-SHIPPED = ["generic", "p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge", "trn2.48xlarge"]
+SHIPPED = [
+    "g4dn",
+    "g5",
+    "generic",
+    "hgx-h100-ndr",
+    "p4d.24xlarge",
+    "p5.48xlarge",
+    "trn1.32xlarge",
+    "trn2.48xlarge",
+]
 
 
 def settings(tmp_path: Path, **kw: object) -> HealthSettings:
@@ -96,7 +105,7 @@ def test_bad_profiles_are_config_errors_naming_file_and_key(tmp_path: Path, text
 
 
 def test_unknown_profile_lists_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"known profiles: generic, p4d\.24xlarge"):
+    with pytest.raises(ConfigError, match=r"known profiles: g4dn, g5, generic, hgx-h100-ndr, p4d\.24xlarge"):
         load_profile(settings(tmp_path), "p9.huge")
 
 

@@ -12,7 +12,7 @@ from hpresilience.errors import ConfigError
 from hpresilience.health.base import Status, SuggestedAction
 from hpresilience.health.escalation import EscalationStore
 from hpresilience.health.fault import FakeNode
-from hpresilience.health.xid import CATALOG_PATH, FaultEvent, load_catalog, parse_line
+from hpresilience.health.xid import CATALOG_PATH, FaultEvent, load_catalog, parse_line, parse_lines
 from tests.health.conftest import FIXTURES, run_node
 
 RAW: dict[str, Any] = yaml.safe_load(CATALOG_PATH.read_text())
@@ -185,3 +185,115 @@ def test_corrupt_escalation_file_is_treated_as_empty(tmp_path: Path) -> None:
     p = tmp_path / "e.json"
     p.write_text("{not json")
     assert EscalationStore(p).escalate("k", "b1") == (SuggestedAction.REBOOT, 1)
+
+
+# -- issue 13: what real recordings showed ----------------------------------------------------------------
+@pytest.mark.parametrize("fixture", ["dmesg-fallen-off-bus-570.txt", "kmsg-fallen-off-bus-570.txt"])
+def test_fallen_off_bus_split_over_three_records_without_an_xid_is_xid79(p5: FakeNode, fixture: str) -> None:
+    """Driver 570 prints 'The NVIDIA GPU <pci>' / '... installed in this system has' / 'fallen off the bus'."""
+    p5.kmsg.write_text((FIXTURES / fixture).read_text())
+    r = run_node(p5, ["xid"])[0]["xid"]
+    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REBOOT, "nvidia:79:0000:c4:00")
+
+
+def test_fallen_off_bus_in_one_kmsg_record_with_escaped_newlines_is_xid79() -> None:
+    line = (
+        "3,7,8,-;NVRM: The NVIDIA GPU 0000:c4:00.0\\x0aNVRM: (PCI ID: 10de:2330) installed in this system "
+        "has\\x0aNVRM: fallen off the bus and is not responding to commands."
+    )
+    ev = parse_line(line)
+    assert ev is not None and (ev.code, ev.device) == ("79", "0000:c4:00")
+
+
+def test_off_bus_tail_without_its_head_is_not_a_fault() -> None:
+    assert parse_lines(["[ 1.0] NVRM: fallen off the bus and is not responding to commands."]) == []
+
+
+def test_nvlink5_nonfatal_xids_warn_and_a_fatal_one_follows_the_catalogue(p5: FakeNode) -> None:
+    p5.kmsg.write_text((FIXTURES / "kmsg-nvlink5-sxid.txt").read_text().splitlines()[0] + "\n")
+    r = run_node(p5, ["xid"])[0]["xid"]
+    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "144 nonfatal" in r.reason
+    p5.kmsg.write_text("".join((FIXTURES / "kmsg-nvlink5-sxid.txt").read_text().splitlines(True)[:3]))
+    r = run_node(p5, ["xid"])[0]["xid"]
+    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REBOOT, "nvidia:149:000a:01:00")
+    levels = {f["key"]: f["catalog_action"] for f in r.evidence["findings"]}
+    assert levels["nvidia:145:0009:01:00:nonfatal"] == "warn"
+
+
+def test_sxid_lines_parse_with_their_severity() -> None:
+    evs = parse_lines((FIXTURES / "kmsg-nvlink5-sxid.txt").read_text().splitlines())
+    sx = [(e.vendor, e.code, e.device, e.severity) for e in evs if e.vendor == "nvswitch"]
+    assert sx == [("nvswitch", "19084", "0000:c3:00", "nonfatal"), ("nvswitch", "20034", "0000:c5:00", "fatal")]
+    cat = load_catalog()
+    assert [cat.classify(e).action for e in evs if e.vendor == "nvswitch"] == ["warn", "reboot_then_replace"]
+    unlisted = parse_line("nvidia-nvswitch0: SXid (PCI:0000:c2:00.0): 12028, Fatal, Link 47 egress error")
+    assert unlisted is not None and cat.classify(unlisted).action == RAW["nvswitch_default"]["fatal"]
+
+
+def test_fatal_sxid_fails_the_xid_check_with_a_reboot(p5: FakeNode) -> None:
+    p5.kmsg.write_text((FIXTURES / "kmsg-nvlink5-sxid.txt").read_text().splitlines()[4] + "\n")
+    r = run_node(p5, ["xid"])[0]["xid"]
+    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REBOOT, "nvswitch:20034:0000:c5:00")
+    assert "SXid 20034 fatal" in r.reason
+
+
+# -- issue 14 item 12: fault patterns anchored on the driver's own prefix ---------------------------------
+ATTACK = (
+    '5,4002,6100000002,-;audit: type=1326 audit(1764031201.007:319): auid=1001 uid=1001 gid=1001 ses=4 '
+    'pid=77121 comm="x" exe="/home/u/NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR" sig=31 arch=c000003e '
+    "syscall=39 compat=0 ip=0x401000 code=0x0"
+)
+
+
+def test_audit_record_quoting_a_neuron_code_is_not_a_fault() -> None:
+    """The exact attack: an unprivileged user's exe path made the agent mark a Trainium node Replace."""
+    assert parse_line(ATTACK) is None
+    assert parse_line(ATTACK.split(";", 1)[1]) is None  # the same record as dmesg prints it
+
+
+def test_hostile_kernel_log_leaves_a_trainium_node_healthy(tmp_path: Path) -> None:
+    node = FakeNode.make(tmp_path / "trn1", "trn1.32xlarge", efa=1)
+    node.kmsg.write_text((FIXTURES / "kmsg-hostile.txt").read_text())
+    r = run_node(node, ["xid"])[0]["xid"]
+    assert (r.status, r.action) == (Status.OK, SuggestedAction.NONE), r.reason
+    node.inject("neuron_hw_err:SRAM_UNCORRECTABLE_ERROR:2")  # the driver's own line still counts
+    r = run_node(node, ["xid"])[0]["xid"]
+    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REPLACE, "neuron:SRAM_UNCORRECTABLE_ERROR:nd2")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # A user process's record written to /dev/kmsg has a user facility (prio >= 8).
+        "12,4004,6100000004,-;NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, off the bus.",
+        # `logger` into a syslog file: a program tag that is not the kernel's.
+        "Nov 25 02:00:00 node7 user: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, GPU has fallen off",
+        "Nov 25 02:00:00 node7 myapp[4242]: NEURON_HW_ERR=DMA_ERROR nd-id=0 action=TERMINATE_INSTANCE",
+        # Quoted or key=value text before the code.
+        'kernel: audit: exe="/x/NVRM: Xid (PCI:0000:53:00): 79, "',
+        "kernel: foo=NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=0",
+        # A 15-character comm in a segfault line cannot spell a whole code.
+        "6,4006,6100000006,-;NEURON_HW_ERR=S[77122]: segfault at 0 ip 0000000000401000 error 4",
+        "[ 12.5] pid 33 comm NVRM: Xid (PCI:0000:53:00): 79, x",
+    ],
+)
+def test_fault_text_not_at_the_drivers_prefix_is_ignored(line: str) -> None:
+    assert parse_line(line) is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "4,1,2,-;NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "[ 34.193759] NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off",
+        "[Wed Nov 25 02:00:00 2026] NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, GPU has fallen off",
+        "2026-11-25T02:00:00,123456+00:00 NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, off the bus",
+        "kern  :err   : 2026-11-25T02:00:00,123456+00:00 NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x",
+        "Nov 25 02:00:00 node7 kernel: [   34.19] NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, off",
+        "kernel: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+        "10.0.0.7: kern: warning: [2026-11-25T02:00:00.1Z]: NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=x",
+    ],
+)
+def test_every_log_prefix_shape_still_reads_the_fault(line: str) -> None:
+    ev = parse_line(line)
+    assert ev is not None and (ev.vendor, ev.code, ev.device) == ("nvidia", "79", "0000:53:00")

@@ -61,6 +61,15 @@ def nvidia_pci_devices(paths: HostPaths) -> list[str]:
     return out
 
 
+def nvswitch_pci_devices(paths: HostPaths) -> list[str]:
+    """PCI addresses of NVIDIA NVSwitches (vendor 0x10de, class 0x0680: bridge, other)."""
+    return [
+        dev.name
+        for dev in paths.glob(paths.sys("bus", "pci", "devices"), "*")
+        if read_text(dev / "vendor") == "0x10de" and (read_text(dev / "class") or "").startswith("0x0680")
+    ]
+
+
 def neuron_devices(paths: HostPaths) -> list[Path]:
     found = paths.glob(paths.sys("devices", "virtual", "neuron_device"), "neuron[0-9]*")
     return sorted(found, key=lambda p: int("".join(ch for ch in p.name if ch.isdigit()) or 0))

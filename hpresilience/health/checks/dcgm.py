@@ -168,4 +168,17 @@ class DcgmDiag(Check):
             )
         if not tests:
             return self.result(Status.UNKNOWN, f"dcgmi diag reported no tests: {res.describe()}", evidence=ev)
-        return self.ok(f"DCGM diag r{self.options.level}: {len(tests)} result(s) passed", evidence=ev)
+        passed = [t for t in tests if t["status"] == "pass"]
+        if not passed:
+            # Every test Skip (wrong GPU model, MIG on, a plugin missing): nothing was tested, which is
+            # not a pass.
+            states = sorted({t["status"] or "(none)" for t in tests})
+            return self.result(
+                Status.UNKNOWN,
+                f"DCGM diag r{self.options.level}: none of {len(tests)} result(s) passed "
+                f"({', '.join(states)}): nothing was tested",
+                evidence=ev,
+            )
+        skipped = len(tests) - len(passed)
+        note = f", {skipped} skipped" if skipped else ""
+        return self.ok(f"DCGM diag r{self.options.level}: {len(passed)} result(s) passed{note}", evidence=ev)

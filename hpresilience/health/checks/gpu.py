@@ -1,11 +1,26 @@
-"""NVIDIA GPU checks over one NVML snapshot per run (pynvml, nvidia-smi XML, or a recording)."""
+"""NVIDIA GPU checks over one NVML snapshot per run (pynvml, nvidia-smi XML, or a recording).
+
+The memory check (ECC, remapping, repair flags) lives in gpu_memory.py.
+"""
 
 from __future__ import annotations
 
+import re
+import time
+
 from pydantic import Field
 
-from hpresilience.health.base import Check, CheckOptions, CheckResult, Status, SuggestedAction, register
-from hpresilience.health.checks.common import Finding, ladder, nvidia_pci_devices, worst
+from hpresilience.health.base import (
+    Check,
+    CheckOptions,
+    CheckResult,
+    HostPaths,
+    Status,
+    SuggestedAction,
+    read_text,
+    register,
+)
+from hpresilience.health.checks.common import Finding, ladder, load_json, nvidia_pci_devices, save_json, worst
 from hpresilience.health.nvml import CLOCK_REASONS, GpuInfo, GpuSnapshot, NvmlUnavailable, open_reader
 from hpresilience.health.xid import normalize_pci
 
@@ -58,6 +73,9 @@ class GpuCheck(Check):
 
 class GpuCountOptions(CheckOptions):
     expected: int | None = Field(default=None, ge=0)
+    # Shortly after boot or a driver change NVML may see no GPUs (or fail to init) on a healthy node
+    # (HyperPod agent PR #425): a missing GPU or an NVML failure then only warns until this has passed.
+    grace_s: float = Field(default=300.0, ge=0, le=86400)
 
 
 @register
@@ -67,19 +85,39 @@ class GpuCount(GpuCheck):
     name = "gpu.count"
     Options = GpuCountOptions
 
+    def _grace(self) -> str:
+        """Why a missing GPU must not act yet ("" when it may): just booted, or the driver just changed."""
+        assert isinstance(self.options, GpuCountOptions)
+        g = self.options.grace_s
+        up = uptime_s(self.ctx.paths)
+        if up is not None and up < g:
+            return f"booted {up:.0f} s ago, grace {g:.0f} s"
+        version = driver_version(self.ctx.paths)
+        if version is None:
+            return ""
+        path = self.ctx.state_path("gpu-driver.json")
+        state = load_json(path)
+        now = time.time()
+        if state.get("version") != version:
+            # The first version ever seen is no change; a different one restarts the grace period.
+            state = {"version": version, "since": now if state.get("version") else 0.0, "was": state.get("version")}
+            save_json(path, state)
+        since = float(state.get("since") or 0.0)
+        if now - since < g:
+            return f"driver changed from {state.get('was')} to {version} {now - since:.0f} s ago, grace {g:.0f} s"
+        return ""
+
     def run(self) -> CheckResult:
         assert isinstance(self.options, GpuCountOptions)
         pci = nvidia_pci_devices(self.ctx.paths)
+        grace = self._grace()
         try:
             snap = self.snapshot()
         except NvmlUnavailable as err:
-            return self.fail(
-                f"{len(pci)} NVIDIA GPU(s) on PCI but NVML unusable: {err}",
-                SuggestedAction.REBOOT,
-                "gpu.nvml_unavailable",
-                False,
-                pci_devices=pci,
-            )
+            what = f"{len(pci)} NVIDIA GPU(s) on PCI but NVML unusable: {err}"
+            if grace:
+                return self.warn(f"{what} ({grace})", key="gpu.nvml_unavailable", pci_devices=pci)
+            return self.fail(what, SuggestedAction.REBOOT, "gpu.nvml_unavailable", False, pci_devices=pci)
         expected = self.options.expected if self.options.expected is not None else self.ctx.expect.get("gpus")
         findings = []
         for g in snap.gpus:
@@ -127,6 +165,14 @@ class GpuCount(GpuCheck):
                     {"pci_devices": pci},
                 )
             )
+        if grace:
+            held = {"gpu.count", "gpu.count_pci"}
+            findings = [
+                Finding(f"{f.what} ({grace})", SuggestedAction.NONE, f.key, False, f.detail)
+                if f.key in held
+                else f
+                for f in findings
+            ]
         return self.summarize(
             findings,
             f"{snap.count} GPU(s) present" + (f", {expected} expected" if expected is not None else ""),
@@ -137,125 +183,30 @@ class GpuCount(GpuCheck):
         )
 
 
-class GpuMemoryOptions(CheckOptions):
-    max_volatile_uncorrected: int = Field(default=0, ge=0)
-    # None: aggregate (lifetime) uncorrected ECC is not judged; row remapping handles those on A100/H100.
-    max_aggregate_uncorrected: int | None = Field(default=None, ge=0)
-    # NVIDIA's RMA criterion: 512 remapped rows exhausted.
-    max_uncorrectable_remaps: int = Field(default=512, ge=0)
-    # Pre-Ampere page retirement table: 64 entries; at 60 the GPU is effectively out of spare pages.
-    max_retired_pages: int = Field(default=60, ge=0)
+def driver_version(paths: HostPaths) -> str | None:
+    """The loaded NVIDIA kernel module's version, without asking NVML (which may be what is broken)."""
+    v = read_text(paths.sys("module", "nvidia", "version"))
+    if v:
+        return v
+    text = read_text(paths.proc("driver", "nvidia", "version")) or ""
+    m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return m.group(1) if m else None
 
 
-@register
-class GpuMemory(GpuCheck):
-    """ECC, row remapping and page retirement."""
-
-    name = "gpu.memory"
-    Options = GpuMemoryOptions
-
-    def run(self) -> CheckResult:
-        o = self.options
-        assert isinstance(o, GpuMemoryOptions)
-        findings: list[Finding] = []
-        for g in self.gpus():
-            at = f"GPU {g.index} {g.pci_bus_id}"
-            dev = normalize_pci(g.pci_bus_id) if g.pci_bus_id else str(g.index)
-            if g.remap_failure:
-                findings.append(
-                    Finding(
-                        f"{at}: row remapping failed",
-                        SuggestedAction.REPLACE,
-                        f"gpu.remap_failure:{dev}",
-                        True,
-                        {"gpu": g.index},
-                    )
-                )
-            if (
-                g.remapped_rows_uncorrected is not None
-                and g.remapped_rows_uncorrected >= o.max_uncorrectable_remaps
-            ):
-                findings.append(
-                    Finding(
-                        f"{at}: {g.remapped_rows_uncorrected} rows remapped for uncorrectable "
-                        f"errors (limit {o.max_uncorrectable_remaps})",
-                        SuggestedAction.REPLACE,
-                        f"gpu.remaps_exhausted:{dev}",
-                        True,
-                        {"gpu": g.index, "value": g.remapped_rows_uncorrected},
-                    )
-                )
-            if g.sram_threshold_exceeded:
-                findings.append(
-                    Finding(
-                        f"{at}: SRAM uncorrectable error threshold exceeded",
-                        SuggestedAction.REPLACE,
-                        f"gpu.sram_threshold:{dev}",
-                        True,
-                        {"gpu": g.index},
-                    )
-                )
-            if (
-                g.ecc_aggregate_uncorrected is not None
-                and o.max_aggregate_uncorrected is not None
-                and g.ecc_aggregate_uncorrected > o.max_aggregate_uncorrected
-            ):
-                findings.append(
-                    Finding(
-                        f"{at}: {g.ecc_aggregate_uncorrected} lifetime uncorrected ECC errors (limit "
-                        f"{o.max_aggregate_uncorrected})",
-                        SuggestedAction.REPLACE,
-                        f"gpu.ecc_aggregate:{dev}",
-                        True,
-                        {"gpu": g.index, "value": g.ecc_aggregate_uncorrected},
-                    )
-                )
-            retired = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
-            if retired >= o.max_retired_pages and g.retired_pages_sbe is not None:
-                findings.append(
-                    Finding(
-                        f"{at}: {retired} retired pages (limit {o.max_retired_pages})",
-                        SuggestedAction.REPLACE,
-                        f"gpu.retired_pages:{dev}",
-                        True,
-                        {"gpu": g.index, "value": retired},
-                    )
-                )
-            for flag, what, key in (
-                (g.remap_pending, "row remapping pending", "gpu.remap_pending"),
-                (g.retired_pages_pending, "page retirement pending", "gpu.retire_pending"),
-            ):
-                if flag:
-                    action, boots = ladder(self.ctx, f"{key}:{dev}")
-                    findings.append(
-                        Finding(
-                            f"{at}: {what} (needs a reboot)",
-                            action,
-                            f"{key}:{dev}",
-                            True,
-                            {"gpu": g.index, "boots_seen": boots},
-                        )
-                    )
-            if (
-                g.ecc_volatile_uncorrected is not None
-                and g.ecc_volatile_uncorrected > o.max_volatile_uncorrected
-            ):
-                action, boots = ladder(self.ctx, f"gpu.ecc_volatile:{dev}")
-                findings.append(
-                    Finding(
-                        f"{at}: {g.ecc_volatile_uncorrected} uncorrected ECC errors since driver load",
-                        action,
-                        f"gpu.ecc_volatile:{dev}",
-                        True,
-                        {"gpu": g.index, "value": g.ecc_volatile_uncorrected, "boots_seen": boots},
-                    )
-                )
-        return self.summarize(findings, "no ECC, row-remap or page-retirement faults")
+def uptime_s(paths: HostPaths) -> float | None:
+    text = read_text(paths.proc("uptime"))
+    try:
+        return float(text.split()[0]) if text else None
+    except ValueError:
+        return None
 
 
 class GpuPcieOptions(CheckOptions):
     # Link generation drops at idle to save power, so by default only the width is judged.
     check_generation: bool = False
+    # The width this instance type's GPUs train at when healthy. None: the GPU's own maximum. Some
+    # virtualised instances (the A10G and T4 recordings of EC2 g5/g4dn) run healthy at x8 of x16.
+    expected_width: int | None = Field(default=None, ge=1, le=32)
 
 
 @register
@@ -273,15 +224,16 @@ class GpuPcie(GpuCheck):
             links[g.index] = (
                 f"gen{g.pcie_gen_current}/{g.pcie_gen_max} x{g.pcie_width_current}/{g.pcie_width_max}"
             )
-            if (
-                g.pcie_width_current is not None
-                and g.pcie_width_max
-                and g.pcie_width_current < g.pcie_width_max
-            ):
+            want = self.options.expected_width or g.pcie_width_max
+            if g.pcie_width_current is not None and want and g.pcie_width_current < want:
                 findings.append(
                     Finding(
-                        f"GPU {g.index} {g.pci_bus_id}: PCIe link x{g.pcie_width_current}, max "
-                        f"x{g.pcie_width_max}",
+                        f"GPU {g.index} {g.pci_bus_id}: PCIe link x{g.pcie_width_current}, "
+                        + (
+                            f"profile expects x{want}"
+                            if self.options.expected_width
+                            else f"max x{g.pcie_width_max}"
+                        ),
                         SuggestedAction.NONE,
                         f"gpu.pcie_width:{g.pci_bus_id}",
                         False,
@@ -304,7 +256,8 @@ class GpuPcie(GpuCheck):
                         {"gpu": g.index},
                     )
                 )
-        return self.summarize(findings, "PCIe links at full width", links=links)
+        full = f"at the expected x{self.options.expected_width}" if self.options.expected_width else "at full width"
+        return self.summarize(findings, f"PCIe links {full}", links=links)
 
 
 class GpuClocksOptions(CheckOptions):
@@ -354,11 +307,17 @@ class GpuRecoveryAction(GpuCheck):
     def run(self) -> CheckResult:
         findings = []
         reported = 0
+        unrecognised = []
         for g in self.gpus():
             if g.recovery_action is None:
                 continue
             reported += 1
-            name = RECOVERY_ACTIONS.get(g.recovery_action, f"unknown({g.recovery_action})")
+            if g.recovery_action not in RECOVERY_ACTIONS:
+                # A value this reader does not know is "unknown", never "nothing to do".
+                text = g.recovery_action_text or str(g.recovery_action)
+                unrecognised.append(f"GPU {g.index} {g.pci_bus_id}: recovery action {text!r}")
+                continue
+            name = RECOVERY_ACTIONS[g.recovery_action]
             if g.recovery_action == 0:
                 continue
             key = f"gpu.recovery:{normalize_pci(g.pci_bus_id) if g.pci_bus_id else g.index}"
@@ -382,6 +341,13 @@ class GpuRecoveryAction(GpuCheck):
                     True,
                     {"gpu": g.index, "recovery_action": name, "boots_seen": boots},
                 )
+            )
+        if unrecognised and not any(f.action != SuggestedAction.NONE for f in findings):
+            return self.result(
+                Status.UNKNOWN,
+                "unrecognised recovery action: " + "; ".join(unrecognised)[:250],
+                unrecognised=unrecognised,
+                findings=[f.to_dict() for f in findings],
             )
         ok = "driver reports no recovery action" if reported else "driver does not report a recovery action"
         return self.summarize(findings, ok, gpus_reporting=reported)

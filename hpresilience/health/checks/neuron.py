@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hpresilience.health.base import (
     Check,
@@ -32,13 +33,24 @@ from hpresilience.health.checks.common import (
 )
 
 # Counter name -> what an increase asks for (uncorrectable ECC: TERMINATE_INSTANCE in AWS's NPD config).
+# Device level (`stats/hardware/*`, plain files) and per NeuronCore (`neuron_core<M>/stats/status/<name>/total`
+# in the driver's status table, one counter per execution that ended in that hardware error; the per-core
+# `hw_*` names mirror the kernel-log NEURON_HW_ERR codes: HBM_/NC_UNCORRECTABLE, DMA_ERROR,
+# HANG_ON_COLLECTIVES).
 COUNTERS = {
     "mem_ecc_uncorrected": "replace",
     "sram_ecc_uncorrected": "replace",
     "mem_ecc_repairable_uncorrected": "reboot",
     "hw_error": "reboot_then_replace",
     "reset_fail_count": "reboot_then_replace",
+    "hw_hbm_ue_error": "replace",
+    "hw_nc_ue_error": "replace",
+    "hw_dma_abort_error": "reboot_then_replace",
+    "hw_collectives_error": "reboot_then_replace",
+    # A repairable uncorrectable HBM error is repaired when the device resets: a reboot, not a replacement.
+    "hw_repairable_hbm_ue_error": "reboot",
 }
+CounterAction = Literal["warn", "reboot", "replace", "reboot_then_replace"]
 SKIP_DIRS = {"power", "subsystem", "device", "driver", "memory_usage", "info"}
 MAX_DEPTH = 6
 
@@ -106,6 +118,16 @@ class NeuronCountersOptions(CheckOptions):
     # True: counters are since driver load, so the first look in a boot compares against zero.
     # False: the first look in a boot is the baseline (only increases after it count).
     since_boot: bool = True
+    # Per-counter action over the built-in table, e.g. {hw_collectives_error: warn}.
+    actions: dict[str, CounterAction] = Field(default_factory=dict)
+
+    @field_validator("actions")
+    @classmethod
+    def _known_counters(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(v) - set(COUNTERS))
+        if unknown:
+            raise ValueError(f"unknown Neuron counter(s) {unknown}; known: {sorted(COUNTERS)}")
+        return v
 
 
 @register
@@ -149,20 +171,32 @@ class NeuronCounters(Check):
                 continue
             counter = Path(k).name
             key = f"neuron.{counter}:{k.split('/')[0]}"
-            action, boots = resolve_action(self.ctx, COUNTERS[counter], key)
+            how = self.options.actions.get(counter, COUNTERS[counter])
+            action, boots = resolve_action(self.ctx, how, key)
+            core = next((part for part in Path(k).parts if part.startswith("neuron_core")), "")
             findings.append(
                 Finding(
                     f"{k} rose by {delta}",
                     action,
                     key,
-                    True,
-                    {"counter": k, "value": v, "baseline": base[k], "delta": delta, "boots_seen": boots},
+                    how != "warn",
+                    {
+                        "counter": k,
+                        "core": core,
+                        "value": v,
+                        "baseline": base[k],
+                        "delta": delta,
+                        "boots_seen": boots,
+                        "configured_action": how,
+                    },
                 )
             )
         ev = {"counters": len(now), "devices": len(devs)}
         if not findings:
             return self.ok(f"{len(now)} error counters on {len(devs)} device(s) unchanged", evidence=ev)
         w = worst(findings)
+        if w.action == SuggestedAction.NONE:
+            return self.warn(w.what, key=w.key, findings=[f.to_dict() for f in findings], evidence=ev)
         return self.fail(
             w.what, w.action, w.key, w.certain, findings=[f.to_dict() for f in findings], evidence=ev
         )

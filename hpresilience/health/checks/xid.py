@@ -1,4 +1,4 @@
-"""XIDs and Neuron hardware errors in this boot's kernel log, classified by the versioned catalogue."""
+"""XIDs, NVSwitch SXids and Neuron hardware errors in this boot's kernel log, classified by the catalogue."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from hpresilience.health.checks.common import (
     Finding,
     neuron_devices,
     nvidia_pci_devices,
+    nvswitch_pci_devices,
     resolve_action,
     worst,
 )
 from hpresilience.health.events import KernelLogUnavailable, read_kernel_log
-from hpresilience.health.xid import load_catalog
+from hpresilience.health.xid import KernelLogParser, load_catalog
 
 
 class XidOptions(CheckOptions):
@@ -32,6 +33,7 @@ class XidCheck(Check):
             c.kernel_log
             or c.nvml != "auto"
             or nvidia_pci_devices(c.paths)
+            or nvswitch_pci_devices(c.paths)
             or neuron_devices(c.paths)
             or c.paths.proc("driver", "nvidia", "gpus").is_dir()
         )
@@ -46,20 +48,20 @@ class XidCheck(Check):
             lines, source = read_kernel_log(path, self.ctx.command("dmesg"))
         except KernelLogUnavailable as err:
             return self.result(Status.UNKNOWN, f"kernel log unreadable: {err}")
-        from hpresilience.health.xid import parse_line
-
+        parser = KernelLogParser(catalog.aliases, source)
         seen: dict[str, Finding] = {}
         matched: list[str] = []
-        for line in lines:
-            ev = parse_line(line, catalog.aliases, source)
-            if ev is None:
-                continue
+        for ev in (e for line in lines for e in parser.feed(line)):
             if len(matched) < self.options.max_evidence_lines:
                 matched.append(ev.message[:300])
             if ev.key in seen:
                 continue
             c = catalog.classify(ev)
-            label = f"XID {ev.code}" if ev.vendor == "nvidia" else f"NEURON_HW_ERR={ev.code}"
+            label = {"nvidia": f"XID {ev.code}", "nvswitch": f"SXid {ev.code}"}.get(
+                ev.vendor, f"NEURON_HW_ERR={ev.code}"
+            )
+            if ev.severity:
+                label += f" {ev.severity}"
             where = f" on {ev.device}" if ev.device else ""
             if c.action in ("none", "warn"):
                 seen[ev.key] = Finding(

@@ -7,12 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=$ROOT/.venv
-APT_PACKAGES="slurm-wlm stress-ng python3-venv"
+APT_PACKAGES="slurm-wlm stress-ng python3-venv prometheus"
 
 say() { printf '[dev.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 need_apt() {
-  for tool in slurmctld slurmd srun scontrol sinfo squeue stress-ng; do
+  for tool in slurmctld slurmd srun scontrol sinfo squeue stress-ng promtool; do
     command -v "$tool" >/dev/null 2>&1 || return 0
   done
   python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || return 0

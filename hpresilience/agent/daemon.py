@@ -23,13 +23,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hpresilience.agent.guard import Decision, Finding, Memory, cap_limit, decide, recently_marked_by_agents
 from hpresilience.agent.settings import AgentSettings
+from hpresilience.agent.watchdog import WatchdogPinger
 from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 from hpresilience.reasons import parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.agent.watchdog import WatchdogPinger
 from hpresilience.systemd import notify
 
 log = get_logger("hpresilience.agent")

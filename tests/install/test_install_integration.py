@@ -33,7 +33,8 @@ def test_compute_install_lays_out_every_file_from_the_wheel(compute_root: Instal
     assert (p / "venv" / "bin" / "hpresilience").exists()
     assert os.access(p / "bin" / "srun", os.X_OK) and (p / "bin" / "hpresilience").resolve().exists()
     # The package in the venv is the wheel's, not this source tree's (the files come from inside the wheel).
-    out = subprocess.run([str(p / "venv" / "bin" / "python"), "-c", "import hpresilience; print(hpresilience.__file__)"],
+    out = subprocess.run([str(p / "venv" / "bin" / "python"), "-c",
+                          "import hpresilience; print(hpresilience.__file__)"],
                          capture_output=True, text=True, check=True, cwd=compute_root.root).stdout
     assert str(p / "venv") in out
     hc = (p / "slurm" / "healthcheck.sh").read_text()

@@ -6,11 +6,13 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hpresilience.install.layout import AGENT_UNIT, CONTROLLER_UNIT, Layout, render
+from tests.install.conftest import Installed
 
 needs_systemd_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                            reason="systemd-analyze is not installed (apt-get install -y systemd)")
@@ -39,11 +41,8 @@ def test_units_are_hardened(tmp_path: Path, unit: str, limit: float) -> None:
 
 
 @needs_systemd_analyze
-def test_installed_units_verify_clean(compute_root: object, head_root: object) -> None:
+def test_installed_units_verify_clean(compute_root: Installed, head_root: Installed) -> None:
     """systemd-analyze verify on the units as installed (their ExecStart binaries exist there)."""
-    from tests.install.conftest import Installed
-
-    assert isinstance(compute_root, Installed) and isinstance(head_root, Installed)
     for unit in (compute_root.unit(AGENT_UNIT), head_root.unit(CONTROLLER_UNIT)):
         res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
         problems = [ln for ln in res.stderr.splitlines() if unit.name in ln]
@@ -61,8 +60,6 @@ def test_a_config_error_is_not_restarted(tmp_path: Path, unit: str) -> None:
 @pytest.mark.parametrize(("unit", "extra"), [(AGENT_UNIT, ["--once"]), (CONTROLLER_UNIT, ["--once"])])
 def test_exec_start_with_a_bad_config_exits_2(tmp_path: Path, unit: str, extra: list[str]) -> None:
     """The ExecStart command line with a broken config file exits 2, the code the unit does not restart."""
-    import sys
-
     layout = Layout(tmp_path / "root")
     layout.config.parent.mkdir(parents=True)
     layout.config.write_text("agent:\n  bogus: 1\n")

@@ -69,7 +69,8 @@ def test_srun_auto_resume_works_for_a_user_with_the_login_path(compute_root: Ins
     """`srun --auto-resume=1 hostname` in a batch job, PATH = login default + the install's profile.d entry."""
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/sh\n. {compute_root.root}/etc/profile.d/hpresilience.sh\n"
-                      "echo srun_is=$(command -v srun)\nsrun --auto-resume=1 hostname\necho rc=$?\n")
+                      "echo srun_is=$(command -v srun)\n"
+                      f"srun --auto-resume=1 --auto-resume-state-dir={tmp_path}/state hostname\necho rc=$?\n")
     env = cluster.env()
     env["PATH"] = LOGIN_PATH
     job = slurm.sbatch("--nodes=1", f"--output={tmp_path}/out", f"--chdir={tmp_path}", str(script), env=env)
@@ -88,8 +89,9 @@ def test_srun_auto_resume_works_for_a_user_with_the_login_path(compute_root: Ins
         text_prom = prom.read_text()
         prom.unlink()
         assert "hpr_autoresume_attempts" in text_prom
-    # The wrapper ran (not the plain srun): its decisions are in the job's output.
+    # The wrapper ran (not the plain srun): its decisions are in the job's output and its state directory.
     assert '"job_step_succeeded"' in text
+    assert (tmp_path / "state" / f"{job}.events.jsonl").exists()
 
 
 def test_agent_unit_exec_start_runs_without_exiting(compute_root: Installed, cluster: DevCluster,

@@ -58,8 +58,44 @@ class LazyGroup(click.Group):
             module_name, attr = self.lazy[cmd_name].split(":")
             module = __import__(module_name, fromlist=[attr])
             cmd: click.Command = getattr(module, attr)
-            return cmd
-        return super().get_command(ctx, cmd_name)
+        else:
+            found = super().get_command(ctx, cmd_name)
+            if found is None:
+                return None
+            cmd = found
+        if cmd_name != "srun":  # srun's arguments are srun's, passed through untouched
+            accept_global_options(cmd)
+        return cmd
+
+
+def _set_global(name: str) -> Any:
+    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        c = ctx.find_object(Ctx)
+        if c is not None and value not in (None, False):
+            setattr(c, name, value)
+    return callback
+
+
+def accept_global_options(cmd: click.Command) -> None:
+    """Let --json, -v/--verbose and --config follow the subcommand too (`hpresilience check --json`), as people
+    type them; an option the command defines itself keeps the command's meaning."""
+    if getattr(cmd, "_hpr_global_options", False):
+        return
+    taken = {o for p in cmd.params for o in getattr(p, "opts", [])}
+    extra = [
+        (["--json"], dict(is_flag=True, default=None), "json_output"),
+        (["-v", "--verbose"], dict(is_flag=True, default=None), "verbose"),
+        (["--config"], dict(type=click.Path(dir_okay=False), default=None), "config_path"),
+    ]
+    for opts, kwargs, attr in extra:
+        free = [o for o in opts if o not in taken]
+        if free:
+            cmd.params.append(click.Option(free, expose_value=False, hidden=True, callback=_set_global(attr),
+                                           **kwargs))  # type: ignore[arg-type]
+    cmd._hpr_global_options = True  # type: ignore[attr-defined]
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            accept_global_options(sub)
 
 
 LAZY_COMMANDS = {
@@ -72,6 +108,7 @@ LAZY_COMMANDS = {
     "replace": "hpresilience.controller.cli:replace",
     "status": "hpresilience.controller.cli:status",
     "srun": "hpresilience.autoresume.cli:srun",
+    "install": "hpresilience.install.cli:install",
 }
 
 

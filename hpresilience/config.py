@@ -41,8 +41,9 @@ class SlurmSettings(Section):
     # Transient refusals ("try again in a bit", slurmctld not answering) are retried with backoff.
     retries: int = Field(default=4, ge=0, le=20)
     retry_backoff_s: float = Field(default=0.5, gt=0)
-    # Optional: use pyslurm where it imports and matches the running Slurm ("auto"), never ("commands").
-    backend: Literal["commands", "auto"] = "commands"
+    # How Slurm is reached. Only "commands" (scontrol/sinfo/squeue) exists: "auto" (pyslurm) was once accepted
+    # and silently ignored, so it is now refused rather than promise what does not run.
+    backend: Literal["commands"] = "commands"
 
 
 class DevclusterSettings(Section):

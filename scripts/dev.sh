@@ -7,12 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=$ROOT/.venv
-APT_PACKAGES="slurm-wlm slurmdbd mariadb-server stress-ng python3-venv"
+APT_PACKAGES="slurm-wlm slurmdbd mariadb-server stress-ng python3-venv prometheus"
 
 say() { printf '[dev.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 need_apt() {
-  for tool in slurmctld slurmd slurmdbd srun scontrol sinfo squeue sacct stress-ng mariadbd mariadb-install-db; do
+  for tool in slurmctld slurmd slurmdbd srun scontrol sinfo squeue sacct stress-ng mariadbd mariadb-install-db promtool; do
     command -v "$tool" >/dev/null 2>&1 || return 0
   done
   python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || return 0

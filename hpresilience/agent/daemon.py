@@ -23,13 +23,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hpresilience.agent.guard import Decision, Finding, Memory, cap_limit, decide, recently_marked_by_agents
 from hpresilience.agent.settings import AgentSettings
+from hpresilience.agent.watchdog import WatchdogPinger
 from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 from hpresilience.reasons import parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.systemd import notify, watchdog_interval_s
+from hpresilience.systemd import notify
 
 log = get_logger("hpresilience.agent")
 
@@ -89,6 +90,8 @@ class Agent:
         self.registry = registry or CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
         self.memory = Memory()
+        # Wall-clock time of the last active-check run, kept in the state file: `agent --once` (Slurm's
+        # HealthCheckProgram) is a new process every time and must not stress an idle node every interval.
         self.last_active = 0.0
         self.last_ok_cycle = 0.0
         self.stop_event = threading.Event()
@@ -100,12 +103,14 @@ class Agent:
         try:
             data = json.loads(self.state_path.read_text())
             self.memory.streaks = {str(k): int(v) for k, v in data.get("streaks", {}).items()}
-        except (OSError, ValueError, AttributeError):
+            self.last_active = float(data.get("last_active_at", 0.0))
+        except (OSError, ValueError, AttributeError, TypeError):
             pass
 
     def _save_memory(self) -> None:
         try:
-            atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks}))
+            atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
+                                                           "last_active_at": self.last_active}))
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
 
@@ -126,9 +131,11 @@ class Agent:
                                     f"{', '.join(n.name for n in cluster[:8])}...)")
         outcomes = list(self.collector.passive())
         t = time.time() if now is None else now
-        if self.active_allowed(me) and time.monotonic() - self.last_active >= self.settings.active_interval_s:
+        # A clock stepped back (last run "in the future") counts as due, never as never again.
+        since = time.time() - self.last_active
+        if self.active_allowed(me) and not 0 <= since < self.settings.active_interval_s:
             outcomes += self.collector.active()
-            self.last_active = time.monotonic()
+            self.last_active = time.time()
         for o in outcomes:
             self.metrics.checks.labels(o.check, o.status).inc()
             self.metrics.duration.labels(o.check).observe(o.duration_s)
@@ -197,27 +204,30 @@ class Agent:
         log.info("agent_started", node=self.node_name, dry_run=self.settings.dry_run,
                  interval_s=self.settings.passive_interval_s)
         notify("READY=1", f"STATUS=checking node {self.node_name}")
-        watchdog = watchdog_interval_s()
+        watchdog = WatchdogPinger(self.settings.cycle_timeout_s).start()
         next_cycle = 0.0
-        while not self.stop_event.is_set():
-            now = time.monotonic()
-            if now >= next_cycle:
-                try:
-                    d = self.cycle()
-                    notify(f"STATUS=last verdict: {d.kind} ({d.why})")
-                except Exception as err:  # noqa: BLE001 - never let one bad cycle end the daemon
-                    self.metrics.cycle_errors.inc()
-                    log.error("agent_cycle_failed", node=self.node_name, error=str(err), kind=type(err).__name__)
-                next_cycle = time.monotonic() + self.settings.passive_interval_s
-            if watchdog is not None:
-                notify("WATCHDOG=1")
-            # Wait in short slices so that SIGTERM (stop_event) is honoured within a second.
-            wait = min(max(0.0, next_cycle - time.monotonic()), 1.0)
-            if watchdog is not None:
-                wait = min(wait, watchdog)
-            if self.collector.wait_event(wait):
-                log.info("fault_event_received", node=self.node_name)
-                next_cycle = 0.0
+        try:
+            while not self.stop_event.is_set():
+                now = time.monotonic()
+                if now >= next_cycle:
+                    watchdog.cycle_started()
+                    try:
+                        d = self.cycle()
+                        notify(f"STATUS=last verdict: {d.kind} ({d.why})")
+                    except Exception as err:  # noqa: BLE001 - never let one bad cycle end the daemon
+                        self.metrics.cycle_errors.inc()
+                        log.error("agent_cycle_failed", node=self.node_name, error=str(err), kind=type(err).__name__)
+                    finally:
+                        watchdog.cycle_ended()
+                    next_cycle = time.monotonic() + self.settings.passive_interval_s
+                watchdog.beat()
+                # Wait in short slices so that SIGTERM (stop_event) is honoured within a second.
+                wait = min(max(0.0, next_cycle - time.monotonic()), 1.0)
+                if self.collector.wait_event(wait):
+                    log.info("fault_event_received", node=self.node_name)
+                    next_cycle = 0.0
+        finally:
+            watchdog.stop()
         notify("STOPPING=1")
         log.info("agent_stopped", node=self.node_name)
 

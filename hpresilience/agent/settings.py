@@ -27,5 +27,8 @@ class AgentSettings(Section):
     dry_run: bool = False
     # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.
     metrics_address: str = "127.0.0.1:9761"
+    # The longest one check cycle may take (above every active check's own timeout): past it the watchdog
+    # thread stops pinging systemd and the agent is restarted.
+    cycle_timeout_s: float = Field(default=3600.0, gt=0)
     # Where the agent keeps what must survive a restart (repeat counters, last results).
     state_dir: str = "/var/lib/hpresilience/agent"

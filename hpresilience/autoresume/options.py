@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpresilience.autoresume.report import default_metrics_path
 from hpresilience.autoresume.settings import AutoResumeSettings, RunPolicySettings
 from hpresilience.autoresume.srunargs import SrunArgs
 from hpresilience.autoresume.state import default_state_dir
@@ -64,7 +65,7 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
     job_id = job_id_from(env)
     directory = Path(state_dir or settings.state_dir or default_state_dir(dict(env)))
     if metrics_path is None:
-        metrics_path = settings.metrics_file or str(directory / f"{job_id}.prom")
+        metrics_path = settings.metrics_file or default_metrics_path(settings, job_id)
     for script in (pre_train_script, post_train_script):
         if script and not os.access(script, os.X_OK):
             raise ConfigError(f"pre/post-train script {script!r} is not an executable file")

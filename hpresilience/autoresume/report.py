@@ -2,22 +2,58 @@
 
 Decisions go to stderr through structlog (the job's error file) and to `<job>.events.jsonl` beside the
 state file, so an out-of-job watcher can follow a job without reading its logs. Metrics are written to a
-`.prom` file after every decision, for node_exporter's textfile collector or the agent to serve.
+`.prom` file after every decision, in node_exporter's textfile-collector directory; the files of jobs
+that ended long ago are removed by the next wrapper, so the directory does not grow without end.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hpresilience.autoresume.settings import AutoResumeSettings
 from hpresilience.autoresume.state import StateStore
 from hpresilience.log import get_logger
 from hpresilience.metrics import write_textfile
 
 log = get_logger("hpresilience.autoresume")
 LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, float("inf"))
+TEXTFILE_PREFIX = "hpresilience_job_"
+
+
+def default_metrics_path(settings: AutoResumeSettings, job_id: int) -> str:
+    """`<metrics_dir>/hpresilience_job_<id>.prom`, old files there pruned; '' (no file) when the directory is
+    missing or not writable by the job's user: a file where no node_exporter reads helps nobody."""
+    d = Path(settings.metrics_dir)
+    if not settings.metrics_dir or not d.is_dir() or not os.access(d, os.W_OK | os.X_OK):
+        log.info("metrics_file_skipped", directory=settings.metrics_dir, job_id=job_id,
+                 why="not a directory this user can write (autoresume.metrics_dir)")
+        return ""
+    prune_textfiles(d, settings.metrics_retention_s, keep=job_id)
+    return str(d / f"{TEXTFILE_PREFIX}{job_id}.prom")
+
+
+def prune_textfiles(directory: Path, retention_s: float, keep: int, now: float | None = None) -> list[str]:
+    """Remove our `.prom` files not written for `retention_s` (jobs long over); others' files are left."""
+    t = time.time() if now is None else now
+    removed = []
+    for p in directory.glob(f"{TEXTFILE_PREFIX}*.prom"):
+        if p.name == f"{TEXTFILE_PREFIX}{keep}.prom":
+            continue
+        try:
+            if p.is_symlink() or t - p.stat().st_mtime < retention_s:
+                continue
+            p.unlink()
+            removed.append(p.name)
+        except OSError:
+            continue  # another user's file (sticky directory), or gone already
+    if removed:
+        log.info("metrics_files_pruned", directory=str(directory), files=removed)
+    return removed
 
 
 class Reporter:

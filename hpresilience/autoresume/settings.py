@@ -134,8 +134,12 @@ class AutoResumeSettings(Section):
     poll_interval_s: float = Field(default=1.0, ge=0.1)
     # MASTER_PORT is this plus an offset that changes every attempt (no TIME_WAIT or stale-store clashes).
     master_port_base: int = Field(default=29500, ge=1024, le=45000)
-    # Prometheus textfile; empty: <state dir>/<job id>.prom.
+    # Prometheus textfile; empty: <metrics_dir>/hpresilience_job_<job id>.prom when that directory is writable.
     metrics_file: str = ""
+    # node_exporter's textfile-collector directory (Debian's prometheus-node-exporter reads this one). Files of
+    # jobs older than metrics_retention_s are removed by the next wrapper that starts on the node.
+    metrics_dir: str = "/var/lib/prometheus/node-exporter"
+    metrics_retention_s: float = Field(default=86400.0, gt=0)
     # --pre-train-script / --post-train-script are killed after this long.
     script_timeout_s: float = Field(default=600.0, gt=0)
     # After asking Slurm to requeue the job, how long the wrapper waits to be replaced by the new batch run.

@@ -13,7 +13,7 @@ import click
 from hpresilience.cli import Ctx, pass_ctx
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.controller.state import StateStore
-from hpresilience.errors import ConfigError
+from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.reasons import Action, parse_reason
 from hpresilience.slurm.client import SlurmClient
 
@@ -126,6 +126,11 @@ def _ago(t: float | None) -> str:
 def status(c: Ctx, history_lines: int, state_dir: str | None) -> None:
     """Nodes under repair: their step, since when, and the last health result (from the state directory)."""
     store = StateStore(state_dir or c.config.controller.state_dir)
+    if not any((store.dir / name).exists() for name in ("controller.lock", "nodes", "history.jsonl")):
+        # "No node under repair" would be a claim about the cluster; all we know is that there is no record.
+        raise HPResilienceError(f"no controller state in {store.dir}: the controller has not run with this state "
+                                "directory (it runs on the head node: `systemctl status hpresilience-controller`; "
+                                "or pass --state-dir / set controller.state_dir)")
     records = store.load_all(quarantine=False)
     history = store.history(history_lines) if history_lines > 0 else []
     data = {"under_repair": [r.to_json() for r in records.values()], "history": history}

@@ -124,6 +124,19 @@ class Controller:
             counts[rec.step] += 1
         for step, count in counts.items():
             self.metrics.nodes.labels(step).set(count)
+        self.count_fleet(nodes)
+
+    def count_fleet(self, nodes: list[Node]) -> None:
+        """hpr_cluster_nodes{state,owner}: the fleet as dashboards show it, from the same one query."""
+        fleet: dict[tuple[str, str], int] = {}
+        for n in nodes:
+            state = next((f.lower() for f in ("DOWN", "FAIL", "DRAIN") if n.has(f)), None)
+            state = state or (n.state_text.split("+")[0] if n.states else "unknown")
+            owner = parse_reason(n.reason).owner or ("operator" if n.reason else "none")
+            fleet[(state, owner)] = fleet.get((state, owner), 0) + 1
+        self.metrics.cluster_nodes.clear()  # a state no node is in any more must not keep its last count
+        for (state, owner), count in fleet.items():
+            self.metrics.cluster_nodes.labels(state, owner).set(count)
 
     def _maybe_pick_up(self, node: Node, now: float) -> None:
         req = requested(node, self.settings)

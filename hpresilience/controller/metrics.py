@@ -7,6 +7,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.cluster_nodes = Gauge("hpr_cluster_nodes",
+                                   "Every node in Slurm by state (down, fail, drain, or the base state) and who "
+                                   "owns its reason (agent, controller, operator, none)", ["state", "owner"],
+                                   registry=registry)
         self.nodes = Gauge("hpr_controller_nodes", "Nodes known to the controller, by repair step", ["step"],
                            registry=registry)
         self.duration = Histogram("hpr_controller_repair_duration_seconds",

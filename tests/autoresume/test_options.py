@@ -20,5 +20,12 @@ def test_config_values_apply_and_command_line_wins(tmp_path: Path) -> None:
     cli = options_from(settings, args, "/usr/bin/srun", env, poll_interval_s=0.5, master_port_base=40000,
                        metrics_path="")
     assert (cli.poll_interval_s, cli.master_port_base, cli.metrics_path) == (0.5, 40000, None)
-    default = options_from(AutoResumeSettings(state_dir=str(tmp_path)), args, "/usr/bin/srun", env)
-    assert default.metrics_path == str(tmp_path / "7.prom") and default.poll_interval_s == 1.0
+    textfiles = tmp_path / "node-exporter"
+    textfiles.mkdir()
+    default = options_from(AutoResumeSettings(state_dir=str(tmp_path), metrics_dir=str(textfiles)), args,
+                           "/usr/bin/srun", env)
+    assert default.metrics_path == str(textfiles / "hpresilience_job_7.prom") and default.poll_interval_s == 1.0
+    # No node_exporter directory: no file at all, rather than one nobody reads.
+    nowhere = options_from(AutoResumeSettings(state_dir=str(tmp_path), metrics_dir=str(tmp_path / "absent")), args,
+                           "/usr/bin/srun", env)
+    assert nowhere.metrics_path is None

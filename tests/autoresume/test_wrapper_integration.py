@@ -38,7 +38,8 @@ class Run:
         script = tmp / "job.sh"
         script.write_text("#!/bin/bash\n"
                           f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={self.state} "
-                          f"--auto-resume-poll-interval=0.5 {wrapper_args} {command}\n"
+                          f"--auto-resume-poll-interval=0.5 --auto-resume-metrics-file={self.state}/$SLURM_JOB_ID.prom "
+                          f"{wrapper_args} {command}\n"
                           "echo wrapper_rc=$?\n")
         job_env = cluster.env()
         job_env.update({"PATH": f"{VENV_BIN}:{job_env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),

@@ -1,0 +1,158 @@
+"""deploy/: the Prometheus alert rules and the Grafana dashboard against the metrics the code exports.
+
+promtool (Debian's `prometheus` package) checks the rules and the real /metrics output; every metric the
+rules or the dashboard name must exist in a registry of the agent, the controller or the wrapper, so a
+renamed metric fails here instead of leaving an empty panel or an alert that never fires."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from hpresilience.agent.daemon import AgentMetrics
+from hpresilience.autoresume.report import Reporter
+from hpresilience.controller.metrics import ControllerMetrics
+from hpresilience.metrics import MetricsServer
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "deploy" / "prometheus" / "hpresilience-rules.yml"
+DASHBOARD = REPO / "deploy" / "grafana" / "hpresilience-dashboard.json"
+METRIC = re.compile(r"\bhpr_[a-z0-9_]+\b")
+SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
+            "gauge": ("",), "summary": ("_sum", "_count", "_created")}
+
+
+def promtool() -> str:
+    tool = shutil.which("promtool")
+    if tool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing (apt-get install -y prometheus); CI must check the rules")
+        pytest.skip("promtool is missing (apt-get install -y prometheus)")
+    return tool
+
+
+class FakeStore:
+    """The wrapper's Reporter only needs somewhere to append events; metrics are what is tested here."""
+
+    events_path = Path("/dev/null")
+
+    def append_event(self, record: object) -> None:
+        return None
+
+
+def registries() -> Iterator[CollectorRegistry]:
+    agent = CollectorRegistry()
+    a = AgentMetrics(agent)
+    a.checks.labels("gpu_count", "fail").inc()
+    a.duration.labels("gpu_count").observe(0.2)
+    a.decisions.labels("mark", "Replace").inc()
+    a.latency.observe(1.5)
+    a.last_cycle.set(1.7e9)
+    yield agent
+    ctl = CollectorRegistry()
+    c = ControllerMetrics(ctl)
+    c.cluster_nodes.labels("fail", "agent").set(1)
+    c.nodes.labels("acting").set(1)
+    c.duration.labels("reboot", "Reboot").observe(300)
+    c.failures.labels("reboot", "Reboot", "not_back").inc()
+    c.outcomes.labels("reboot", "Reboot", "given_up").inc()
+    c.gate.labels("pass").inc()
+    c.poll.observe(0.1)
+    yield ctl
+    r = Reporter(FakeStore(), 7, None)  # type: ignore[arg-type]
+    r.count_restart("hardware")
+    r.observe_detection(2.0)
+    r.observe_restart(8.0)
+    r.set_attempts(2)
+    yield r.registry
+
+
+def exported_names() -> set[str]:
+    names: set[str] = set()
+    for reg in registries():
+        for fam in reg.collect():
+            names |= {fam.name + s for s in SUFFIXES.get(fam.type, ("",))}
+    return names
+
+
+def named_in(texts: list[str]) -> set[str]:
+    return {m for t in texts for m in METRIC.findall(t)}
+
+
+def rule_exprs() -> list[str]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [r["expr"] for g in doc["groups"] for r in g["rules"]]
+
+
+def dashboard_exprs() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_promtool_accepts_the_rules() -> None:
+    res = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_promtool_accepts_the_served_metrics() -> None:
+    """The real /metrics bytes of each daemon's registry, as Prometheus would scrape them."""
+    tool = promtool()
+    for reg in registries():
+        srv = MetricsServer(reg, "127.0.0.1:0").start()
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=5).read()
+        finally:
+            srv.stop()
+        assert b"hpr_" in body
+        res = subprocess.run([tool, "check", "metrics"], input=body, capture_output=True, timeout=60)
+        assert res.returncode == 0, (res.stdout + res.stderr).decode()
+
+
+def test_the_rules_alert_on_what_the_issue_asks() -> None:
+    doc = yaml.safe_load(RULES.read_text())
+    alerts = {r["alert"]: r["expr"] for g in doc["groups"] for r in g["rules"]}
+    assert 'outcome="given_up"' in alerts["HpresilienceNodeGivenUp"]
+    assert "hpr_controller_repair_failures_total" in alerts["HpresilienceRepairFailureRate"]
+    assert "hpr_agent_last_cycle_timestamp_seconds" in alerts["HpresilienceAgentNotCycling"]
+    assert "hpr_autoresume_restarts_total" in alerts["HpresilienceRestartStorm"]
+
+
+@pytest.mark.parametrize("source", ["rules", "dashboard"])
+def test_every_metric_named_is_exported(source: str) -> None:
+    exprs = rule_exprs() if source == "rules" else dashboard_exprs()
+    named = named_in(exprs)
+    assert named, f"no hpr_ metric found in the {source}"
+    missing = named - exported_names()
+    assert not missing, f"the {source} name metrics the code does not export: {sorted(missing)}"
+
+
+def test_the_dashboard_covers_fleet_repairs_jobs_and_liveness() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+    assert rows == ["Fleet health", "Repairs", "Jobs (srun --auto-resume)", "Liveness"]
+    named = named_in(dashboard_exprs())
+    for metric in ("hpr_cluster_nodes", "hpr_agent_check_results_total", "hpr_controller_nodes",
+                   "hpr_controller_repair_duration_seconds_bucket", "hpr_controller_repairs_total",
+                   "hpr_autoresume_restarts_total", "hpr_autoresume_restart_latency_seconds_bucket",
+                   "hpr_agent_fault_detection_latency_seconds_bucket", "hpr_agent_last_cycle_timestamp_seconds"):
+        assert metric in named, metric
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in dash["panels"]:
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}" and p["targets"]
+
+
+def test_a_renamed_metric_is_caught() -> None:
+    """The check itself: a dashboard expression with a name nothing exports is reported."""
+    assert named_in(["rate(hpr_agent_check_result_total[5m])"]) - exported_names() == {"hpr_agent_check_result_total"}

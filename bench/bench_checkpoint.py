@@ -101,7 +101,7 @@ def main() -> int:
         # keep=1 alternates two shard files: steps 1 and 2 write fresh files, later steps recycle them.
         for step in range(1, args.repeat + 3):
             t0 = time.perf_counter()
-            dcp_save(state, storage_writer=TierStorageWriter(tier, step))
+            dcp_save(state, storage_writer=TierStorageWriter(tier, step, tier_only=True))
             writes.append(time.perf_counter() - t0)
             tier.prune(0, step, keep=1)  # recycles the previous shard file like the checkpointer does
         flat = [t.view(-1) for t in state.values()]

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -31,6 +32,7 @@ from hpresilience.torch.layout import (
     MemoryTier,
     ShardIndex,
     atomic_write,
+    read_trusted,
     shard_names,
     verify_shard,
 )
@@ -103,6 +105,7 @@ class TieredCheckpointer:
     # ------------------------------------------------------------------ saving
     def _writer(self, step: int) -> TierStorageWriter:
         w = TierStorageWriter(self.tier, step, world_size=self.world)
+        w.managed = True
         w.fault_hook = self.fault_hook
         return w
 
@@ -168,7 +171,9 @@ class TieredCheckpointer:
             return True
         try:
             fut.result()
-        except Exception:  # noqa: BLE001 - logged by the done callback; the caller decides
+        # CheckpointException derives from BaseException in torch 2.13: catch it by name, or a failed
+        # background save would surface from whichever save/load/close comes next.
+        except (Exception, CheckpointException):  # noqa: BLE001 - logged by the done callback
             return False
         return True
 
@@ -301,7 +306,7 @@ class TieredCheckpointer:
                     bad.add((r, sources[r], chosen))
                     log.warning("checkpoint_shard_skipped", step=chosen, rank=r, source=sources[r], error=e)
         newer = [s for s in inv["own"] if s > chosen]
-        if newer:
+        if newer and step is None:  # an explicit older step is a choice, not a sign of damage
             log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
         reader = TierStorageReader(
             self.tier.step_dir(chosen),
@@ -327,7 +332,7 @@ class TieredCheckpointer:
     def _metadata_bytes(self, step: int) -> tuple[bytes, bytes] | None:
         for d in [self.tier.step_dir(step), *(self.tier.peer_dir(s, step) for s in self.tier.peer_sources())]:
             if self.tier.is_committed(d):
-                return (d / METADATA).read_bytes(), (d / COMMIT).read_bytes()
+                return read_trusted(d / METADATA), read_trusted(d / COMMIT)
         return None
 
     def _materialize(
@@ -359,7 +364,7 @@ class TieredCheckpointer:
                 assert self.s3 is not None
                 self.s3.download_shard(step, self.rank, d)
             data, idx = (d / n for n in shard_names(self.rank))
-            verify_shard(data, ShardIndex.from_json(idx.read_bytes(), str(idx)))
+            verify_shard(data, ShardIndex.from_json(read_trusted(idx), str(idx)))
         except (HPResilienceError, OSError) as err:
             return str(err)
         return None

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -132,9 +133,90 @@ class ShardIndex:
         return idx
 
 
+class TierSecurityError(ConfigError):
+    """A memory-tier folder or file that another user could have made or changed."""
+
+
+def _refuse_unless_private(st: os.stat_result, what: str, path: Path) -> None:
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise TierSecurityError(
+            f"checkpoint memory tier {what} {path} belongs to uid {st.st_uid}, not to you (uid {me}): "
+            "another user may have planted it. Remove it or choose another memory_dir."
+        )
+    if st.st_mode & 0o022:
+        raise TierSecurityError(
+            f"checkpoint memory tier {what} {path} is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): anyone could plant files in it. Remove it or chmod 700."
+        )
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create `path` as 0700, or accept an existing one only if it is ours, a real folder and closed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise TierSecurityError(f"checkpoint memory tier folder {path} is not a plain folder (a link?)")
+    _refuse_unless_private(st, "folder", path)
+
+
+def open_private(path: Path, flags: int, *, reuse: bool = False) -> int:
+    """Open a tier file for writing without following links and without adopting another's file.
+
+    A new file is made with O_EXCL (mode 0600). `reuse` accepts an existing regular file of ours (a
+    recycled spare); anything else at the path is removed first.
+    """
+    base = flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    if reuse:
+        try:
+            fd = os.open(path, base)
+        except FileNotFoundError:
+            pass
+        except OSError:  # a link (ELOOP) or something else odd: replace it below
+            path.unlink(missing_ok=True)
+        else:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                return fd
+            os.close(fd)
+            path.unlink(missing_ok=True)
+    else:
+        path.unlink(missing_ok=True)
+    return os.open(path, base | os.O_CREAT | os.O_EXCL, 0o600)
+
+
+def open_trusted(path: Path) -> int:
+    """Open a tier file for reading only if it is a regular file of ours that nobody else may change."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TierSecurityError(f"checkpoint file {path} is not a regular file")
+        _refuse_unless_private(st, "file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_trusted(path: Path) -> bytes:
+    """The bytes of a file written by this user (checked on the open descriptor, so no race)."""
+    fd = open_trusted(path)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    fd = open_private(tmp, os.O_WRONLY)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
 
@@ -144,13 +226,18 @@ def verify_shard(data_path: Path, idx: ShardIndex) -> None:
     size = data_path.stat().st_size
     if size != idx.size:
         raise ChecksumError(f"{data_path}: {size} bytes, index says {idx.size}")
-    with open(data_path, "rb", buffering=0) as f:
+    with os.fdopen(open_trusted(data_path), "rb", buffering=0) as f:
         for key, loc in sorted(idx.items.items(), key=lambda kv: kv[1].offset):
             buf = bytearray(loc.length)
             f.seek(loc.offset)
             f.readinto(buf)
             if hasher(loc.algo)(buf) != loc.checksum:
                 raise ChecksumError(f"{data_path}: checksum mismatch in item {key[0]} at byte {loc.offset}")
+
+
+def expand_root(root: str) -> str:
+    """`{uid}` in a memory_dir becomes the user's uid: each user gets a root of their own."""
+    return root.replace("{uid}", str(os.geteuid()))
 
 
 def _listdir(d: Path) -> list[str]:
@@ -164,8 +251,18 @@ class MemoryTier:
     """One node's memory tier for one namespace."""
 
     def __init__(self, root: str | os.PathLike[str], namespace: str) -> None:
-        self.root = Path(root)
+        self.root = Path(expand_root(str(root)))
         self.base = self.root / namespace
+
+    def ensure(self) -> None:
+        """Make (or accept) the user's root and the namespace as folders only this user can change."""
+        try:
+            ensure_private_dir(self.root)
+            ensure_private_dir(self.base)
+        except TierSecurityError:
+            raise
+        except OSError as err:
+            raise ConfigError(f"checkpoint memory tier {self.root}: cannot use it: {err}") from None
 
     def step_dir(self, step: int) -> Path:
         return self.base / step_name(step)
@@ -248,8 +345,11 @@ class MemoryTier:
             d = self.step_dir(s)
             data, idx = (d / n for n in shard_names(rank))
             idx.unlink(missing_ok=True)
-            self._recycle(data, rank)
-            data.unlink(missing_ok=True)
+            # A save killed mid-write leaves `rank_R.bin.tmp`: often a whole shard (a recycled spare).
+            partial = d / f"{data.name}.tmp"
+            for f in (data, partial):
+                self.recycle(f, rank)
+                f.unlink(missing_ok=True)
             if not any(n.startswith("rank_") for n in _listdir(d)):
                 shutil.rmtree(d, ignore_errors=True)
         if peer_src is not None:
@@ -263,7 +363,7 @@ class MemoryTier:
             log.info("checkpoint_steps_pruned", rank=rank, steps=gone, kept=kept)
         return gone
 
-    def _recycle(self, data: Path, rank: int) -> None:
+    def recycle(self, data: Path, rank: int) -> None:
         spare = self.spare(rank)
         if data.is_file() and not spare.exists():
             spare.parent.mkdir(parents=True, exist_ok=True)
@@ -281,8 +381,8 @@ class MemoryTier:
 
     def check_capacity(self, shard_bytes: int, keep: int, local_ranks: int, replicas: int) -> None:
         """Fail with a clear message when the tier cannot hold what the settings imply."""
+        self.ensure()
         try:
-            self.base.mkdir(parents=True, exist_ok=True)
             st = os.statvfs(self.base)
         except OSError as err:
             raise ConfigError(f"checkpoint memory tier {self.root}: cannot use it: {err}") from None

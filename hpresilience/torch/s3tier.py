@@ -18,7 +18,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from hpresilience.errors import ExternalError
-from hpresilience.torch.layout import COMMIT, METADATA, parse_step, shard_names, step_name
+from hpresilience.torch.layout import COMMIT, METADATA, parse_step, read_trusted, shard_names, step_name
 from hpresilience.torch.settings import CheckpointConfig
 
 _MARKERS = "_committed"
@@ -78,7 +78,7 @@ class S3Tier:
             self.client.put_object,
             Bucket=self.bucket,
             Key=self.marker(step),
-            Body=(step_dir / COMMIT).read_bytes(),
+            Body=read_trusted(step_dir / COMMIT),
         )
 
     def committed_steps(self) -> list[int]:

@@ -28,7 +28,9 @@ class CheckpointConfig(Section):
     # Job identity: checkpoints of different jobs never mix. Include the Slurm job id (or the run name).
     namespace: str
     # Node-local memory tier (tmpfs). Each node holds its own ranks' shards and its peers' copies.
-    memory_dir: str = "/dev/shm/hpresilience"
+    # `{uid}` becomes the user's uid: the root must belong to the user and be closed to others (a shared
+    # root would let one user plant files another unpickles), so each user gets their own.
+    memory_dir: str = "/dev/shm/hpresilience-{uid}"
     # None: taken from torch.distributed once the process group exists.
     world_size: int | None = Field(default=None, ge=1)
     # Ranks that share one node (and one memory tier). None: LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, else 1.

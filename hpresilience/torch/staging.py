@@ -14,6 +14,7 @@ are small.
 
 from __future__ import annotations
 
+import copy
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -69,7 +70,8 @@ def _stage_tree(src: Any, dst: Any, deferred: list[Pair], inline_below: int) -> 
         return [_stage_tree(a, b, deferred, inline_below) for a, b in zip(src, dst, strict=True)]
     if isinstance(src, tuple):
         return tuple(_stage_tree(a, b, deferred, inline_below) for a, b in zip(src, dst, strict=True))
-    return src
+    # Any other leaf (a number, a dataclass, a set) is copied now: the caller may change it after we return.
+    return copy.deepcopy(src)
 
 
 class CachedStager(AsyncStager):
@@ -100,7 +102,8 @@ class CachedStager(AsyncStager):
         self.wait()
         cache = self._cache_for(state_dict)
         if not self.background:
-            staged: dict[str, Any] = _copy_state_dict(state_dict, cache)
+            # type_check=False: DCP's own save accepts any picklable leaf (a dataclass, a set), so must we.
+            staged: dict[str, Any] = _copy_state_dict(state_dict, cache, type_check=False)
             return staged
         deferred: list[Pair] = []
         with torch.no_grad():

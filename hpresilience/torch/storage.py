@@ -45,7 +45,11 @@ from hpresilience.torch.layout import (
     ShardIndex,
     atomic_write,
     hasher,
+    open_private,
+    open_trusted,
+    read_trusted,
     shard_names,
+    step_name,
 )
 
 SCHEME = "tier://"
@@ -100,10 +104,25 @@ def step_from_id(checkpoint_id: str | os.PathLike[str]) -> int:
 
 
 class TierStorageWriter(StorageWriter):
-    """Writes one step of a DCP checkpoint into the node memory tier."""
+    """Writes one step of a DCP checkpoint into the node memory tier.
 
-    def __init__(self, tier: MemoryTier, step: int, *, world_size: int = 1, algo: str = DEFAULT_ALGO) -> None:
+    On its own it gives only the memory tier: no peer copy, no S3, no retention (the tier fills up). So it
+    refuses to run unless `tier_only=True` says that is what the caller wants, or a TieredCheckpointer
+    drives it (`TieredCheckpointer.storage_writer(step)` gives one that carries all of that).
+    """
+
+    def __init__(
+        self,
+        tier: MemoryTier,
+        step: int,
+        *,
+        world_size: int = 1,
+        algo: str = DEFAULT_ALGO,
+        tier_only: bool = False,
+    ) -> None:
         super().__init__()
+        self.tier_only = tier_only
+        self.managed = False  # set by the TieredCheckpointer that owns this writer
         self.tier = tier
         self.step = step
         self.world_size = world_size
@@ -121,6 +140,13 @@ class TierStorageWriter(StorageWriter):
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if not (self.tier_only or self.managed):
+            raise ValueError(
+                "TierStorageWriter on its own writes only the memory tier: no peer copy, no S3 upload and "
+                "no retention, so /dev/shm fills up. Use TieredCheckpointer.async_save(), a writer from "
+                "TieredCheckpointer.storage_writer(step), or hpresilience.torch.hyperpod."
+                "SageMakerTieredStorageWriter; pass tier_only=True if the memory tier alone is what you want."
+            )
         self.is_coordinator = is_coordinator
         rank = kwargs.get("rank")
         if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -129,6 +155,7 @@ class TierStorageWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         self._local_items = list(plan.items)
+        self.tier.ensure()
         self.tier.step_dir(self.step).mkdir(parents=True, exist_ok=True)
         return plan
 
@@ -147,10 +174,38 @@ class TierStorageWriter(StorageWriter):
             os.replace(spare, tmp)  # reuse allocated tmpfs pages
         except FileNotFoundError:
             pass
+        try:
+            index, results = self._write_shard(tmp, rank, plan, planner, primary, extras)
+            if self.fault_hook is not None:
+                self.fault_hook(rank)
+        except BaseException:
+            # A failed write must not leave a shard-sized partial in tmpfs: give its pages back to
+            # the spare slot (or drop them), so the next save does not run out of space because of it.
+            try:
+                self.tier.recycle(tmp, rank)
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise
+        os.replace(tmp, d / data_name)
+        atomic_write(d / idx_name, index.to_json())
+        fut_out: Future[list[WriteResult]] = Future()
+        fut_out.set_result(results)
+        return fut_out
+
+    def _write_shard(
+        self,
+        tmp: Path,
+        rank: int,
+        plan: SavePlan,
+        planner: SavePlanner,
+        primary: set[MetadataIndex],
+        extras: list[WriteItem],
+    ) -> tuple[ShardIndex, list[WriteResult]]:
         index = ShardIndex(rank=rank, step=self.step, size=0)
         results: list[WriteResult] = []
         digest = hasher(self.algo)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)
+        fd = open_private(tmp, os.O_WRONLY, reuse=True)
         # Hashing runs beside the write: both release the GIL, so two cores share the work.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
             try:
@@ -179,13 +234,7 @@ class TierStorageWriter(StorageWriter):
                 index.size = offset
             finally:
                 os.close(fd)
-        if self.fault_hook is not None:
-            self.fault_hook(rank)
-        os.replace(tmp, d / data_name)
-        atomic_write(d / idx_name, index.to_json())
-        fut_out: Future[list[WriteResult]] = Future()
-        fut_out.set_result(results)
-        return fut_out
+        return index, results
 
     @staticmethod
     def _item_bytes(
@@ -257,15 +306,28 @@ class TierStorageReader(StorageReader):
         self._indexes: dict[int, tuple[Path, ShardIndex] | None] = {}
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        # DCP's contract: an id given here names the checkpoint to read (FileSystemReader honours it too).
+        if checkpoint_id:
+            text = str(checkpoint_id)
+            if text.startswith(SCHEME):
+                new_dir = self.step_dir.parent / step_name(step_from_id(text))
+            else:
+                new_dir = Path(checkpoint_id)
+            self.shard_dirs = [new_dir, *(d for d in self.shard_dirs if d != self.step_dir)]
+            self.step_dir = new_dir
         self.storage_data = {}
         self._indexes = {}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self.step_dir / METADATA
+        # Only a file this user wrote, in a folder only this user can change, is ever unpickled.
         try:
-            with open(path, "rb") as f:
-                md = pickle.load(f)
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as err:
+            raw = read_trusted(path)
+        except OSError as err:
+            raise ChecksumError(f"{path}: unreadable checkpoint metadata ({err})") from None
+        try:
+            md = pickle.loads(raw)
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
             raise ChecksumError(f"{path}: unreadable checkpoint metadata ({err})") from None
         if not isinstance(md, Metadata):
             raise ChecksumError(f"{path}: not DCP metadata")
@@ -295,13 +357,13 @@ class TierStorageReader(StorageReader):
             for d in dirs:
                 data, idx = (d / n for n in shard_names(rank))
                 if data.is_file() and idx.is_file():
-                    found = (data, ShardIndex.from_json(idx.read_bytes(), str(idx)))
+                    found = (data, ShardIndex.from_json(read_trusted(idx), str(idx)))
                     break
             if found is None and self.fetch_missing is not None:
                 d2 = self.fetch_missing(rank)
                 if d2 is not None:
                     data, idx = (d2 / n for n in shard_names(rank))
-                    found = (data, ShardIndex.from_json(idx.read_bytes(), str(idx)))
+                    found = (data, ShardIndex.from_json(read_trusted(idx), str(idx)))
             self._indexes[rank] = found
         return self._indexes[rank]
 
@@ -325,7 +387,7 @@ class TierStorageReader(StorageReader):
             for req in plan.items:
                 path, loc = self._locate(req.storage_index)
                 if path not in fds:
-                    fds[path] = os.open(path, os.O_RDONLY)
+                    fds[path] = open_trusted(path)
                 self._read_one(fds[path], path, loc, req, planner)
         finally:
             for fd in fds.values():

@@ -235,6 +235,22 @@ def verify_shard(data_path: Path, idx: ShardIndex) -> None:
                 raise ChecksumError(f"{data_path}: checksum mismatch in item {key[0]} at byte {loc.offset}")
 
 
+def _shard_ranks(d: Path) -> set[int]:
+    out = set()
+    for n in _listdir(d):
+        m = re.match(r"^rank_(\d+)\.idx$", n)
+        if m and (d / f"rank_{m.group(1)}.bin").is_file():
+            out.add(int(m.group(1)))
+    return out
+
+
+def _note_world(worlds: dict[int, int], step: int, d: Path) -> None:
+    try:
+        worlds[step] = int(json.loads(read_trusted(d / COMMIT))["world_size"])
+    except (OSError, ValueError, KeyError, TypeError, HPResilienceError):
+        pass  # an unreadable marker tells nothing; the step may still come from another rank
+
+
 def expand_root(root: str) -> str:
     """`{uid}` in a memory_dir becomes the user's uid: each user gets a root of their own."""
     return root.replace("{uid}", str(os.geteuid()))
@@ -300,15 +316,41 @@ class MemoryTier:
         return (d / COMMIT).is_file() and (d / METADATA).is_file()
 
     def inventory(self, rank: int) -> dict[str, Any]:
-        """What this node can offer for a load: own shards, held peer shards, committed steps."""
+        """What this node can offer for a load: own shards, held peer shards, committed steps, the world
+        size each committed step was saved with, and every saved rank's shard found on this node."""
         own = [s for s in self.steps() if self.has_shard(self.step_dir(s), rank)]
         committed = {s for s in self.steps() if self.is_committed(self.step_dir(s))}
+        worlds: dict[int, int] = {}
+        shards: dict[int, set[int]] = {}
+        for s in self.steps():
+            d = self.step_dir(s)
+            shards.setdefault(s, set()).update(_shard_ranks(d))
+            if s in committed:
+                _note_world(worlds, s, d)
         held: dict[int, list[int]] = {}
         for src in self.peer_sources():
             d = self.peer_dir(src)
             held[src] = [s for s in self._steps(d) if self.has_shard(d / step_name(s), src)]
-            committed |= {s for s in self._steps(d) if self.is_committed(d / step_name(s))}
-        return {"own": own, "held": held, "committed": sorted(committed)}
+            for s in held[src]:
+                shards.setdefault(s, set()).add(src)
+            for s in self._steps(d):
+                if self.is_committed(d / step_name(s)):
+                    committed.add(s)
+                    _note_world(worlds, s, d / step_name(s))
+        return {
+            "own": own,
+            "held": held,
+            "committed": sorted(committed),
+            "worlds": worlds,
+            "shards": {s: sorted(r) for s, r in shards.items() if r},
+        }
+
+    def find_shard(self, step: int, rank: int) -> Path | None:
+        """The folder on this node holding saved rank `rank`'s shard of `step` (own tier or a peer copy)."""
+        for d in (self.step_dir(step), self.peer_dir(rank, step)):
+            if self.has_shard(d, rank):
+                return d
+        return None
 
     def write_commit(self, d: Path, step: int, world_size: int, save_id: str) -> None:
         atomic_write(

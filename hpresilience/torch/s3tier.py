@@ -9,6 +9,7 @@ inside a save call.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpresilience.errors import ExternalError
+from hpresilience.errors import ExternalError, HPResilienceError
 from hpresilience.torch.layout import COMMIT, METADATA, parse_step, read_trusted, shard_names, step_name
 from hpresilience.torch.settings import CheckpointConfig
 
@@ -93,6 +94,14 @@ class S3Tier:
                 if s is not None:
                     steps.append(s)
         return sorted(steps)
+
+    def world_of(self, step: int) -> int | None:
+        """The world size recorded in a step's marker (None: unreadable, or an older marker without it)."""
+        try:
+            body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))["Body"]
+            return int(json.loads(body.read())["world_size"])
+        except (HPResilienceError, ValueError, KeyError, TypeError):
+            return None
 
     def _download(self, key: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)

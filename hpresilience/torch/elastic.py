@@ -1,0 +1,94 @@
+"""Restoring a step saved with another world size: every loading rank gathers the saved shards it needs.
+
+A job that shrank or grew (elastic training, a replaced node that came back) loads a step whose shards
+are numbered by the old ranks. DCP reshards from any set of shard files, so the only work is to bring
+each saved shard to the ranks that need it: from a node's memory tier over the checkpoint's gloo group
+(one transfer at a time, in the same order on every rank), else from S3. Fetched shards live under
+`<namespace>/.restore/` and are removed once the load is done.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpresilience.errors import HPResilienceError
+from hpresilience.torch.layout import ShardIndex, read_trusted, shard_names, step_name, verify_shard
+from hpresilience.torch.replica import recv_files, send_files
+from hpresilience.torch.restore import Source
+
+if TYPE_CHECKING:
+    from hpresilience.torch.checkpointer import TieredCheckpointer
+
+
+def restore_dir(ck: TieredCheckpointer, step: int) -> Path:
+    return ck.tier.base / ".restore" / step_name(step)
+
+
+def gather_shards(
+    ck: TieredCheckpointer, step: int, saved: int, sources: list[Source], s3_steps: set[int]
+) -> tuple[str | None, list[Path]]:
+    """Bring every saved shard of `step` within this rank's reach; (problem or None, folders to search).
+
+    Each rank needs, in general, any saved shard (resharding reads the parts its new layout covers), so
+    each one gathers all `saved` shards it does not already find on its node.
+    """
+    into = restore_dir(ck, step)
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    have = {r: ck.tier.find_shard(step, r) for r in range(saved)}
+    missing = [r for r, d in have.items() if d is None]
+    wants = ck._gather(missing)
+    problem: str | None = None
+    # The same loop on every rank: each (needer, saved rank) pair that a node serves is one transfer.
+    for needer, rs in enumerate(wants):
+        for r in rs:
+            src = sources[r]
+            if src[0] != "node" or src[1] == needer:
+                continue
+            holder = src[1]
+            files = shard_names(r)
+            if ck.rank == holder:
+                d = ck.tier.find_shard(step, r)
+                assert d is not None, f"rank {holder} reported shard {r} of step {step} and lost it"
+                send_files(ck._repl_pg, [d / n for n in files], dst=needer)
+            elif ck.rank == needer:
+                recv_files(ck._repl_pg, [into / n for n in files], src=holder)
+    dirs: list[Path] = []
+    for r in missing:
+        try:
+            if not all((into / n).is_file() for n in shard_names(r)):
+                if ck.s3 is None or step not in s3_steps:
+                    raise HPResilienceError(f"saved rank {r}'s shard of step {step} is on no node and not in S3")
+                ck.s3.download_shard(step, r, into)
+        except (HPResilienceError, OSError) as err:
+            problem = problem or str(err)
+    for r, d in have.items():
+        if d is not None and d not in dirs:
+            dirs.append(d)
+    dirs.append(into)
+    if problem is None:
+        problem = _verify_all(step, saved, dirs)
+    return problem, dirs
+
+
+def _verify_all(step: int, saved: int, dirs: list[Path]) -> str | None:
+    for r in range(saved):
+        d = next((x for x in dirs if all((x / n).is_file() for n in shard_names(r))), None)
+        if d is None:
+            return f"saved rank {r}'s shard of step {step} did not arrive"
+        data, idx = (d / n for n in shard_names(r))
+        try:
+            verify_shard(data, ShardIndex.from_json(read_trusted(idx), str(idx)))
+        except (HPResilienceError, OSError) as err:
+            return str(err)
+    return None
+
+
+def cleanup(ck: TieredCheckpointer, step: int) -> None:
+    shutil.rmtree(restore_dir(ck, step), ignore_errors=True)
+
+
+def describe(sources: list[Source]) -> dict[str, Any]:
+    return {"from_nodes": sum(1 for s in sources if s[0] == "node"), "from_s3": sum(1 for s in sources if s[0] == "s3")}

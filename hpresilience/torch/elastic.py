@@ -19,15 +19,15 @@ from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source
 
 if TYPE_CHECKING:
-    from hpresilience.torch.checkpointer import TieredCheckpointer
+    from hpresilience.torch.loading import LoadMixin
 
 
-def restore_dir(ck: TieredCheckpointer, step: int) -> Path:
+def restore_dir(ck: LoadMixin, step: int) -> Path:
     return ck.tier.base / ".restore" / step_name(step)
 
 
 def gather_shards(
-    ck: TieredCheckpointer, step: int, saved: int, sources: list[Source], s3_steps: set[int]
+    ck: LoadMixin, step: int, saved: int, sources: list[Source], s3_steps: set[int]
 ) -> tuple[str | None, list[Path]]:
     """Bring every saved shard of `step` within this rank's reach; (problem or None, folders to search).
 
@@ -64,7 +64,7 @@ def gather_shards(
                 ck.s3.download_shard(step, r, into)
         except (HPResilienceError, OSError) as err:
             problem = problem or str(err)
-    for r, d in have.items():
+    for d in have.values():
         if d is not None and d not in dirs:
             dirs.append(d)
     dirs.append(into)
@@ -86,7 +86,7 @@ def _verify_all(step: int, saved: int, dirs: list[Path]) -> str | None:
     return None
 
 
-def cleanup(ck: TieredCheckpointer, step: int) -> None:
+def cleanup(ck: LoadMixin, step: int) -> None:
     shutil.rmtree(restore_dir(ck, step), ignore_errors=True)
 
 

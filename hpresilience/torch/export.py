@@ -24,7 +24,8 @@ def load_full_state(step_dir: str | os.PathLike[str], shard_dirs: list[Path] | N
     """
     sd: dict[str, Any] = {}
     reader = TierStorageReader(Path(step_dir), shard_dirs=shard_dirs)
-    _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    planner = _EmptyStateDictLoadPlanner()  # type: ignore[no-untyped-call]
+    _load_state_dict(sd, storage_reader=reader, planner=planner, no_dist=True)
     return sd
 
 

@@ -226,9 +226,7 @@ class TierStorageWriter(StorageWriter):
                     del keep_alive
                     index.items[_key(item.index)] = loc
                     if item.index in primary:
-                        results.append(
-                            WriteResult(index=item.index, size_in_bytes=loc.length, storage_data=loc)
-                        )
+                        results.append(WriteResult(index=item.index, size_in_bytes=loc.length, storage_data=loc))
                     offset += loc.length
                 os.ftruncate(fd, offset)
                 index.size = offset
@@ -336,9 +334,7 @@ class TierStorageReader(StorageReader):
         md.storage_meta.load_id = uuid.uuid4().hex
         return md
 
-    def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
-    ) -> None:
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.storage_data = cast(dict[MetadataIndex, ItemLoc], metadata.storage_data or {})
         rank = kwargs.get("rank")
         if rank is not None:

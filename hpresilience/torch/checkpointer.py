@@ -25,6 +25,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.log import get_logger
+from hpresilience.torch.direct import DirectSave, DirectWriter
 from hpresilience.torch.layout import (
     COMMIT,
     METADATA,
@@ -107,20 +108,30 @@ class TieredCheckpointer(LoadMixin):
         )
         self._capacity_checked = True
 
-    def save(self, state_dict: dict[str, Any], step: int) -> None:
-        """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background."""
+    def _check_to_s3(self, to_s3: bool | None) -> None:
+        if to_s3 and self.s3 is None:
+            raise ConfigError("to_s3=True, but the checkpoint has no S3 tier (set s3_base)")
+
+    def save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> None:
+        """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background.
+
+        `to_s3` overrides `s3_every` for this step (True: upload it, e.g. the last save before a
+        preemption; False: don't).
+        """
+        self._check_to_s3(to_s3)
         self.wait()
         self._check_capacity_once(state_dict)
         md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
-        self._post_q.put((step, md))
+        self._post_q.put((step, md, to_s3))
 
-    def async_save(self, state_dict: dict[str, Any], step: int) -> Future[Any]:
+    def async_save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> Future[Any]:
         """Stage `state_dict` (one memcpy; in the background when `background_staging`) and write it
-        in the background.
+        in the background. `to_s3` as for save().
 
         Returns DCP's future (its result is the checkpoint metadata). At most one save is in flight:
         a second call first waits for the previous one.
         """
+        self._check_to_s3(to_s3)
         self.wait()
         self._check_capacity_once(state_dict)
         resp = dcp_async_save(
@@ -135,7 +146,7 @@ class TieredCheckpointer(LoadMixin):
             if f.exception() is not None:
                 log.error("checkpoint_save_failed", step=step, error=str(f.exception()))
             else:
-                self._post_q.put((step, f.result()))
+                self._post_q.put((step, f.result(), to_s3))
 
         fut.add_done_callback(done)
         self._inflight = fut
@@ -179,13 +190,48 @@ class TieredCheckpointer(LoadMixin):
             try:
                 if job is _STOP:
                     return
-                self._after_commit(*job)
+                if isinstance(job, DirectSave):
+                    self._settle_direct(job)
+                else:
+                    self._after_commit(*job)
             except Exception as err:  # noqa: BLE001 - a background failure must never kill training
                 log.error("checkpoint_post_commit_failed", step=job[0], error=str(err))
             finally:
                 self._post_q.task_done()
 
-    def _after_commit(self, step: int, md: Any) -> None:
+    def storage_writer(self, step: int, *, to_s3: bool | None = None) -> DirectWriter:
+        """A writer for `dcp.save`/`dcp.async_save(storage_writer=...)` that carries the whole tiered
+        behaviour: memory tier, then (in this checkpointer's background thread) commit markers on every
+        node, the peer copy, S3 where due (or as `to_s3` says) and retention. Call it on every rank."""
+        self._check_to_s3(to_s3)
+        return DirectWriter(self, step, to_s3)
+
+    def _settle_direct(self, job: DirectSave) -> None:
+        """Every rank, same order: did every rank write its shard, and did the coordinator commit?
+
+        DCP gives no rank but the coordinator a callback after its commit, so the ranks agree here, on
+        the post-commit group, and then run the same post-commit work as after async_save.
+        """
+        ok = job.written
+        if self.distributed:
+            flag = torch.tensor([1 if ok else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._repl_pg)
+            ok = bool(flag.item())
+        md = None
+        if ok and self.rank == 0:
+            # Every shard is written, so the coordinator's DCP thread goes on to finish() at once.
+            job.finished.wait(self.cfg.timeout_s)
+            md = job.metadata
+        if self.distributed:
+            box: list[Any] = [md]
+            dist.broadcast_object_list(box, src=0, group=self._repl_pg)
+            md = box[0]
+        if md is None:
+            log.error("checkpoint_save_failed", step=job.step, rank=self.rank, reason="not committed")
+            return
+        self._after_commit(job.step, md, job.to_s3)
+
+    def _after_commit(self, step: int, md: Any, to_s3: bool | None = None) -> None:
         d = self.tier.step_dir(step)
         if not self.tier.is_committed(d):
             # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
@@ -195,7 +241,9 @@ class TieredCheckpointer(LoadMixin):
         log.info("checkpoint_committed", step=step, rank=self.rank)
         if self.peer is not None and self._repl_ok:
             self._replicate(step)
-        due = self.s3 is not None and self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
+        due = self.s3 is not None and (
+            to_s3 if to_s3 is not None else self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
+        )
         with self._lock:
             if due:
                 self._pinned.add(step)

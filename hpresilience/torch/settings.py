@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -60,6 +61,23 @@ class CheckpointConfig(Section):
     inline_staging_below_mib: float = Field(default=1.0, ge=0)
     # Timeout of the checkpoint's own gloo groups (saves, replication, uploads, load agreement).
     timeout_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hyperpod_names(cls, data: Any) -> Any:
+        """Accept SageMaker HyperPod's names: s3_tier_base_path = s3_base; save_to_s3=True = every
+        committed step goes to S3 (s3_every=1) unless s3_every says otherwise."""
+        if not isinstance(data, dict) or not ({"s3_tier_base_path", "save_to_s3"} & data.keys()):
+            return data
+        data = dict(data)
+        if "s3_tier_base_path" in data:
+            alias = data.pop("s3_tier_base_path")
+            if data.get("s3_base") not in (None, alias):
+                raise ValueError("s3_base and s3_tier_base_path (its HyperPod name) disagree; give one")
+            data["s3_base"] = alias
+        if data.pop("save_to_s3", False) and not data.get("s3_every"):
+            data["s3_every"] = 1
+        return data
 
     @field_validator("namespace")
     @classmethod

@@ -53,9 +53,10 @@ class CheckpointConfig(Section):
     s3_max_concurrency: int = Field(default=4, ge=1, le=64)
     s3_part_size_mib: int = Field(default=64, ge=5, le=5120)
     # async_save copies large tensors in a background thread and returns at once; every optimizer.step()
-    # in the process waits for that copy. Leave off if something other than the optimizer changes large
-    # tensors of the saved state in place between steps (or call wait_staged() before it does).
-    background_staging: bool = False
+    # in the process waits for that copy. If anything else changes a large saved tensor in place before
+    # the copy ends (an EMA update, a hand edit), that save fails loudly (TornStateError) rather than
+    # storing a torn state: call wait_staged() first, or turn this off.
+    background_staging: bool = True
     # With background staging, tensors smaller than this are still copied inside async_save (BatchNorm
     # statistics and counters that forward updates in place).
     inline_staging_below_mib: float = Field(default=1.0, ge=0)

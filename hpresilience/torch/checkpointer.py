@@ -29,12 +29,14 @@ from hpresilience.torch.direct import DirectSave, DirectWriter
 from hpresilience.torch.layout import (
     COMMIT,
     METADATA,
+    ChecksumError,
     MemoryTier,
     atomic_write,
     shard_names,
 )
 from hpresilience.torch.loading import LoadMixin
 from hpresilience.torch.replica import exchange, peer_of, source_of
+from hpresilience.torch.restore import Source
 from hpresilience.torch.s3tier import S3Tier
 from hpresilience.torch.settings import CheckpointConfig
 from hpresilience.torch.staging import CachedStager, local_bytes
@@ -83,6 +85,7 @@ class TieredCheckpointer(LoadMixin):
         self.last_committed: int | None = None
         # Where the last load took this rank's shard from: "own", "peer" or "s3".
         self.last_source: str | None = None
+        self._last_sources: list[Source] = []
         # Tests set this to crash a rank between writing its shard and renaming it into place.
         self.fault_hook: Any = None
         self._post_q: queue.Queue[Any] = queue.Queue()
@@ -318,15 +321,27 @@ class TieredCheckpointer(LoadMixin):
         saved with another world size is resharded: each rank gathers the saved shards from the nodes
         holding them, else from S3.
         """
-        prepared = self.prepare_load(step)
-        if prepared is None:
-            return None
-        chosen, reader = prepared
-        try:
-            dcp_load(state_dict, storage_reader=reader, process_group=self._save_pg)
-        finally:
-            self.finish_load(chosen)
-        return chosen
+        bad: set[tuple[int, Source, int]] = set()
+        while True:
+            prepared = self.prepare_load(step, bad)
+            if prepared is None:
+                return None
+            chosen, reader = prepared
+            try:
+                dcp_load(state_dict, storage_reader=reader, process_group=self._save_pg)
+            except CheckpointException as err:
+                # Checksums are verified during the read; a damaged shard fails the load on every rank
+                # alike (DCP gathers the failures), and every rank then tries the next source.
+                damaged = sorted(r for r, (exc, _) in err.failures.items() if isinstance(exc, ChecksumError))
+                if not damaged or not self._last_sources:
+                    raise
+                for r in damaged:
+                    bad.add((r, self._last_sources[r], chosen))
+                    log.warning("checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0]))
+                continue
+            finally:
+                self.finish_load(chosen)
+            return chosen
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -21,7 +21,6 @@ from hpresilience.torch.layout import (
     atomic_write,
     read_trusted,
     shard_names,
-    verify_shard,
 )
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
@@ -46,6 +45,7 @@ class LoadMixin:
     distributed: bool
     last_source: str | None
     last_committed: int | None
+    _last_sources: list[Source]  # per rank, of the last same-world step prepared ([] after a reshard)
     _save_pg: Any
     _repl_pg: Any
 
@@ -55,7 +55,9 @@ class LoadMixin:
     def _gather(self, obj: Any) -> list[Any]:
         raise NotImplementedError
 
-    def prepare_load(self, step: int | None = None) -> tuple[int, TierStorageReader] | None:
+    def prepare_load(
+        self, step: int | None = None, bad: set[tuple[int, Source, int]] | None = None
+    ) -> tuple[int, TierStorageReader] | None:
         """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
         reader for it (None: nothing loadable). `load()` is this plus dcp.load."""
         self.flush()
@@ -72,7 +74,7 @@ class LoadMixin:
         s3_worlds = {k: v for k, v in invs[0]["s3_worlds"].items() if v is not None}
         committed = s3_steps.union(*(set(i["committed"]) for i in invs))
         resharded = {s for s in committed if saved_world(s, invs, s3_worlds, self.world) != self.world}
-        bad: set[tuple[int, Source, int]] = set()
+        bad = set() if bad is None else bad
         bad_steps: set[int] = set()
         while True:
             same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded)
@@ -107,9 +109,11 @@ class LoadMixin:
             log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
         if dirs:
             self.last_source = "resharded"
+            self._last_sources = []
             reader = TierStorageReader(self.tier.step_dir(chosen), rank=self.rank, verify=False, shard_dirs=dirs)
         else:
             self.last_source = sources[self.rank][0]
+            self._last_sources = sources
             # Items saved by other ranks (DCP keeps one copy of an item every rank saved) are also found
             # in the peer copies this node holds.
             held = [self.tier.peer_dir(src, chosen) for src in self.tier.peer_sources()]
@@ -117,7 +121,7 @@ class LoadMixin:
                 self.tier.step_dir(chosen),
                 rank=self.rank,
                 shard_dirs=[d for d in held if d.is_dir()],
-                verify=False,
+                verify=True,
                 fetch_missing=self._s3_fetcher(chosen) if chosen in s3_steps else None,
             )
         log.info("checkpoint_load_prepared", step=chosen, rank=self.rank, source=self.last_source)
@@ -197,8 +201,11 @@ class LoadMixin:
             if sources[self.rank][0] == "s3":
                 assert self.s3 is not None
                 self.s3.download_shard(step, self.rank, d)
+            # The checksums are checked while the load reads the bytes (one pass); here only the size.
             data, idx = (d / n for n in shard_names(self.rank))
-            verify_shard(data, ShardIndex.from_json(read_trusted(idx), str(idx)))
+            want = ShardIndex.from_json(read_trusted(idx), str(idx)).size
+            if data.stat().st_size != want:
+                return f"{data}: {data.stat().st_size} bytes, index says {want}"
         except (HPResilienceError, OSError) as err:
             return str(err)
         return None

@@ -6,14 +6,15 @@ Needs the optional extra `hpresilience[torch]`; nothing else in the package impo
     ckpt = TieredCheckpointer(cfg)
     step = ckpt.load(state) or 0
     ...
-    ckpt.async_save(state, step)          # returns after one memcpy; the rest runs in the background
+    ckpt.async_save(state, step)          # copies small tensors; the rest runs in the background
     if not check_alive(): ckpt.save(state, step); ckpt.close()
 """
 
 from hpresilience.torch.checkpointer import TieredCheckpointer
-from hpresilience.torch.layout import ChecksumError, MemoryTier
+from hpresilience.torch.layout import ChecksumError, MemoryTier, TierSecurityError
 from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
 from hpresilience.torch.settings import CheckpointConfig, PreemptionConfig
+from hpresilience.torch.staging import TornStateError
 from hpresilience.torch.storage import TierStorageReader, TierStorageWriter
 
 __all__ = [
@@ -22,9 +23,11 @@ __all__ = [
     "MemoryTier",
     "PreemptionConfig",
     "PreemptionWatcher",
+    "TierSecurityError",
     "TierStorageReader",
     "TierStorageWriter",
     "TieredCheckpointer",
+    "TornStateError",
     "check_alive",
     "install",
 ]

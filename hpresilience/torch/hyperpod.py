@@ -133,7 +133,9 @@ class SageMakerTieredStorageReader(StorageReader):
 
     def read_metadata(self) -> Metadata:
         # Collective over the checkpointer's groups: DCP calls this on every rank at the same point.
-        prepared = self.ck.prepare_load(self.step)
+        # dcp.load cannot be retried from inside, so damaged shards are found (and other sources tried)
+        # before it reads anything.
+        prepared = self.ck.prepare_load(self.step, verify_first=True)
         if prepared is None:
             raise FileNotFoundError(
                 f"no checkpoint{'' if self.step is None else f' of step {self.step}'} of namespace "

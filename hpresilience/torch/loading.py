@@ -21,6 +21,7 @@ from hpresilience.torch.layout import (
     atomic_write,
     read_trusted,
     shard_names,
+    verify_shard,
 )
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
@@ -56,7 +57,10 @@ class LoadMixin:
         raise NotImplementedError
 
     def prepare_load(
-        self, step: int | None = None, bad: set[tuple[int, Source, int]] | None = None
+        self,
+        step: int | None = None,
+        bad: set[tuple[int, Source, int]] | None = None,
+        verify_first: bool = False,
     ) -> tuple[int, TierStorageReader] | None:
         """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
         reader for it (None: nothing loadable). `load()` is this plus dcp.load."""
@@ -95,7 +99,7 @@ class LoadMixin:
                 continue
             assert same is not None
             chosen, sources = same
-            problem = self._materialize(chosen, sources, invs, s3_steps)
+            problem = self._materialize(chosen, sources, invs, s3_steps, verify_first)
             errs = self._gather(problem)
             if not any(errs):
                 dirs = []
@@ -183,9 +187,15 @@ class LoadMixin:
         return None
 
     def _materialize(
-        self, step: int, sources: list[Source], invs: list[dict[str, Any]], s3_steps: set[int]
+        self,
+        step: int,
+        sources: list[Source],
+        invs: list[dict[str, Any]],
+        s3_steps: set[int],
+        verify_first: bool = False,
     ) -> str | None:
-        """Bring this rank's shard and the step's metadata into the own memory tier; verify the shard."""
+        """Bring this rank's shard and the step's metadata into the own memory tier; check its size, or
+        with `verify_first` its checksums (for callers that cannot retry a failed dcp.load)."""
         problem = self._ensure_metadata(step, invs, s3_steps)
         d = self.tier.step_dir(step)
         for r, src in enumerate(sources):  # one transfer at a time, in rank order: no cycles
@@ -203,7 +213,10 @@ class LoadMixin:
                 self.s3.download_shard(step, self.rank, d)
             # The checksums are checked while the load reads the bytes (one pass); here only the size.
             data, idx = (d / n for n in shard_names(self.rank))
-            want = ShardIndex.from_json(read_trusted(idx), str(idx)).size
+            index = ShardIndex.from_json(read_trusted(idx), str(idx))
+            if verify_first:
+                verify_shard(data, index)
+            want = index.size
             if data.stat().st_size != want:
                 return f"{data}: {data.stat().st_size} bytes, index says {want}"
         except (HPResilienceError, OSError) as err:

@@ -83,6 +83,15 @@ def test_hyperpod_reader_finds_the_latest_step_itself_and_raises_when_there_is_n
     dcp_load(got, storage_reader=SageMakerTieredStorageReader(checkpoint_config=conf, step=10))
     assert matches(got, 10, 0)
     assert reader.ck.s3 is not None and reader.ck.s3.committed_steps() == [10]
+    # A damaged newest shard: dcp.load cannot retry, so the reader checks first and takes step 10.
+    shard = reader.ck.tier.step_dir(20) / "rank_0.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    reader = SageMakerTieredStorageReader(checkpoint_config=conf)
+    got = empty_state(0)
+    dcp_load(got, storage_reader=reader)
+    assert reader.loaded_step == 10 and matches(got, 10, 0)
 
 
 def test_hyperpod_writer_takes_its_step_from_a_path_and_refuses_neither(

@@ -11,11 +11,13 @@ Needs the optional extra `hpresilience[torch]`; nothing else in the package impo
 """
 
 from hpresilience.torch.checkpointer import TieredCheckpointer
-from hpresilience.torch.layout import ChecksumError, MemoryTier, TierSecurityError
+from hpresilience.torch.layout import ChecksumError, MemoryTier
 from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
+from hpresilience.torch.private import TierSecurityError
+from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.settings import CheckpointConfig, PreemptionConfig
 from hpresilience.torch.staging import TornStateError
-from hpresilience.torch.storage import TierStorageReader, TierStorageWriter
+from hpresilience.torch.storage import TierStorageWriter
 
 __all__ = [
     "CheckpointConfig",

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpresilience.errors import HPResilienceError
-from hpresilience.torch.layout import ShardIndex, read_trusted, shard_names, step_name, verify_shard
+from hpresilience.torch.layout import ShardIndex, shard_names, step_name, verify_shard
+from hpresilience.torch.private import read_trusted
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source
 

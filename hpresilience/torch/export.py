@@ -14,7 +14,7 @@ import torch
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from hpresilience.torch.storage import TierStorageReader
+from hpresilience.torch.reader import TierStorageReader
 
 
 def load_full_state(step_dir: str | os.PathLike[str], shard_dirs: list[Path] | None = None) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from torch.futures import Future
 from hpresilience.errors import ConfigError
 from hpresilience.torch.checkpointer import TieredCheckpointer
 from hpresilience.torch.direct import DirectWriter
+from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.settings import CheckpointConfig
-from hpresilience.torch.storage import TierStorageReader
 
 _ENGINES: dict[tuple[str, str], TieredCheckpointer] = {}
 _LOCK = threading.Lock()

@@ -14,18 +14,11 @@ import torch.distributed as dist
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.torch import elastic
-from hpresilience.torch.layout import (
-    COMMIT,
-    METADATA,
-    ShardIndex,
-    atomic_write,
-    read_trusted,
-    shard_names,
-    verify_shard,
-)
+from hpresilience.torch.layout import COMMIT, METADATA, ShardIndex, atomic_write, shard_names, verify_shard
+from hpresilience.torch.private import read_trusted
+from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
-from hpresilience.torch.storage import TierStorageReader
 
 if TYPE_CHECKING:
     from hpresilience.torch.layout import MemoryTier

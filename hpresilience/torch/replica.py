@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpresilience.torch.layout import open_private, open_trusted
+from hpresilience.torch.private import open_private, open_trusted
 
 _CHUNK = 256 << 20  # bytes per message: bounds gloo's per-message buffers
 

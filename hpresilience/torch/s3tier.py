@@ -19,7 +19,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from hpresilience.errors import ExternalError, HPResilienceError
-from hpresilience.torch.layout import COMMIT, METADATA, parse_step, read_trusted, shard_names, step_name
+from hpresilience.torch.layout import COMMIT, METADATA, parse_step, shard_names, step_name
+from hpresilience.torch.private import read_trusted
 from hpresilience.torch.settings import CheckpointConfig
 
 _MARKERS = "_committed"

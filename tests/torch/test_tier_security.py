@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpresilience.torch import CheckpointConfig, MemoryTier, TieredCheckpointer, TierStorageReader
-from hpresilience.torch.layout import COMMIT, METADATA, TierSecurityError, step_name
+from hpresilience.torch.layout import COMMIT, METADATA, step_name
+from hpresilience.torch.private import TierSecurityError
 from tests.torch._workers import empty_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

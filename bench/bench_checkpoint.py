@@ -11,7 +11,8 @@
      same bytes into the same kind of pages (goal >= 70 %);
   5. a 60 s save cadence on this state: blocking per save, call to COMMIT marker, and the peer-copy
      traffic per node that competes with the training collectives;
-  6. a checkpoint saved by 2 ranks restored onto 4 ranks (resharded): from the memory tiers vs from S3
+  6. a checkpoint saved by 2 ranks restored onto 4 ranks, each loading a quarter (resharded): from the
+     memory tiers vs from S3
      (spawned gloo ranks, one memory-tier folder per simulated node; --reshard-gib of state in all).
 
 Sections 1-5 run in one process with no process group. Usage:

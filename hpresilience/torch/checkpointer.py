@@ -323,7 +323,7 @@ class TieredCheckpointer(LoadMixin):
         """
         bad: set[tuple[int, Source, int]] = set()
         while True:
-            prepared = self.prepare_load(step, bad)
+            prepared = self.prepare_load(step, bad, state_dict=state_dict)
             if prepared is None:
                 return None
             chosen, reader = prepared

@@ -9,12 +9,16 @@ each saved shard to the ranks that need it: from a node's memory tier over the c
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.stateful import Stateful
+
 from hpresilience.errors import HPResilienceError
-from hpresilience.torch.layout import ShardIndex, shard_names, step_name, verify_shard
+from hpresilience.torch.layout import METADATA, ShardIndex, shard_names, step_name, verify_shard
 from hpresilience.torch.private import read_trusted
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source
@@ -27,18 +31,43 @@ def restore_dir(ck: LoadMixin, step: int) -> Path:
     return ck.tier.base / ".restore" / step_name(step)
 
 
-def gather_shards(
-    ck: LoadMixin, step: int, saved: int, sources: list[Source], s3_steps: set[int]
-) -> tuple[str | None, list[Path]]:
-    """Bring every saved shard of `step` within this rank's reach; (problem or None, folders to search).
+def needed_ranks(state_dict: dict[str, Any] | None, metadata_path: Path, saved: int) -> set[int]:
+    """The saved ranks whose shards hold something `state_dict` asks for (DCP's own load planning);
+    all of them when that cannot be worked out (no state dict given, unreadable metadata)."""
+    everything = set(range(saved))
+    if state_dict is None:
+        return everything
+    try:
+        md = pickle.loads(read_trusted(metadata_path))
+        plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+        planner = DefaultLoadPlanner()
+        planner.set_up_planner(plain, md, is_coordinator=False)
+        plan = planner.create_local_plan()
+        locs = md.storage_data or {}
+        need = {int(locs[item.storage_index].rank) for item in plan.items if item.storage_index in locs}
+    except Exception:  # noqa: BLE001 - planning problems surface in dcp.load itself; gather everything
+        return everything
+    return need & everything
 
-    Each rank needs, in general, any saved shard (resharding reads the parts its new layout covers), so
-    each one gathers all `saved` shards it does not already find on its node.
+
+def gather_shards(
+    ck: LoadMixin,
+    step: int,
+    saved: int,
+    sources: list[Source],
+    s3_steps: set[int],
+    state_dict: dict[str, Any] | None = None,
+) -> tuple[str | None, list[Path]]:
+    """Bring the saved shards of `step` this rank needs within reach; (problem or None, folders to search).
+
+    What a rank needs comes from DCP's load planning over `state_dict` (each new rank reads the parts its
+    layout covers); without a state dict, every saved shard.
     """
     into = restore_dir(ck, step)
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
-    have = {r: ck.tier.find_shard(step, r) for r in range(saved)}
+    need = needed_ranks(state_dict, ck.tier.step_dir(step) / METADATA, saved)
+    have = {r: ck.tier.find_shard(step, r) for r in sorted(need)}
     missing = [r for r, d in have.items() if d is None]
     wants = ck._gather(missing)
     problem: str | None = None
@@ -70,12 +99,12 @@ def gather_shards(
             dirs.append(d)
     dirs.append(into)
     if problem is None:
-        problem = _verify_all(step, saved, dirs)
+        problem = _verify_all(step, sorted(need), dirs)
     return problem, dirs
 
 
-def _verify_all(step: int, saved: int, dirs: list[Path]) -> str | None:
-    for r in range(saved):
+def _verify_all(step: int, ranks: list[int], dirs: list[Path]) -> str | None:
+    for r in ranks:
         d = next((x for x in dirs if all((x / n).is_file() for n in shard_names(r))), None)
         if d is None:
             return f"saved rank {r}'s shard of step {step} did not arrive"

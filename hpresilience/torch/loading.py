@@ -54,9 +54,11 @@ class LoadMixin:
         step: int | None = None,
         bad: set[tuple[int, Source, int]] | None = None,
         verify_first: bool = False,
+        state_dict: dict[str, Any] | None = None,
     ) -> tuple[int, TierStorageReader] | None:
         """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
-        reader for it (None: nothing loadable). `load()` is this plus dcp.load."""
+        reader for it (None: nothing loadable). `load()` is this plus dcp.load. `state_dict`, when
+        given, narrows a resharding load to the saved shards it asks for."""
         self.flush()
         inv = self.tier.inventory(self.rank)
         inv["s3"], inv["s3_worlds"] = [], {}
@@ -82,7 +84,7 @@ class LoadMixin:
                 return None
             if other is not None and (same is None or other[0] > same[0]):
                 chosen, saved, el_sources = other
-                problem, dirs = self._materialize_elastic(chosen, saved, el_sources, invs, s3_steps)
+                problem, dirs = self._materialize_elastic(chosen, saved, el_sources, invs, s3_steps, state_dict)
                 errs = self._gather(problem)
                 if not any(errs):
                     break
@@ -136,9 +138,10 @@ class LoadMixin:
         sources: list[Source],
         invs: list[dict[str, Any]],
         s3_steps: set[int],
+        state_dict: dict[str, Any] | None = None,
     ) -> tuple[str | None, list[Path]]:
         problem = self._ensure_metadata(step, invs, s3_steps)
-        problem2, dirs = elastic.gather_shards(self, step, saved, sources, s3_steps)
+        problem2, dirs = elastic.gather_shards(self, step, saved, sources, s3_steps, state_dict)
         return problem or problem2, dirs
 
     def _s3_fetcher(self, step: int) -> Any:

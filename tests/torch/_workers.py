@@ -101,6 +101,13 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
             res["step"] = step
             res["source"] = ckpt.last_source
             res["match"] = step is not None and matches(state, step, rank)
+        elif task == "load_part":
+            # Each new rank asks for one saved rank's private part (like a new shard layout).
+            mine = rank % kw["saved_world"]
+            state = empty_state(mine)
+            step = ckpt.load(state, kw.get("step"))
+            res["step"] = step
+            res["match"] = step is not None and matches(state, step, mine)
         elif task == "load_resharded":
             # Every rank asks for every saved rank's private part: the union of the saved state.
             saved = kw["saved_world"]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.torch._workers import run_ranks
+from hpresilience.torch.elastic import needed_ranks
+from tests.torch._workers import empty_state, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -61,3 +62,18 @@ def test_two_rank_step_loads_on_1_and_4_ranks_from_s3_when_memory_is_gone(
         shutil.rmtree(d)
     res = _ok(run_ranks(cluster, "load_resharded", world=world, saved_world=2, cfg=_cfg(s3_endpoint)))
     assert [(r["step"], r["match"]) for r in res] == [(2, True)] * world
+
+
+def test_each_new_rank_gathers_only_the_saved_shards_its_state_asks_for(saved: Path) -> None:
+    """DCP's own load planning says which saved shards hold the keys asked for; only those are fetched."""
+    md = saved / "node0/job1/step_0000000003/.metadata"
+    probe = empty_state(1)
+    del probe["shared"], probe["meta"]
+    assert needed_ranks({"local_1": probe["local_1"]}, md, 2) == {1}
+    assert needed_ranks(None, md, 2) == {0, 1}
+    assert needed_ranks({"local_0": empty_state(0)["local_0"], "local_1": probe["local_1"]}, md, 2) == {0, 1}
+
+
+def test_four_new_ranks_each_loading_one_saved_part(cluster: Path, s3_endpoint: str) -> None:
+    res = _ok(run_ranks(cluster, "load_part", world=4, saved_world=2, cfg=_cfg(s3_endpoint)))
+    assert [(r["step"], r["match"]) for r in res] == [(3, True)] * 4

@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
@@ -86,9 +87,12 @@ def flush() -> None:
 
 @atexit.register
 def _flush_at_exit() -> None:
+    # Once the script destroyed its process groups, a pending copy could wait forever on them: skip.
+    if not all(not ck.distributed or dist.is_initialized() for ck in _ENGINES.values()):
+        return
     try:
         flush()
-    except BaseException:  # noqa: BLE001 - the process group may be gone at exit; nothing more to do
+    except BaseException:  # noqa: BLE001 - nothing more can be done at exit
         pass
 
 

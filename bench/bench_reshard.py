@@ -46,7 +46,11 @@ def _rank(rank: int, world: int, port: int, work: str, task: str, kw: dict[str, 
     warnings.filterwarnings("ignore")
     setup_logging("error", json=True)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=600)
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=600),
     )
     cfg = CheckpointConfig(
         namespace="reshard",
@@ -68,9 +72,12 @@ def _rank(rank: int, world: int, port: int, work: str, task: str, kw: dict[str, 
             step = ck.load(target)
             took = time.perf_counter() - t0
             ok = step == 1 and all(
-                bool((t == float(int(k[1 : k.index(".")]) * 10 + int(k[-1]))).all()) for k, t in target.items()
+                bool((t == float(int(k[1 : k.index(".")]) * 10 + int(k[-1]))).all())
+                for k, t in target.items()
             )
-            (Path(work) / f"{task}_{rank}.json").write_text(json.dumps({"s": took, "ok": ok, "source": ck.last_source}))
+            (Path(work) / f"{task}_{rank}.json").write_text(
+                json.dumps({"s": took, "ok": ok, "source": ck.last_source})
+            )
     dist.destroy_process_group()
 
 
@@ -78,7 +85,9 @@ def _run(world: int, work: Path, task: str, **kw: Any) -> list[dict[str, Any]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_rank, args=(world, port, str(work), task, kw), nprocs=world, start_method="spawn", join=True)
+    mp.start_processes(
+        _rank, args=(world, port, str(work), task, kw), nprocs=world, start_method="spawn", join=True
+    )
     if task == "save":
         return []
     return [json.loads((work / f"{task}_{r}.json").read_text()) for r in range(world)]

@@ -35,27 +35,15 @@ def submit(cl: DevCluster, slurm: SlurmClient, work: Path, nodes: int, body: str
     script = work / "job.sh"
     script.write_text("#!/bin/bash\n" + body + "\n")
     env = cl.env()
-    env.update(
-        {
-            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
-            "CKPT_DIR": str(work),
-            "TRAIN_STEPS": "100000",
-            "STEP_SLEEP": "0.2",
-        }
-    )
-    return slurm.sbatch(f"--nodes={nodes}", f"--output={work}/out", f"--error={work}/err", *flags, str(script), env=env)
+    env.update({"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "CKPT_DIR": str(work),
+                "TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"})
+    return slurm.sbatch(f"--nodes={nodes}", f"--output={work}/out", f"--error={work}/err", *flags, str(script),
+                        env=env)
 
 
 def auto_resume(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) -> float:
-    job = submit(
-        cl,
-        slurm,
-        work,
-        3,
-        f"hpresilience srun --auto-resume=1 --auto-resume-spares=1 "
-        f"--auto-resume-state-dir={work}/state --auto-resume-poll-interval=0.5 {TRAINER}",
-        "--no-kill",
-    )
+    job = submit(cl, slurm, work, 3, f"hpresilience srun --auto-resume=1 --auto-resume-spares=1 "
+                 f"--auto-resume-state-dir={work}/state --auto-resume-poll-interval=0.5 {TRAINER}", "--no-kill")
     wait_text(work / "out", "step=3 ", timeout)
     t0 = time.monotonic()
     slurm.set_node_state(["n2"], "fail", "Action:Replace")
@@ -65,9 +53,8 @@ def auto_resume(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) 
 
 
 def slurm_requeue(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) -> float:
-    job = submit(
-        cl, slurm, work, 2, f"srun --nodes=2 --kill-on-bad-exit=1 {TRAINER}", "--requeue", "--open-mode=append"
-    )
+    job = submit(cl, slurm, work, 2, f"srun --nodes=2 --kill-on-bad-exit=1 {TRAINER}", "--requeue",
+                 "--open-mode=append")
     wait_text(work / "out", "step=3 ", timeout)
     starts = (work / "out").read_text().count("resume_from=")
     t0 = time.monotonic()

@@ -50,21 +50,17 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    for label, fixture in (
-        ("scontrol --json show node (v0.0.41)", "scontrol_show_node_v0.0.41.json"),
-        ("sinfo --json (v0.0.38, Slurm 22.05)", "sinfo_v0.0.38.json"),
-    ):
+    for label, fixture in (("scontrol --json show node (v0.0.41)", "scontrol_show_node_v0.0.41.json"),
+                           ("sinfo --json (v0.0.38, Slurm 22.05)", "sinfo_v0.0.38.json")):
         text = generate(fixture, args.nodes)
         n = len(parse_nodes_json(text))
         assert n == args.nodes
         best, med = best_of(lambda text=text: parse_nodes_json(text), args.repeat)
         base, _ = best_of(lambda text=text: json.loads(text), args.repeat)
         verdict = "OK" if med < 1.0 else "OVER TARGET"
-        print(
-            f"{label}: {n} nodes, {len(text) / 1e6:.1f} MB: parse best {best * 1000:.0f} ms, "
-            f"median {med * 1000:.0f} ms (target < 1000 ms: {verdict}); json.loads alone {base * 1000:.0f} ms, "
-            f"parse/json.loads = {best / base:.2f}x"
-        )
+        print(f"{label}: {n} nodes, {len(text) / 1e6:.1f} MB: parse best {best * 1000:.0f} ms, "
+              f"median {med * 1000:.0f} ms (target < 1000 ms: {verdict}); json.loads alone {base * 1000:.0f} ms, "
+              f"parse/json.loads = {best / base:.2f}x")
 
 
 if __name__ == "__main__":

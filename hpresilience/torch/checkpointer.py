@@ -55,7 +55,9 @@ class TieredCheckpointer(LoadMixin):
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         if cfg.world_size is not None and cfg.world_size != self.world:
-            raise ConfigError(f"checkpoint world_size is {cfg.world_size} but the process group has {self.world}")
+            raise ConfigError(
+                f"checkpoint world_size is {cfg.world_size} but the process group has {self.world}"
+            )
         self.local_ranks = min(cfg.local_ranks(), self.world)
         self.tier = MemoryTier(cfg.memory_dir, cfg.namespace)
         self.peer = peer_of(self.rank, self.world, self.local_ranks) if cfg.replicate else None
@@ -69,7 +71,9 @@ class TieredCheckpointer(LoadMixin):
         # Every rank creates the same groups in the same order (new_group is itself collective).
         self._save_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self._repl_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
-        self._s3_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.s3 else None
+        self._s3_pg = (
+            dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.s3 else None
+        )
         self._stager = CachedStager(
             background=cfg.background_staging, inline_below=int(cfg.inline_staging_below_mib * (1 << 20))
         )
@@ -263,7 +267,9 @@ class TieredCheckpointer(LoadMixin):
         d = self.tier.step_dir(step)
         into = self.tier.peer_dir(self.source, step)
         try:
-            exchange(self._repl_pg, [d / n for n in names], self.peer, [into / n for n in src_names], self.source)
+            exchange(
+                self._repl_pg, [d / n for n in names], self.peer, [into / n for n in src_names], self.source
+            )
         except Exception as err:  # noqa: BLE001 - any failure here must stop replication, not training
             # A broken exchange leaves the group's message order unknown: stop using it rather than hang.
             self._repl_ok = False
@@ -337,7 +343,9 @@ class TieredCheckpointer(LoadMixin):
                     raise
                 for r in damaged:
                     bad.add((r, self._last_sources[r], chosen))
-                    log.warning("checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0]))
+                    log.warning(
+                        "checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0])
+                    )
                 continue
             finally:
                 self.finish_load(chosen)

@@ -90,7 +90,9 @@ def gather_shards(
         try:
             if not all((into / n).is_file() for n in shard_names(r)):
                 if ck.s3 is None or step not in s3_steps:
-                    raise HPResilienceError(f"saved rank {r}'s shard of step {step} is on no node and not in S3")
+                    raise HPResilienceError(
+                        f"saved rank {r}'s shard of step {step} is on no node and not in S3"
+                    )
                 ck.s3.download_shard(step, r, into)
         except (HPResilienceError, OSError) as err:
             problem = problem or str(err)
@@ -121,4 +123,7 @@ def cleanup(ck: LoadMixin, step: int) -> None:
 
 
 def describe(sources: list[Source]) -> dict[str, Any]:
-    return {"from_nodes": sum(1 for s in sources if s[0] == "node"), "from_s3": sum(1 for s in sources if s[0] == "s3")}
+    return {
+        "from_nodes": sum(1 for s in sources if s[0] == "node"),
+        "from_s3": sum(1 for s in sources if s[0] == "s3"),
+    }

@@ -84,7 +84,9 @@ class LoadMixin:
                 return None
             if other is not None and (same is None or other[0] > same[0]):
                 chosen, saved, el_sources = other
-                problem, dirs = self._materialize_elastic(chosen, saved, el_sources, invs, s3_steps, state_dict)
+                problem, dirs = self._materialize_elastic(
+                    chosen, saved, el_sources, invs, s3_steps, state_dict
+                )
                 errs = self._gather(problem)
                 if not any(errs):
                     break
@@ -109,7 +111,9 @@ class LoadMixin:
         if dirs:
             self.last_source = "resharded"
             self._last_sources = []
-            reader = TierStorageReader(self.tier.step_dir(chosen), rank=self.rank, verify=False, shard_dirs=dirs)
+            reader = TierStorageReader(
+                self.tier.step_dir(chosen), rank=self.rank, verify=False, shard_dirs=dirs
+            )
         else:
             self.last_source = sources[self.rank][0]
             self._last_sources = sources

@@ -20,7 +20,15 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from hpresilience.torch.layout import METADATA, ChecksumError, ItemLoc, ShardIndex, hasher, shard_names, step_name
+from hpresilience.torch.layout import (
+    METADATA,
+    ChecksumError,
+    ItemLoc,
+    ShardIndex,
+    hasher,
+    shard_names,
+    step_name,
+)
 from hpresilience.torch.private import open_trusted, read_trusted
 from hpresilience.torch.storage import SCHEME, _dtype, _key, step_from_id, tensor_bytes
 
@@ -92,7 +100,9 @@ class TierStorageReader(StorageReader):
         md.storage_meta.load_id = uuid.uuid4().hex
         return md
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         self.storage_data = cast(dict[MetadataIndex, ItemLoc], metadata.storage_data or {})
         rank = kwargs.get("rank")
         if rank is not None:

@@ -30,7 +30,9 @@ class S3Tier:
     def __init__(self, cfg: CheckpointConfig, client: Any = None) -> None:
         self.bucket, prefix = cfg.s3_bucket_prefix()
         self.base = f"{prefix}/{cfg.namespace}" if prefix else cfg.namespace
-        self.client = client or boto3.client("s3", endpoint_url=cfg.s3_endpoint_url, region_name=cfg.s3_region)
+        self.client = client or boto3.client(
+            "s3", endpoint_url=cfg.s3_endpoint_url, region_name=cfg.s3_region
+        )
         part = cfg.s3_part_size_mib << 20
         self.transfer = TransferConfig(
             multipart_threshold=part,
@@ -97,7 +99,9 @@ class S3Tier:
     def world_of(self, step: int) -> int | None:
         """The world size recorded in a step's marker (None: unreadable, or an older marker without it)."""
         try:
-            body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))["Body"]
+            body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
+                "Body"
+            ]
             return int(json.loads(body.read())["world_size"])
         except (HPResilienceError, ValueError, KeyError, TypeError):
             return None
@@ -115,7 +119,9 @@ class S3Tier:
 
     def download_metadata(self, step: int, dest_dir: Path) -> None:
         self._download(self.key(step, METADATA), dest_dir / METADATA)
-        body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))["Body"].read()
+        body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
+            "Body"
+        ].read()
         tmp = dest_dir / (COMMIT + ".s3part")
         tmp.write_bytes(body)
         os.replace(tmp, dest_dir / COMMIT)

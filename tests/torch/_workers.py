@@ -129,13 +129,17 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
         sys.exit(1)
 
 
-def run_ranks(base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any) -> list[dict[str, Any]]:
+def run_ranks(
+    base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any
+) -> list[dict[str, Any]]:
     """Run `task` on `world` spawned ranks; return each rank's result (or its error)."""
     ctx = mp.get_context("spawn")
     port = free_port()
     for r in range(world):
         (base / f"result_{task}_{r}.json").unlink(missing_ok=True)
-    procs = [ctx.Process(target=_body, args=(r, world, port, str(base), task, dict(kw))) for r in range(world)]
+    procs = [
+        ctx.Process(target=_body, args=(r, world, port, str(base), task, dict(kw))) for r in range(world)
+    ]
     for p in procs:
         p.start()
     for p in procs:

@@ -12,7 +12,13 @@ from structlog.testing import capture_logs
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from hpresilience.torch import CheckpointConfig, MemoryTier, TieredCheckpointer, TierStorageReader, TierStorageWriter
+from hpresilience.torch import (
+    CheckpointConfig,
+    MemoryTier,
+    TieredCheckpointer,
+    TierStorageReader,
+    TierStorageWriter,
+)
 from hpresilience.torch.export import export_torch_save
 from tests.torch._workers import empty_state, matches, state_for
 

@@ -19,7 +19,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from hpresilience.errors import ExternalError, HPResilienceError
-from hpresilience.torch.layout import COMMIT, METADATA, parse_step, shard_names, step_name
+from hpresilience.torch.layout import COMMIT, METADATA, atomic_write, parse_step, shard_names, step_name
 from hpresilience.torch.private import read_trusted
 from hpresilience.torch.settings import CheckpointConfig
 
@@ -110,6 +110,9 @@ class S3Tier:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".s3part")
         self._call("download", self.client.download_file, self.bucket, key, str(tmp), Config=self.transfer)
+        # boto3 creates the file with the process umask; the tier's files are this user's alone (a
+        # group-writable one would rightly be refused when read back).
+        os.chmod(tmp, 0o600)
         os.replace(tmp, dest)
 
     def download_shard(self, step: int, rank: int, dest_dir: Path) -> None:
@@ -122,9 +125,7 @@ class S3Tier:
         body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
             "Body"
         ].read()
-        tmp = dest_dir / (COMMIT + ".s3part")
-        tmp.write_bytes(body)
-        os.replace(tmp, dest_dir / COMMIT)
+        atomic_write(dest_dir / COMMIT, body)
 
     def prune(self, keep: int) -> list[int]:
         """Remove the oldest committed steps beyond `keep`; the marker goes first so no reader trusts them."""

@@ -16,7 +16,7 @@ import pytest
 from hpresilience.torch import CheckpointConfig, MemoryTier, TieredCheckpointer, TierStorageReader
 from hpresilience.torch.layout import COMMIT, METADATA, step_name
 from hpresilience.torch.private import TierSecurityError
-from tests.torch._workers import empty_state
+from tests.torch._workers import empty_state, matches, state_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -131,3 +131,20 @@ def test_default_memory_root_is_per_user(tmp_path: Path) -> None:
     cfg = CheckpointConfig(namespace="job1")
     tier = MemoryTier(cfg.memory_dir, cfg.namespace)
     assert tier.root == Path(f"/dev/shm/hpresilience-{os.geteuid()}")
+
+
+def test_restore_from_s3_works_under_a_group_writable_umask(tmp_path: Path, s3_endpoint: str) -> None:
+    """Shared clusters often run with umask 002; files the tier writes or downloads stay private anyway."""
+    old = os.umask(0o002)
+    try:
+        cfg = {"s3_base": "s3://ckpt/umask", "s3_every": 1, "s3_endpoint_url": s3_endpoint}
+        with TieredCheckpointer(CheckpointConfig(namespace="u", memory_dir=str(tmp_path / "a"), **cfg)) as ck:
+            ck.save(state_for(1, 0), 1)
+            ck.flush()
+        with TieredCheckpointer(
+            CheckpointConfig(namespace="u", memory_dir=str(tmp_path / "b"), **cfg)
+        ) as ck2:
+            got = empty_state(0)
+            assert ck2.load(got) == 1 and ck2.last_source == "s3" and matches(got, 1, 0)
+    finally:
+        os.umask(old)

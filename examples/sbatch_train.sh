@@ -22,7 +22,7 @@ set -euo pipefail
 # refreshed SLURM_JOB_NODELIST / SLURM_NNODES. Tasks are laid out in NODE_LIST order, so SLURM_PROCID is
 # the global rank and SLURM_PROCID / NTASKS_PER_NODE the node rank. Do not rely on the batch script's
 # own SLURM_JOB_NODELIST: it is not updated when the allocation changes.
-export HPR_CKPT_DIR=${HPR_CKPT_DIR:-/dev/shm/hpresilience}   # the checkpoint memory tier
+export HPR_CKPT_DIR=${HPR_CKPT_DIR:-/dev/shm/hpresilience-$(id -u)}   # the checkpoint memory tier (per user)
 
 # With the slurm/srun shim installed, this line can read `srun --auto-resume=1 ...` instead.
 hpresilience srun --auto-resume=1 --auto-resume-spares=1 \

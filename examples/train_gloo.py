@@ -48,7 +48,7 @@ def parse_args() -> argparse.Namespace:
         default=float(_env("TRAIN_STEP_SLEEP", default="0")),
         help="seconds per step, to leave time to interrupt a demo run",
     )
-    p.add_argument("--memory-dir", default=_env("HPR_CKPT_DIR", default="/dev/shm/hpresilience"))
+    p.add_argument("--memory-dir", default=_env("HPR_CKPT_DIR", default="/dev/shm/hpresilience-{uid}"))
     p.add_argument("--namespace", default=f"train-gloo-{_env('SLURM_JOB_ID', default='local')}")
     p.add_argument("--s3-base", default=os.environ.get("HPR_CKPT_S3") or None)
     p.add_argument("--s3-every", type=int, default=int(_env("HPR_CKPT_S3_EVERY", default="0")))

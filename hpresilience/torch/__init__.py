@@ -6,15 +6,18 @@ Needs the optional extra `hpresilience[torch]`; nothing else in the package impo
     ckpt = TieredCheckpointer(cfg)
     step = ckpt.load(state) or 0
     ...
-    ckpt.async_save(state, step)          # returns after one memcpy; the rest runs in the background
+    ckpt.async_save(state, step)          # copies small tensors; the rest runs in the background
     if not check_alive(): ckpt.save(state, step); ckpt.close()
 """
 
 from hpresilience.torch.checkpointer import TieredCheckpointer
 from hpresilience.torch.layout import ChecksumError, MemoryTier
 from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
+from hpresilience.torch.private import TierSecurityError
+from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.settings import CheckpointConfig, PreemptionConfig
-from hpresilience.torch.storage import TierStorageReader, TierStorageWriter
+from hpresilience.torch.staging import TornStateError
+from hpresilience.torch.storage import TierStorageWriter
 
 __all__ = [
     "CheckpointConfig",
@@ -22,9 +25,11 @@ __all__ = [
     "MemoryTier",
     "PreemptionConfig",
     "PreemptionWatcher",
+    "TierSecurityError",
     "TierStorageReader",
     "TierStorageWriter",
     "TieredCheckpointer",
+    "TornStateError",
     "check_alive",
     "install",
 ]

@@ -13,11 +13,11 @@ import queue
 import threading
 from concurrent.futures import Future
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -25,27 +25,28 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.log import get_logger
+from hpresilience.torch.direct import DirectSave, DirectWriter
 from hpresilience.torch.layout import (
     COMMIT,
     METADATA,
+    ChecksumError,
     MemoryTier,
-    ShardIndex,
     atomic_write,
     shard_names,
-    verify_shard,
 )
-from hpresilience.torch.replica import exchange, peer_of, recv_files, send_files, source_of
-from hpresilience.torch.restore import Source, choose_step
+from hpresilience.torch.loading import LoadMixin
+from hpresilience.torch.replica import exchange, peer_of, source_of
+from hpresilience.torch.restore import Source
 from hpresilience.torch.s3tier import S3Tier
 from hpresilience.torch.settings import CheckpointConfig
 from hpresilience.torch.staging import CachedStager, local_bytes
-from hpresilience.torch.storage import TierStorageReader, TierStorageWriter
+from hpresilience.torch.storage import TierStorageWriter
 
 log = get_logger("hpresilience.torch")
 _STOP = object()
 
 
-class TieredCheckpointer:
+class TieredCheckpointer(LoadMixin):
     """Save and restore one job's training state through the memory, peer and S3 tiers."""
 
     def __init__(self, cfg: CheckpointConfig, *, s3_client: Any = None) -> None:
@@ -78,9 +79,7 @@ class TieredCheckpointer:
         )
         # The optimizer step is what changes the weights a background copy is still reading.
         self._step_hook = (
-            register_optimizer_step_pre_hook(self._before_optimizer_step)
-            if cfg.background_staging
-            else None
+            register_optimizer_step_pre_hook(self._before_optimizer_step) if cfg.background_staging else None
         )
         self._inflight: Future[Any] | None = None
         self._capacity_checked = shard > 0
@@ -90,6 +89,7 @@ class TieredCheckpointer:
         self.last_committed: int | None = None
         # Where the last load took this rank's shard from: "own", "peer" or "s3".
         self.last_source: str | None = None
+        self._last_sources: list[Source] = []
         # Tests set this to crash a rank between writing its shard and renaming it into place.
         self.fault_hook: Any = None
         self._post_q: queue.Queue[Any] = queue.Queue()
@@ -103,6 +103,7 @@ class TieredCheckpointer:
     # ------------------------------------------------------------------ saving
     def _writer(self, step: int) -> TierStorageWriter:
         w = TierStorageWriter(self.tier, step, world_size=self.world)
+        w.managed = True
         w.fault_hook = self.fault_hook
         return w
 
@@ -114,20 +115,30 @@ class TieredCheckpointer:
         )
         self._capacity_checked = True
 
-    def save(self, state_dict: dict[str, Any], step: int) -> None:
-        """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background."""
+    def _check_to_s3(self, to_s3: bool | None) -> None:
+        if to_s3 and self.s3 is None:
+            raise ConfigError("to_s3=True, but the checkpoint has no S3 tier (set s3_base)")
+
+    def save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> None:
+        """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background.
+
+        `to_s3` overrides `s3_every` for this step (True: upload it, e.g. the last save before a
+        preemption; False: don't).
+        """
+        self._check_to_s3(to_s3)
         self.wait()
         self._check_capacity_once(state_dict)
         md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
-        self._post_q.put((step, md))
+        self._post_q.put((step, md, to_s3))
 
-    def async_save(self, state_dict: dict[str, Any], step: int) -> Future[Any]:
+    def async_save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> Future[Any]:
         """Stage `state_dict` (one memcpy; in the background when `background_staging`) and write it
-        in the background.
+        in the background. `to_s3` as for save().
 
         Returns DCP's future (its result is the checkpoint metadata). At most one save is in flight:
         a second call first waits for the previous one.
         """
+        self._check_to_s3(to_s3)
         self.wait()
         self._check_capacity_once(state_dict)
         resp = dcp_async_save(
@@ -142,7 +153,7 @@ class TieredCheckpointer:
             if f.exception() is not None:
                 log.error("checkpoint_save_failed", step=step, error=str(f.exception()))
             else:
-                self._post_q.put((step, f.result()))
+                self._post_q.put((step, f.result(), to_s3))
 
         fut.add_done_callback(done)
         self._inflight = fut
@@ -168,7 +179,9 @@ class TieredCheckpointer:
             return True
         try:
             fut.result()
-        except Exception:  # noqa: BLE001 - logged by the done callback; the caller decides
+        # CheckpointException derives from BaseException in torch 2.13: catch it by name, or a failed
+        # background save would surface from whichever save/load/close comes next.
+        except (Exception, CheckpointException):  # noqa: BLE001 - logged by the done callback
             return False
         return True
 
@@ -184,13 +197,48 @@ class TieredCheckpointer:
             try:
                 if job is _STOP:
                     return
-                self._after_commit(*job)
+                if isinstance(job, DirectSave):
+                    self._settle_direct(job)
+                else:
+                    self._after_commit(*job)
             except Exception as err:  # noqa: BLE001 - a background failure must never kill training
                 log.error("checkpoint_post_commit_failed", step=job[0], error=str(err))
             finally:
                 self._post_q.task_done()
 
-    def _after_commit(self, step: int, md: Any) -> None:
+    def storage_writer(self, step: int, *, to_s3: bool | None = None) -> DirectWriter:
+        """A writer for `dcp.save`/`dcp.async_save(storage_writer=...)` that carries the whole tiered
+        behaviour: memory tier, then (in this checkpointer's background thread) commit markers on every
+        node, the peer copy, S3 where due (or as `to_s3` says) and retention. Call it on every rank."""
+        self._check_to_s3(to_s3)
+        return DirectWriter(self, step, to_s3)
+
+    def _settle_direct(self, job: DirectSave) -> None:
+        """Every rank, same order: did every rank write its shard, and did the coordinator commit?
+
+        DCP gives no rank but the coordinator a callback after its commit, so the ranks agree here, on
+        the post-commit group, and then run the same post-commit work as after async_save.
+        """
+        ok = job.written
+        if self.distributed:
+            flag = torch.tensor([1 if ok else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._repl_pg)
+            ok = bool(flag.item())
+        md = None
+        if ok and self.rank == 0:
+            # Every shard is written, so the coordinator's DCP thread goes on to finish() at once.
+            job.finished.wait(self.cfg.timeout_s)
+            md = job.metadata
+        if self.distributed:
+            box: list[Any] = [md]
+            dist.broadcast_object_list(box, src=0, group=self._repl_pg)
+            md = box[0]
+        if md is None:
+            log.error("checkpoint_save_failed", step=job.step, rank=self.rank, reason="not committed")
+            return
+        self._after_commit(job.step, md, job.to_s3)
+
+    def _after_commit(self, step: int, md: Any, to_s3: bool | None = None) -> None:
         d = self.tier.step_dir(step)
         if not self.tier.is_committed(d):
             # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
@@ -200,7 +248,9 @@ class TieredCheckpointer:
         log.info("checkpoint_committed", step=step, rank=self.rank)
         if self.peer is not None and self._repl_ok:
             self._replicate(step)
-        due = self.s3 is not None and self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
+        due = self.s3 is not None and (
+            to_s3 if to_s3 is not None else self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
+        )
         with self._lock:
             if due:
                 self._pinned.add(step)
@@ -273,96 +323,33 @@ class TieredCheckpointer:
         """Load the newest step every rank can get (or `step`) into `state_dict`; None if there is none.
 
         Each rank takes its shard from its own memory tier, else from the rank holding its peer copy,
-        else from S3. A shard that fails its checksums is skipped and the next source tried.
+        else from S3. A shard that fails its checksums is skipped and the next source tried. A step
+        saved with another world size is resharded: each rank gathers the saved shards from the nodes
+        holding them, else from S3.
         """
-        self.flush()
-        inv = self.tier.inventory(self.rank)
-        inv["s3"] = []
-        if self.s3 is not None and self.rank == 0:
-            try:
-                inv["s3"] = self.s3.committed_steps()
-            except HPResilienceError as err:
-                log.warning("s3_listing_failed", error=str(err))
-        invs = self._gather(inv)
-        s3_steps = set(invs[0]["s3"])
         bad: set[tuple[int, Source, int]] = set()
         while True:
-            choice = choose_step(invs, s3_steps, bad, self.world, step)
-            if choice is None:
-                log.info("checkpoint_none_loadable", wanted=step, rank=self.rank)
+            prepared = self.prepare_load(step, bad, state_dict=state_dict)
+            if prepared is None:
                 return None
-            chosen, sources = choice
-            problem = self._materialize(chosen, sources, invs, s3_steps)
-            errs = self._gather(problem)
-            if not any(errs):
-                break
-            for r, e in enumerate(errs):
-                if e:
-                    bad.add((r, sources[r], chosen))
-                    log.warning("checkpoint_shard_skipped", step=chosen, rank=r, source=sources[r], error=e)
-        newer = [s for s in inv["own"] if s > chosen]
-        if newer:
-            log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
-        reader = TierStorageReader(
-            self.tier.step_dir(chosen),
-            rank=self.rank,
-            verify=False,
-            fetch_missing=self._s3_fetcher(chosen) if chosen in s3_steps else None,
-        )
-        dcp_load(state_dict, storage_reader=reader, process_group=self._save_pg)
-        log.info("checkpoint_loaded", step=chosen, rank=self.rank, source=sources[self.rank][0])
-        self.last_committed = chosen
-        self.last_source = sources[self.rank][0]
-        return chosen
-
-    def _s3_fetcher(self, step: int) -> Any:
-        def fetch(rank: int) -> Path | None:
-            assert self.s3 is not None
-            into = self.tier.base / "s3cache" / str(rank)
-            self.s3.download_shard(step, rank, into)
-            return into
-
-        return fetch
-
-    def _metadata_bytes(self, step: int) -> tuple[bytes, bytes] | None:
-        for d in [self.tier.step_dir(step), *(self.tier.peer_dir(s, step) for s in self.tier.peer_sources())]:
-            if self.tier.is_committed(d):
-                return (d / METADATA).read_bytes(), (d / COMMIT).read_bytes()
-        return None
-
-    def _materialize(
-        self, step: int, sources: list[Source], invs: list[dict[str, Any]], s3_steps: set[int]
-    ) -> str | None:
-        """Bring this rank's shard and the step's metadata into the own memory tier; verify the shard."""
-        d = self.tier.step_dir(step)
-        d.mkdir(parents=True, exist_ok=True)
-        holders = [r for r, i in enumerate(invs) if step in i["committed"]]
-        if holders and self.distributed:
-            box: list[Any] = [self._metadata_bytes(step) if self.rank == holders[0] else None]
-            dist.broadcast_object_list(box, src=holders[0], group=self._save_pg)
-            if box[0] is not None and not self.tier.is_committed(d):
-                atomic_write(d / METADATA, box[0][0])
-                atomic_write(d / COMMIT, box[0][1])
-        for r, src in enumerate(sources):  # one transfer at a time, in rank order: no cycles
-            if src[0] == "peer" and self.rank in (r, src[1]):
-                files = shard_names(r)
-                if self.rank == src[1]:
-                    send_files(self._repl_pg, [self.tier.peer_dir(r, step) / n for n in files], dst=r)
-                else:
-                    recv_files(self._repl_pg, [d / n for n in files], src=src[1])
-        try:
-            if not self.tier.is_committed(d):
-                if self.s3 is None or step not in s3_steps:
-                    return "no committed metadata reached this rank"
-                self.s3.download_metadata(step, d)
-            if sources[self.rank][0] == "s3":
-                assert self.s3 is not None
-                self.s3.download_shard(step, self.rank, d)
-            data, idx = (d / n for n in shard_names(self.rank))
-            verify_shard(data, ShardIndex.from_json(idx.read_bytes(), str(idx)))
-        except (HPResilienceError, OSError) as err:
-            return str(err)
-        return None
+            chosen, reader = prepared
+            try:
+                dcp_load(state_dict, storage_reader=reader, process_group=self._save_pg)
+            except CheckpointException as err:
+                # Checksums are verified during the read; a damaged shard fails the load on every rank
+                # alike (DCP gathers the failures), and every rank then tries the next source.
+                damaged = sorted(r for r, (exc, _) in err.failures.items() if isinstance(exc, ChecksumError))
+                if not damaged or not self._last_sources:
+                    raise
+                for r in damaged:
+                    bad.add((r, self._last_sources[r], chosen))
+                    log.warning(
+                        "checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0])
+                    )
+                continue
+            finally:
+                self.finish_load(chosen)
+            return chosen
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

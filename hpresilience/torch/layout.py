@@ -26,6 +26,14 @@ from typing import Any
 
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.log import get_logger
+from hpresilience.torch.private import (
+    TierSecurityError,
+    ensure_private_dir,
+    expand_root,
+    open_private,
+    open_trusted,
+    read_trusted,
+)
 
 log = get_logger("hpresilience.torch")
 
@@ -134,7 +142,8 @@ class ShardIndex:
 
 def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    fd = open_private(tmp, os.O_WRONLY)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
 
@@ -144,13 +153,29 @@ def verify_shard(data_path: Path, idx: ShardIndex) -> None:
     size = data_path.stat().st_size
     if size != idx.size:
         raise ChecksumError(f"{data_path}: {size} bytes, index says {idx.size}")
-    with open(data_path, "rb", buffering=0) as f:
+    with os.fdopen(open_trusted(data_path), "rb", buffering=0) as f:
         for key, loc in sorted(idx.items.items(), key=lambda kv: kv[1].offset):
             buf = bytearray(loc.length)
             f.seek(loc.offset)
             f.readinto(buf)
             if hasher(loc.algo)(buf) != loc.checksum:
                 raise ChecksumError(f"{data_path}: checksum mismatch in item {key[0]} at byte {loc.offset}")
+
+
+def _shard_ranks(d: Path) -> set[int]:
+    out = set()
+    for n in _listdir(d):
+        m = re.match(r"^rank_(\d+)\.idx$", n)
+        if m and (d / f"rank_{m.group(1)}.bin").is_file():
+            out.add(int(m.group(1)))
+    return out
+
+
+def _note_world(worlds: dict[int, int], step: int, d: Path) -> None:
+    try:
+        worlds[step] = int(json.loads(read_trusted(d / COMMIT))["world_size"])
+    except (OSError, ValueError, KeyError, TypeError, HPResilienceError):
+        pass  # an unreadable marker tells nothing; the step may still come from another rank
 
 
 def _listdir(d: Path) -> list[str]:
@@ -164,8 +189,18 @@ class MemoryTier:
     """One node's memory tier for one namespace."""
 
     def __init__(self, root: str | os.PathLike[str], namespace: str) -> None:
-        self.root = Path(root)
+        self.root = Path(expand_root(str(root)))
         self.base = self.root / namespace
+
+    def ensure(self) -> None:
+        """Make (or accept) the user's root and the namespace as folders only this user can change."""
+        try:
+            ensure_private_dir(self.root)
+            ensure_private_dir(self.base)
+        except TierSecurityError:
+            raise
+        except OSError as err:
+            raise ConfigError(f"checkpoint memory tier {self.root}: cannot use it: {err}") from None
 
     def step_dir(self, step: int) -> Path:
         return self.base / step_name(step)
@@ -203,15 +238,41 @@ class MemoryTier:
         return (d / COMMIT).is_file() and (d / METADATA).is_file()
 
     def inventory(self, rank: int) -> dict[str, Any]:
-        """What this node can offer for a load: own shards, held peer shards, committed steps."""
+        """What this node can offer for a load: own shards, held peer shards, committed steps, the world
+        size each committed step was saved with, and every saved rank's shard found on this node."""
         own = [s for s in self.steps() if self.has_shard(self.step_dir(s), rank)]
         committed = {s for s in self.steps() if self.is_committed(self.step_dir(s))}
+        worlds: dict[int, int] = {}
+        shards: dict[int, set[int]] = {}
+        for s in self.steps():
+            d = self.step_dir(s)
+            shards.setdefault(s, set()).update(_shard_ranks(d))
+            if s in committed:
+                _note_world(worlds, s, d)
         held: dict[int, list[int]] = {}
         for src in self.peer_sources():
             d = self.peer_dir(src)
             held[src] = [s for s in self._steps(d) if self.has_shard(d / step_name(s), src)]
-            committed |= {s for s in self._steps(d) if self.is_committed(d / step_name(s))}
-        return {"own": own, "held": held, "committed": sorted(committed)}
+            for s in held[src]:
+                shards.setdefault(s, set()).add(src)
+            for s in self._steps(d):
+                if self.is_committed(d / step_name(s)):
+                    committed.add(s)
+                    _note_world(worlds, s, d / step_name(s))
+        return {
+            "own": own,
+            "held": held,
+            "committed": sorted(committed),
+            "worlds": worlds,
+            "shards": {s: sorted(r) for s, r in shards.items() if r},
+        }
+
+    def find_shard(self, step: int, rank: int) -> Path | None:
+        """The folder on this node holding saved rank `rank`'s shard of `step` (own tier or a peer copy)."""
+        for d in (self.step_dir(step), self.peer_dir(rank, step)):
+            if self.has_shard(d, rank):
+                return d
+        return None
 
     def write_commit(self, d: Path, step: int, world_size: int, save_id: str) -> None:
         atomic_write(
@@ -248,8 +309,11 @@ class MemoryTier:
             d = self.step_dir(s)
             data, idx = (d / n for n in shard_names(rank))
             idx.unlink(missing_ok=True)
-            self._recycle(data, rank)
-            data.unlink(missing_ok=True)
+            # A save killed mid-write leaves `rank_R.bin.tmp`: often a whole shard (a recycled spare).
+            partial = d / f"{data.name}.tmp"
+            for f in (data, partial):
+                self.recycle(f, rank)
+                f.unlink(missing_ok=True)
             if not any(n.startswith("rank_") for n in _listdir(d)):
                 shutil.rmtree(d, ignore_errors=True)
         if peer_src is not None:
@@ -263,7 +327,7 @@ class MemoryTier:
             log.info("checkpoint_steps_pruned", rank=rank, steps=gone, kept=kept)
         return gone
 
-    def _recycle(self, data: Path, rank: int) -> None:
+    def recycle(self, data: Path, rank: int) -> None:
         spare = self.spare(rank)
         if data.is_file() and not spare.exists():
             spare.parent.mkdir(parents=True, exist_ok=True)
@@ -281,8 +345,8 @@ class MemoryTier:
 
     def check_capacity(self, shard_bytes: int, keep: int, local_ranks: int, replicas: int) -> None:
         """Fail with a clear message when the tier cannot hold what the settings imply."""
+        self.ensure()
         try:
-            self.base.mkdir(parents=True, exist_ok=True)
             st = os.statvfs(self.base)
         except OSError as err:
             raise ConfigError(f"checkpoint memory tier {self.root}: cannot use it: {err}") from None

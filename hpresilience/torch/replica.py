@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpresilience.torch.private import open_private, open_trusted
+
 _CHUNK = 256 << 20  # bytes per message: bounds gloo's per-message buffers
 
 
@@ -41,14 +43,17 @@ def _map_for_send(stack: ExitStack, path: Path) -> torch.Tensor | None:
     size = path.stat().st_size
     if size == 0:
         return None
-    with open(path, "rb") as f:
+    fd = open_trusted(path)
+    try:
         # ACCESS_COPY gives torch a writable buffer without copying a byte (nothing writes to it).
-        m = stack.enter_context(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY))
+        m = stack.enter_context(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))
+    finally:
+        os.close(fd)
     return torch.frombuffer(m, dtype=torch.uint8)
 
 
 def _map_for_recv(stack: ExitStack, path: Path, size: int) -> torch.Tensor | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = open_private(path, os.O_RDWR)
     try:
         os.ftruncate(fd, size)
         if size == 0:

@@ -9,6 +9,7 @@ inside a save call.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpresilience.errors import ExternalError
-from hpresilience.torch.layout import COMMIT, METADATA, parse_step, shard_names, step_name
+from hpresilience.errors import ExternalError, HPResilienceError
+from hpresilience.torch.layout import COMMIT, METADATA, atomic_write, parse_step, shard_names, step_name
+from hpresilience.torch.private import read_trusted
 from hpresilience.torch.settings import CheckpointConfig
 
 _MARKERS = "_committed"
@@ -78,7 +80,7 @@ class S3Tier:
             self.client.put_object,
             Bucket=self.bucket,
             Key=self.marker(step),
-            Body=(step_dir / COMMIT).read_bytes(),
+            Body=read_trusted(step_dir / COMMIT),
         )
 
     def committed_steps(self) -> list[int]:
@@ -94,10 +96,23 @@ class S3Tier:
                     steps.append(s)
         return sorted(steps)
 
+    def world_of(self, step: int) -> int | None:
+        """The world size recorded in a step's marker (None: unreadable, or an older marker without it)."""
+        try:
+            body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
+                "Body"
+            ]
+            return int(json.loads(body.read())["world_size"])
+        except (HPResilienceError, ValueError, KeyError, TypeError):
+            return None
+
     def _download(self, key: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".s3part")
         self._call("download", self.client.download_file, self.bucket, key, str(tmp), Config=self.transfer)
+        # boto3 creates the file with the process umask; the tier's files are this user's alone (a
+        # group-writable one would rightly be refused when read back).
+        os.chmod(tmp, 0o600)
         os.replace(tmp, dest)
 
     def download_shard(self, step: int, rank: int, dest_dir: Path) -> None:
@@ -110,9 +125,7 @@ class S3Tier:
         body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
             "Body"
         ].read()
-        tmp = dest_dir / (COMMIT + ".s3part")
-        tmp.write_bytes(body)
-        os.replace(tmp, dest_dir / COMMIT)
+        atomic_write(dest_dir / COMMIT, body)
 
     def prune(self, keep: int) -> list[int]:
         """Remove the oldest committed steps beyond `keep`; the marker goes first so no reader trusts them."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -28,7 +29,9 @@ class CheckpointConfig(Section):
     # Job identity: checkpoints of different jobs never mix. Include the Slurm job id (or the run name).
     namespace: str
     # Node-local memory tier (tmpfs). Each node holds its own ranks' shards and its peers' copies.
-    memory_dir: str = "/dev/shm/hpresilience"
+    # `{uid}` becomes the user's uid: the root must belong to the user and be closed to others (a shared
+    # root would let one user plant files another unpickles), so each user gets their own.
+    memory_dir: str = "/dev/shm/hpresilience-{uid}"
     # None: taken from torch.distributed once the process group exists.
     world_size: int | None = Field(default=None, ge=1)
     # Ranks that share one node (and one memory tier). None: LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, else 1.
@@ -50,14 +53,32 @@ class CheckpointConfig(Section):
     s3_max_concurrency: int = Field(default=4, ge=1, le=64)
     s3_part_size_mib: int = Field(default=64, ge=5, le=5120)
     # async_save copies large tensors in a background thread and returns at once; every optimizer.step()
-    # in the process waits for that copy. Leave off if something other than the optimizer changes large
-    # tensors of the saved state in place between steps (or call wait_staged() before it does).
-    background_staging: bool = False
+    # in the process waits for that copy. If anything else changes a large saved tensor in place before
+    # the copy ends (an EMA update, a hand edit), that save fails loudly (TornStateError) rather than
+    # storing a torn state: call wait_staged() first, or turn this off.
+    background_staging: bool = True
     # With background staging, tensors smaller than this are still copied inside async_save (BatchNorm
     # statistics and counters that forward updates in place).
     inline_staging_below_mib: float = Field(default=1.0, ge=0)
     # Timeout of the checkpoint's own gloo groups (saves, replication, uploads, load agreement).
     timeout_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hyperpod_names(cls, data: Any) -> Any:
+        """Accept SageMaker HyperPod's names: s3_tier_base_path = s3_base; save_to_s3=True = every
+        committed step goes to S3 (s3_every=1) unless s3_every says otherwise."""
+        if not isinstance(data, dict) or not ({"s3_tier_base_path", "save_to_s3"} & data.keys()):
+            return data
+        data = dict(data)
+        if "s3_tier_base_path" in data:
+            alias = data.pop("s3_tier_base_path")
+            if data.get("s3_base") not in (None, alias):
+                raise ValueError("s3_base and s3_tier_base_path (its HyperPod name) disagree; give one")
+            data["s3_base"] = alias
+        if data.pop("save_to_s3", False) and not data.get("s3_every"):
+            data["s3_every"] = 1
+        return data
 
     @field_validator("namespace")
     @classmethod

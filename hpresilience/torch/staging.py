@@ -14,6 +14,7 @@ are small.
 
 from __future__ import annotations
 
+import copy
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.staging import AsyncStager
+
+from hpresilience.errors import HPResilienceError
 
 
 def layout_of(obj: Any) -> Any:
@@ -51,6 +54,10 @@ def local_bytes(obj: Any) -> int:
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
+class TornStateError(HPResilienceError):
+    """A tensor changed in place while the background staging copy was reading it."""
+
+
 def _stage_tree(src: Any, dst: Any, deferred: list[Pair], inline_below: int) -> Any:
     """The staged view of `src` in the cache `dst`: tensors of `inline_below` bytes or more are only
     recorded in `deferred` (destination, source); everything else is copied now."""
@@ -69,7 +76,8 @@ def _stage_tree(src: Any, dst: Any, deferred: list[Pair], inline_below: int) -> 
         return [_stage_tree(a, b, deferred, inline_below) for a, b in zip(src, dst, strict=True)]
     if isinstance(src, tuple):
         return tuple(_stage_tree(a, b, deferred, inline_below) for a, b in zip(src, dst, strict=True))
-    return src
+    # Any other leaf (a number, a dataclass, a set) is copied now: the caller may change it after we return.
+    return copy.deepcopy(src)
 
 
 class CachedStager(AsyncStager):
@@ -100,7 +108,8 @@ class CachedStager(AsyncStager):
         self.wait()
         cache = self._cache_for(state_dict)
         if not self.background:
-            staged: dict[str, Any] = _copy_state_dict(state_dict, cache)
+            # type_check=False: DCP's own save accepts any picklable leaf (a dataclass, a set), so must we.
+            staged: dict[str, Any] = _copy_state_dict(state_dict, cache, type_check=False)
             return staged
         deferred: list[Pair] = []
         with torch.no_grad():
@@ -109,8 +118,25 @@ class CachedStager(AsyncStager):
             return view
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stage")
-        self._pending = self._pool.submit(self._copy, deferred, view)
+        # The guard: every in-place change bumps a tensor's version counter (shared with its detached
+        # views, which is what state_dict() returns). A change between the call and the end of the copy
+        # would mix two states, so that save fails instead of storing it.
+        versions = [src._version for _, src in deferred]
+        self._pending = self._pool.submit(self._copy_checked, deferred, versions, view)
         return self._pending
+
+    def _copy_checked(self, pairs: list[Pair], versions: list[int], view: dict[str, Any]) -> dict[str, Any]:
+        out = self._copy(pairs, view)
+        changed = [src for (_, src), v in zip(pairs, versions, strict=True) if src._version != v]
+        if changed:
+            t = changed[0]
+            raise TornStateError(
+                f"{len(changed)} saved tensor(s) (the first: shape {tuple(t.shape)}, {t.dtype}) changed in "
+                "place while async_save was still copying them in the background; the checkpoint would mix "
+                "two training states, so this save is dropped. Call ckpt.wait_staged() before changing "
+                "saved tensors anywhere but in optimizer.step(), or set background_staging=False."
+            )
+        return out
 
     def _copy(self, pairs: list[Pair], view: dict[str, Any]) -> dict[str, Any]:
         # Grad mode is per thread: this one starts with it on.

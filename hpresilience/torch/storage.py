@@ -25,15 +25,12 @@ from typing import Any, cast
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
     SavePlan,
     SavePlanner,
     WriteItem,
     WriteItemType,
 )
-from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from hpresilience.torch.layout import (
@@ -47,6 +44,7 @@ from hpresilience.torch.layout import (
     hasher,
     shard_names,
 )
+from hpresilience.torch.private import open_private
 
 SCHEME = "tier://"
 _DTYPES = {
@@ -100,10 +98,25 @@ def step_from_id(checkpoint_id: str | os.PathLike[str]) -> int:
 
 
 class TierStorageWriter(StorageWriter):
-    """Writes one step of a DCP checkpoint into the node memory tier."""
+    """Writes one step of a DCP checkpoint into the node memory tier.
 
-    def __init__(self, tier: MemoryTier, step: int, *, world_size: int = 1, algo: str = DEFAULT_ALGO) -> None:
+    On its own it gives only the memory tier: no peer copy, no S3, no retention (the tier fills up). So it
+    refuses to run unless `tier_only=True` says that is what the caller wants, or a TieredCheckpointer
+    drives it (`TieredCheckpointer.storage_writer(step)` gives one that carries all of that).
+    """
+
+    def __init__(
+        self,
+        tier: MemoryTier,
+        step: int,
+        *,
+        world_size: int = 1,
+        algo: str = DEFAULT_ALGO,
+        tier_only: bool = False,
+    ) -> None:
         super().__init__()
+        self.tier_only = tier_only
+        self.managed = False  # set by the TieredCheckpointer that owns this writer
         self.tier = tier
         self.step = step
         self.world_size = world_size
@@ -121,6 +134,13 @@ class TierStorageWriter(StorageWriter):
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if not (self.tier_only or self.managed):
+            raise ValueError(
+                "TierStorageWriter on its own writes only the memory tier: no peer copy, no S3 upload and "
+                "no retention, so /dev/shm fills up. Use TieredCheckpointer.async_save(), a writer from "
+                "TieredCheckpointer.storage_writer(step), or hpresilience.torch.hyperpod."
+                "SageMakerTieredStorageWriter; pass tier_only=True if the memory tier alone is what you want."
+            )
         self.is_coordinator = is_coordinator
         rank = kwargs.get("rank")
         if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -129,6 +149,7 @@ class TierStorageWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         self._local_items = list(plan.items)
+        self.tier.ensure()
         self.tier.step_dir(self.step).mkdir(parents=True, exist_ok=True)
         return plan
 
@@ -147,10 +168,38 @@ class TierStorageWriter(StorageWriter):
             os.replace(spare, tmp)  # reuse allocated tmpfs pages
         except FileNotFoundError:
             pass
+        try:
+            index, results = self._write_shard(tmp, rank, plan, planner, primary, extras)
+            if self.fault_hook is not None:
+                self.fault_hook(rank)
+        except BaseException:
+            # A failed write must not leave a shard-sized partial in tmpfs: give its pages back to
+            # the spare slot (or drop them), so the next save does not run out of space because of it.
+            try:
+                self.tier.recycle(tmp, rank)
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise
+        os.replace(tmp, d / data_name)
+        atomic_write(d / idx_name, index.to_json())
+        fut_out: Future[list[WriteResult]] = Future()
+        fut_out.set_result(results)
+        return fut_out
+
+    def _write_shard(
+        self,
+        tmp: Path,
+        rank: int,
+        plan: SavePlan,
+        planner: SavePlanner,
+        primary: set[MetadataIndex],
+        extras: list[WriteItem],
+    ) -> tuple[ShardIndex, list[WriteResult]]:
         index = ShardIndex(rank=rank, step=self.step, size=0)
         results: list[WriteResult] = []
         digest = hasher(self.algo)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)
+        fd = open_private(tmp, os.O_WRONLY, reuse=True)
         # Hashing runs beside the write: both release the GIL, so two cores share the work.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
             try:
@@ -179,13 +228,7 @@ class TierStorageWriter(StorageWriter):
                 index.size = offset
             finally:
                 os.close(fd)
-        if self.fault_hook is not None:
-            self.fault_hook(rank)
-        os.replace(tmp, d / data_name)
-        atomic_write(d / idx_name, index.to_json())
-        fut_out: Future[list[WriteResult]] = Future()
-        fut_out.set_result(results)
-        return fut_out
+        return index, results
 
     @staticmethod
     def _item_bytes(
@@ -229,144 +272,3 @@ def _pread_into(fd: int, buf: memoryview, offset: int, where: Path) -> None:
         if n == 0:
             raise ChecksumError(f"{where}: truncated at byte {offset + done}")
         done += n
-
-
-class TierStorageReader(StorageReader):
-    """Reads one committed step from the node memory tier.
-
-    `shard_dirs` are searched in order for `rank_<k>.bin/.idx`; `fetch_missing(k)` may return a directory
-    holding rank k's shard when none of them does (the checkpointer uses it for S3).
-    """
-
-    def __init__(
-        self,
-        step_dir: Path,
-        *,
-        rank: int = 0,
-        shard_dirs: list[Path] | None = None,
-        verify: bool = True,
-        fetch_missing: Callable[[int], Path | None] | None = None,
-    ) -> None:
-        super().__init__()
-        self.step_dir = Path(step_dir)
-        self.rank = rank
-        self.shard_dirs = [self.step_dir, *(shard_dirs or [])]
-        self.verify = verify
-        self.fetch_missing = fetch_missing
-        self.storage_data: dict[MetadataIndex, ItemLoc] = {}
-        self._indexes: dict[int, tuple[Path, ShardIndex] | None] = {}
-
-    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        self.storage_data = {}
-        self._indexes = {}
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self.step_dir / METADATA
-        try:
-            with open(path, "rb") as f:
-                md = pickle.load(f)
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as err:
-            raise ChecksumError(f"{path}: unreadable checkpoint metadata ({err})") from None
-        if not isinstance(md, Metadata):
-            raise ChecksumError(f"{path}: not DCP metadata")
-        if md.storage_meta is None:
-            md.storage_meta = StorageMeta()
-        md.storage_meta.load_id = uuid.uuid4().hex
-        return md
-
-    def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
-    ) -> None:
-        self.storage_data = cast(dict[MetadataIndex, ItemLoc], metadata.storage_data or {})
-        rank = kwargs.get("rank")
-        if rank is not None:
-            self.rank = int(rank)
-
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
-
-    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
-
-    def _shard(self, rank: int) -> tuple[Path, ShardIndex] | None:
-        if rank not in self._indexes:
-            found: tuple[Path, ShardIndex] | None = None
-            dirs = list(self.shard_dirs)
-            for d in dirs:
-                data, idx = (d / n for n in shard_names(rank))
-                if data.is_file() and idx.is_file():
-                    found = (data, ShardIndex.from_json(idx.read_bytes(), str(idx)))
-                    break
-            if found is None and self.fetch_missing is not None:
-                d2 = self.fetch_missing(rank)
-                if d2 is not None:
-                    data, idx = (d2 / n for n in shard_names(rank))
-                    found = (data, ShardIndex.from_json(idx.read_bytes(), str(idx)))
-            self._indexes[rank] = found
-        return self._indexes[rank]
-
-    def _locate(self, index: MetadataIndex) -> tuple[Path, ItemLoc]:
-        own = self._shard(self.rank)
-        if own is not None and _key(index) in own[1].items:
-            return own[0], own[1].items[_key(index)]
-        loc = self.storage_data.get(index)
-        if loc is None:
-            raise ChecksumError(f"checkpoint {self.step_dir} has no location for {index.fqn}")
-        other = self._shard(loc.rank)
-        if other is None:
-            raise ChecksumError(
-                f"{index.fqn} lives in rank {loc.rank}'s shard, which is neither on this node nor in S3"
-            )
-        return other[0], other[1].items.get(_key(index), loc)
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        fds: dict[Path, int] = {}
-        try:
-            for req in plan.items:
-                path, loc = self._locate(req.storage_index)
-                if path not in fds:
-                    fds[path] = os.open(path, os.O_RDONLY)
-                self._read_one(fds[path], path, loc, req, planner)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
-
-    def _read_one(self, fd: int, path: Path, loc: ItemLoc, req: Any, planner: LoadPlanner) -> None:
-        if req.type == LoadItemType.BYTE_IO:
-            raw = bytearray(loc.length)
-            _pread_into(fd, memoryview(raw), loc.offset, path)
-            self._check(raw, loc, path, req)
-            planner.load_bytes(req, io.BytesIO(raw))
-            return
-        assert loc.dtype is not None and loc.shape is not None
-        target = planner.resolve_tensor(req).detach()
-        whole = list(req.storage_offsets) == [0] * len(loc.shape) and tuple(req.lengths) == loc.shape
-        same = target.device.type == "cpu" and target.is_contiguous() and str(target.dtype) == loc.dtype
-        if whole and same:
-            # Common case: the saved chunk is exactly the target; read straight into its memory.
-            buf = tensor_bytes(target)
-            _pread_into(fd, buf, loc.offset, path)
-            self._check(buf, loc, path, req)
-        else:
-            src = torch.empty(loc.shape, dtype=_dtype(loc.dtype))
-            buf = tensor_bytes(src)
-            _pread_into(fd, buf, loc.offset, path)
-            self._check(buf, loc, path, req)
-            for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
-                src = src.narrow(dim, start, length)
-            target.copy_(src)
-        planner.commit_tensor(req, target)
-
-    def _check(self, buf: Any, loc: ItemLoc, path: Path, req: Any) -> None:
-        if self.verify and hasher(loc.algo)(buf) != loc.checksum:
-            raise ChecksumError(
-                f"{path}: checksum mismatch in {req.storage_index.fqn} (bytes {loc.offset}.."
-                f"{loc.offset + loc.length}); the shard is damaged"
-            )
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return str(checkpoint_id).startswith(SCHEME)

@@ -101,6 +101,26 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
             res["step"] = step
             res["source"] = ckpt.last_source
             res["match"] = step is not None and matches(state, step, rank)
+        elif task == "load_part":
+            # Each new rank asks for one saved rank's private part (like a new shard layout).
+            mine = rank % kw["saved_world"]
+            state = empty_state(mine)
+            step = ckpt.load(state, kw.get("step"))
+            res["step"] = step
+            res["match"] = step is not None and matches(state, step, mine)
+        elif task == "load_resharded":
+            # Every rank asks for every saved rank's private part: the union of the saved state.
+            saved = kw["saved_world"]
+            state = empty_state(0)
+            for r in range(1, saved):
+                state[f"local_{r}"] = torch.full((3, 5), -1.0)
+            step = ckpt.load(state, kw.get("step"))
+            res["step"] = step
+            res["source"] = ckpt.last_source
+            res["match"] = step is not None and all(matches(state, step, r) for r in range(saved))
+            res["restore_left"] = (Path(ckpt.tier.base) / ".restore").exists() and any(
+                (Path(ckpt.tier.base) / ".restore").iterdir()
+            )
         ckpt.close()
         dist.destroy_process_group()
         out.write_text(json.dumps(res))

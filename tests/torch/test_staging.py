@@ -15,7 +15,7 @@ from torch import nn
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from hpresilience.torch import CheckpointConfig, TieredCheckpointer
-from hpresilience.torch.staging import CachedStager, _stage_tree
+from hpresilience.torch.staging import CachedStager, TornStateError, _stage_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -135,7 +135,9 @@ def test_failed_background_copy_fails_that_save_and_the_previous_step_stays(
 def test_the_optimizer_guard_exists_only_while_a_background_checkpointer_is_open(tmp_path: Path) -> None:
     hooks = _global_optimizer_pre_hooks
     n = len(hooks)
-    inline = TieredCheckpointer(CheckpointConfig(namespace="a", memory_dir=str(tmp_path), replicate=False))
+    inline = TieredCheckpointer(
+        CheckpointConfig(namespace="a", memory_dir=str(tmp_path), replicate=False, background_staging=False)
+    )
     assert len(hooks) == n
     inline.close()
     cfg = CheckpointConfig(namespace="b", memory_dir=str(tmp_path), replicate=False, background_staging=True)
@@ -143,3 +145,23 @@ def test_the_optimizer_guard_exists_only_while_a_background_checkpointer_is_open
     assert len(hooks) == n + 1
     ck.close()
     assert len(hooks) == n
+
+
+def test_background_staging_is_the_default() -> None:
+    assert CheckpointConfig(namespace="d").background_staging is True
+
+
+def test_in_place_change_during_the_background_copy_fails_that_save_loudly(bg: TieredCheckpointer) -> None:
+    """An EMA-style edit outside optimizer.step() while the copy runs: the save is dropped, not torn."""
+    model = _model()
+    bg.async_save({"model": model.state_dict()}, 1).result()
+    before = model[0].weight.detach().clone()
+    _slow_copy(bg._stager, 0.3)
+    fut = bg.async_save({"model": model.state_dict()}, 2)
+    with torch.no_grad():
+        model[0].weight.mul_(0.5)  # not through the optimizer, no wait_staged(): the guard must catch it
+    with pytest.raises(TornStateError, match="changed in place while async_save"):
+        fut.result()
+    assert bg.wait() is False  # the failed save reports through wait() too, without raising
+    assert bg.load({"model": _model().state_dict()}) == 1
+    assert torch.equal(_loaded(bg, 1)["0.weight"], before)

@@ -33,7 +33,7 @@ def _flip(path: Path, at: int | None = None) -> None:
 def test_writer_stores_raw_tensor_bytes_with_index_and_commit_written_last(tmp_path: Path) -> None:
     tier = MemoryTier(tmp_path, "ns")
     state = state_for(4, 0)
-    dcp_save(state, storage_writer=TierStorageWriter(tier, 4))
+    dcp_save(state, storage_writer=TierStorageWriter(tier, 4, tier_only=True))
     d = tier.step_dir(4)
     assert sorted(os.listdir(d)) == [".metadata", "COMMIT", "rank_0.bin", "rank_0.idx"]
     idx = json.loads((d / "rank_0.idx").read_bytes())
@@ -46,7 +46,7 @@ def test_writer_stores_raw_tensor_bytes_with_index_and_commit_written_last(tmp_p
 
 def test_reader_round_trips_tensors_and_python_objects(tmp_path: Path) -> None:
     tier = MemoryTier(tmp_path, "ns")
-    dcp_save(state_for(4, 0), storage_writer=TierStorageWriter(tier, 4))
+    dcp_save(state_for(4, 0), storage_writer=TierStorageWriter(tier, 4, tier_only=True))
     got = empty_state(0)
     dcp_load(got, storage_reader=TierStorageReader(tier.step_dir(4)))
     assert matches(got, 4, 0)
@@ -54,7 +54,7 @@ def test_reader_round_trips_tensors_and_python_objects(tmp_path: Path) -> None:
 
 def test_reader_detects_a_flipped_byte_by_checksum(tmp_path: Path) -> None:
     tier = MemoryTier(tmp_path, "ns")
-    dcp_save(state_for(4, 0), storage_writer=TierStorageWriter(tier, 4))
+    dcp_save(state_for(4, 0), storage_writer=TierStorageWriter(tier, 4, tier_only=True))
     _flip(tier.step_dir(4) / "rank_0.bin")
     with pytest.raises(CheckpointException) as err:
         dcp_load(empty_state(0), storage_reader=TierStorageReader(tier.step_dir(4)))
@@ -159,7 +159,7 @@ def test_s3_copy_with_a_flipped_byte_is_refused(tmp_path: Path, s3_endpoint: str
 
 def test_reader_refuses_unknown_checksum_algorithm(tmp_path: Path) -> None:
     tier = MemoryTier(tmp_path, "ns")
-    dcp_save(state_for(1, 0), storage_writer=TierStorageWriter(tier, 1, algo="crc32"))
+    dcp_save(state_for(1, 0), storage_writer=TierStorageWriter(tier, 1, algo="crc32", tier_only=True))
     idx = tier.step_dir(1) / "rank_0.idx"
     idx.write_text(idx.read_text().replace('"crc32"', '"md4"'))
     with pytest.raises(CheckpointException) as err:

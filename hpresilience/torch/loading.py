@@ -1,0 +1,224 @@
+"""The restore half of TieredCheckpointer: choose a step every rank can get, bring it within reach, verify.
+
+Kept apart from saving so each module stays readable; the methods run on the checkpointer's own state
+(tier, groups, S3) and every one of them is collective over the checkpointer's gloo groups.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from hpresilience.errors import HPResilienceError
+from hpresilience.log import get_logger
+from hpresilience.torch import elastic
+from hpresilience.torch.layout import COMMIT, METADATA, ShardIndex, atomic_write, shard_names, verify_shard
+from hpresilience.torch.private import read_trusted
+from hpresilience.torch.reader import TierStorageReader
+from hpresilience.torch.replica import recv_files, send_files
+from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
+
+if TYPE_CHECKING:
+    from hpresilience.torch.layout import MemoryTier
+    from hpresilience.torch.s3tier import S3Tier
+    from hpresilience.torch.settings import CheckpointConfig
+
+log = get_logger("hpresilience.torch")
+
+
+class LoadMixin:
+    """Mixed into TieredCheckpointer, which sets these attributes."""
+
+    cfg: CheckpointConfig
+    tier: MemoryTier
+    s3: S3Tier | None
+    rank: int
+    world: int
+    distributed: bool
+    last_source: str | None
+    last_committed: int | None
+    _last_sources: list[Source]  # per rank, of the last same-world step prepared ([] after a reshard)
+    _save_pg: Any
+    _repl_pg: Any
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def _gather(self, obj: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def prepare_load(
+        self,
+        step: int | None = None,
+        bad: set[tuple[int, Source, int]] | None = None,
+        verify_first: bool = False,
+        state_dict: dict[str, Any] | None = None,
+    ) -> tuple[int, TierStorageReader] | None:
+        """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
+        reader for it (None: nothing loadable). `load()` is this plus dcp.load. `state_dict`, when
+        given, narrows a resharding load to the saved shards it asks for."""
+        self.flush()
+        inv = self.tier.inventory(self.rank)
+        inv["s3"], inv["s3_worlds"] = [], {}
+        if self.s3 is not None and self.rank == 0:
+            try:
+                inv["s3"] = self.s3.committed_steps()
+                inv["s3_worlds"] = {s: self.s3.world_of(s) for s in inv["s3"][-3:]}
+            except HPResilienceError as err:
+                log.warning("s3_listing_failed", error=str(err))
+        invs = self._gather(inv)
+        s3_steps = set(invs[0]["s3"])
+        s3_worlds = {k: v for k, v in invs[0]["s3_worlds"].items() if v is not None}
+        committed = s3_steps.union(*(set(i["committed"]) for i in invs))
+        resharded = {s for s in committed if saved_world(s, invs, s3_worlds, self.world) != self.world}
+        bad = set() if bad is None else bad
+        bad_steps: set[int] = set()
+        while True:
+            same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded)
+            other = choose_elastic(invs, s3_steps, s3_worlds, bad_steps, self.world, step)
+            if same is None and other is None:
+                level = log.warning if committed else log.info
+                level("checkpoint_none_loadable", wanted=step, rank=self.rank, committed=sorted(committed))
+                return None
+            if other is not None and (same is None or other[0] > same[0]):
+                chosen, saved, el_sources = other
+                problem, dirs = self._materialize_elastic(
+                    chosen, saved, el_sources, invs, s3_steps, state_dict
+                )
+                errs = self._gather(problem)
+                if not any(errs):
+                    break
+                bad_steps.add(chosen)
+                elastic.cleanup(self, chosen)
+                log.warning("checkpoint_step_skipped", step=chosen, errors=[e for e in errs if e])
+                continue
+            assert same is not None
+            chosen, sources = same
+            problem = self._materialize(chosen, sources, invs, s3_steps, verify_first)
+            errs = self._gather(problem)
+            if not any(errs):
+                dirs = []
+                break
+            for r, e in enumerate(errs):
+                if e:
+                    bad.add((r, sources[r], chosen))
+                    log.warning("checkpoint_shard_skipped", step=chosen, rank=r, source=sources[r], error=e)
+        newer = [s for s in inv["own"] if s > chosen]
+        if newer and step is None:  # an explicit older step is a choice, not a sign of damage
+            log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
+        if dirs:
+            self.last_source = "resharded"
+            self._last_sources = []
+            reader = TierStorageReader(
+                self.tier.step_dir(chosen), rank=self.rank, verify=False, shard_dirs=dirs
+            )
+        else:
+            self.last_source = sources[self.rank][0]
+            self._last_sources = sources
+            # Items saved by other ranks (DCP keeps one copy of an item every rank saved) are also found
+            # in the peer copies this node holds.
+            held = [self.tier.peer_dir(src, chosen) for src in self.tier.peer_sources()]
+            reader = TierStorageReader(
+                self.tier.step_dir(chosen),
+                rank=self.rank,
+                shard_dirs=[d for d in held if d.is_dir()],
+                verify=True,
+                fetch_missing=self._s3_fetcher(chosen) if chosen in s3_steps else None,
+            )
+        log.info("checkpoint_load_prepared", step=chosen, rank=self.rank, source=self.last_source)
+        self.last_committed = chosen
+        return chosen, reader
+
+    def finish_load(self, step: int) -> None:
+        elastic.cleanup(self, step)
+        log.info("checkpoint_loaded", step=step, rank=self.rank, source=self.last_source)
+
+    def _materialize_elastic(
+        self,
+        step: int,
+        saved: int,
+        sources: list[Source],
+        invs: list[dict[str, Any]],
+        s3_steps: set[int],
+        state_dict: dict[str, Any] | None = None,
+    ) -> tuple[str | None, list[Path]]:
+        problem = self._ensure_metadata(step, invs, s3_steps)
+        problem2, dirs = elastic.gather_shards(self, step, saved, sources, s3_steps, state_dict)
+        return problem or problem2, dirs
+
+    def _s3_fetcher(self, step: int) -> Any:
+        def fetch(rank: int) -> Path | None:
+            assert self.s3 is not None
+            into = self.tier.base / "s3cache" / str(rank)
+            self.s3.download_shard(step, rank, into)
+            return into
+
+        return fetch
+
+    def _metadata_bytes(self, step: int) -> tuple[bytes, bytes] | None:
+        for d in [self.tier.step_dir(step), *(self.tier.peer_dir(s, step) for s in self.tier.peer_sources())]:
+            if self.tier.is_committed(d):
+                try:
+                    return read_trusted(d / METADATA), read_trusted(d / COMMIT)
+                except (HPResilienceError, OSError) as err:
+                    log.warning("checkpoint_metadata_unreadable", step=step, folder=str(d), error=str(err))
+        return None
+
+    def _ensure_metadata(self, step: int, invs: list[dict[str, Any]], s3_steps: set[int]) -> str | None:
+        """Put the step's .metadata and COMMIT into this rank's step folder (from a holder or S3)."""
+        d = self.tier.step_dir(step)
+        d.mkdir(parents=True, exist_ok=True)
+        holders = [r for r, i in enumerate(invs) if step in i["committed"]]
+        if holders and self.distributed:
+            box: list[Any] = [self._metadata_bytes(step) if self.rank == holders[0] else None]
+            dist.broadcast_object_list(box, src=holders[0], group=self._save_pg)
+            if box[0] is not None and not self.tier.is_committed(d):
+                atomic_write(d / METADATA, box[0][0])
+                atomic_write(d / COMMIT, box[0][1])
+        try:
+            if not self.tier.is_committed(d):
+                if self.s3 is None or step not in s3_steps:
+                    return "no committed metadata reached this rank"
+                self.s3.download_metadata(step, d)
+        except (HPResilienceError, OSError) as err:
+            return str(err)
+        return None
+
+    def _materialize(
+        self,
+        step: int,
+        sources: list[Source],
+        invs: list[dict[str, Any]],
+        s3_steps: set[int],
+        verify_first: bool = False,
+    ) -> str | None:
+        """Bring this rank's shard and the step's metadata into the own memory tier; check its size, or
+        with `verify_first` its checksums (for callers that cannot retry a failed dcp.load)."""
+        problem = self._ensure_metadata(step, invs, s3_steps)
+        d = self.tier.step_dir(step)
+        for r, src in enumerate(sources):  # one transfer at a time, in rank order: no cycles
+            if src[0] == "peer" and self.rank in (r, src[1]):
+                files = shard_names(r)
+                if self.rank == src[1]:
+                    send_files(self._repl_pg, [self.tier.peer_dir(r, step) / n for n in files], dst=r)
+                else:
+                    recv_files(self._repl_pg, [d / n for n in files], src=src[1])
+        if problem is not None:
+            return problem
+        try:
+            if sources[self.rank][0] == "s3":
+                assert self.s3 is not None
+                self.s3.download_shard(step, self.rank, d)
+            # The checksums are checked while the load reads the bytes (one pass); here only the size.
+            data, idx = (d / n for n in shard_names(self.rank))
+            index = ShardIndex.from_json(read_trusted(idx), str(idx))
+            if verify_first:
+                verify_shard(data, index)
+            want = index.size
+            if data.stat().st_size != want:
+                return f"{data}: {data.stat().st_size} bytes, index says {want}"
+        except (HPResilienceError, OSError) as err:
+            return str(err)
+        return None

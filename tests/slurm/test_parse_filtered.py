@@ -94,3 +94,15 @@ def test_name_lists_drop_duplicates() -> None:
 def test_filtered_json_fixture_is_real_22_05_output() -> None:
     meta = json.loads((SLURM / "filtered_sinfo_v0.0.38.json").read_text())["meta"]
     assert meta["Slurm"]["release"] == "22.05.8"
+
+
+def test_real_size_node_record_matches_the_v0_0_41_schema_and_reads() -> None:
+    """The parse benchmark's template: a p5 node in the full field layout of real records (2.3-3.4 KB)."""
+    doc = json.loads((SLURM / "node_p5_v0.0.41.json").read_text())
+    # Measured as scontrol prints it, inside the `nodes` list.
+    assert 2300 <= len(json.dumps({"nodes": doc["nodes"]}, indent=2)) <= 3400
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(doc, json.loads((SLURM / "schema_v0.0.41_openapi_nodes_resp.json").read_text()))
+    (node,) = parse.parse_nodes_json(json.dumps(doc))
+    assert node.name == "gpu-st-p5-1" and node.states == {"ALLOCATED"} and node.gres == "gpu:h100:8(S:0-1)"
+    assert node.partitions == ("p5", "gpu-all") and node.cpus == 192 and node.slurmd_start_time == 1795540080

@@ -1,8 +1,8 @@
 """The controller loop: one read of the nodes in trouble per cycle, each repair moved at most one step per cycle.
 
-Each poll asks slurmctld for the nodes out of service (`sinfo -R`: down, drained, failed, failing; each carries
-a reason) and, by name, those under repair (a repaired node is back in service): its cost grows with the nodes
-in trouble, not with the cluster.
+Each poll asks slurmctld for the nodes out of service (`sinfo -R`: down, drained, failed, failing) and, by
+name, those under repair (a repaired node is back in service): its cost grows with the nodes in trouble,
+not with the cluster.
 
     pending --(jobs gone or forced DOWN, slot free)--> acting --(provider returned)--> waiting_back
     waiting_back --(slurmd registered again)--> gating --(gate passed)--> resumed (record finished)

@@ -98,8 +98,9 @@ class SlurmClient:
         return [by_name[n] for n in wanted if n in by_name]
 
     def nodes_out_of_service(self, also: Iterable[str] = ()) -> list[Node]:
-        """Nodes that are down, drained, failed or failing (each carries a reason), plus those of `also` that
-        Slurm knows: two queries whose output grows with the nodes in trouble, not with the cluster."""
+        """Nodes that are down, drained, failed or failing (`sinfo -R` filters on the states down, fail and
+        drain, with or without a reason), plus those of `also` that Slurm knows: two queries whose output
+        grows with the nodes in trouble, not with the cluster."""
         res = self.runner.run("sinfo", "-h", "-N", "-R", "-o", "%N")
         names = list(dict.fromkeys(parse.parse_node_names(res.stdout) + list(also)))
         return self.known_nodes(names)

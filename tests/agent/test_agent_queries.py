@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 FULL_TABLE = ("sinfo --json", "squeue --json", "scontrol --json show node")
 
 
-def make_agent(cl: DevCluster, root: Path, name: str = "n1", **settings: object) -> tuple[Agent, CountingRunner, FakeNode]:
+def make_agent(cl: DevCluster, root: Path, name: str = "n1",
+               **settings: object) -> tuple[Agent, CountingRunner, FakeNode]:
     node = FakeNode.make(root / name, "p5.48xlarge")
     collector = HealthCollector(load_config(node.root / "config.yaml").health, sources=[])
     runner = CountingRunner.like(cl.client().runner)

@@ -53,7 +53,7 @@ def test_poll_of_a_step_names_only_its_nodes(cluster: DevCluster) -> None:
 
 def test_unknown_node_is_a_clear_error_and_known_nodes_leaves_it_out(cluster: DevCluster) -> None:
     client, _ = counting(cluster)
-    with pytest.raises(SlurmError, match="unknown node.*nosuch"):
+    with pytest.raises(SlurmError, match=r"unknown node.*nosuch"):
         client.nodes(["n1", "nosuch"])
     with pytest.raises(SlurmError, match="unknown node"):
         client.node("nosuch")

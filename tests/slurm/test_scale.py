@@ -51,7 +51,8 @@ def test_named_nodes_among_ten_thousand(big: DevCluster, client: tuple[SlurmClie
         c.nodes([f"gpu-st-p5-{EXTRA + 1}"])
 
 
-def test_reason_listing_count_and_idle_nodes_at_scale(big: DevCluster, client: tuple[SlurmClient, CountingRunner]) -> None:
+def test_reason_listing_count_and_idle_nodes_at_scale(big: DevCluster,
+                                                      client: tuple[SlurmClient, CountingRunner]) -> None:
     c, runner = client
     c.set_node_state(["gpu-st-p5-77"], "drain", "Action:Reboot ecc")
     c.set_node_state(["n3"], "fail", "Action:Replace xid=79")

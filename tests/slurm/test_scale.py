@@ -73,3 +73,4 @@ def test_job_read_names_the_job(big: DevCluster, client: tuple[SlurmClient, Coun
     j = c.job(job)
     assert j.nodes == ("n1", "n2") and j.partition == "debug"
     assert all(cmd.startswith(("sbatch", f"scontrol show job {job} -o")) for cmd in runner.commands())
+    c.cancel(job)

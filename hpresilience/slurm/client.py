@@ -113,13 +113,7 @@ class SlurmClient:
     def idle_nodes(self, partition: str = "") -> list[str]:
         """Names of the nodes that could take a job now (idle, no flag), optionally of one partition."""
         args = ["-h", "-N", "-t", "idle", "-o", "%N|%t"] + ([f"--partition={partition}"] if partition else [])
-        out = []
-        for line in self.runner.run("sinfo", *args).stdout.splitlines():
-            name, _, state = line.strip().partition("|")
-            # -t idle also lists drained (`drain`) and powered-down (`idle~`) nodes: only a bare `idle` is free.
-            if name and state == "idle":
-                out.append(name)
-        return list(dict.fromkeys(out))
+        return parse.parse_idle_names(self.runner.run("sinfo", *args).stdout)
 
     def _read_nodes(self, names: list[str]) -> dict[str, Node]:
         hosts = compress(dict.fromkeys(names))

@@ -329,3 +329,14 @@ def parse_jobs_oneliner(text: str, what: str = "scontrol show job -o") -> list[J
 def parse_node_names(text: str) -> list[str]:
     """One node name per line (`sinfo -h -N -o %N`), duplicates (a node in two partitions) dropped."""
     return list(dict.fromkeys(w for w in (line.strip() for line in text.splitlines()) if w))
+
+
+def parse_idle_names(text: str) -> list[str]:
+    """Free nodes from `sinfo -h -N -t idle -o '%N|%t'`: -t idle also lists drained (`drain`) and powered-down
+    (`idle~`) nodes, so only a bare `idle` counts."""
+    out = []
+    for line in text.splitlines():
+        name, _, state = line.strip().partition("|")
+        if name and state == "idle":
+            out.append(name)
+    return list(dict.fromkeys(out))

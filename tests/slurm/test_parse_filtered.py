@@ -92,6 +92,14 @@ def test_name_lists_drop_duplicates() -> None:
     assert parse.parse_node_names("a\nb\na\n\n") == ["a", "b"]
 
 
+def test_idle_listing_keeps_only_bare_idle_nodes() -> None:
+    """`sinfo -t idle` lists drained and powered-down nodes too; none of them can take a job."""
+    text = (SLURM / "sinfo_idle_22.05.txt").read_text()
+    assert "gpu-st-p5-2|drain~" in text and "gpu-st-p5-1|idle~" in text
+    assert parse.parse_idle_names(text) == []
+    assert parse.parse_idle_names(text + "n4|idle\nn3|drain\nn4|idle\n") == ["n4"]
+
+
 def test_filtered_json_fixture_is_real_22_05_output() -> None:
     meta = json.loads((SLURM / "filtered_sinfo_v0.0.38.json").read_text())["meta"]
     assert meta["Slurm"]["release"] == "22.05.8"

@@ -1,10 +1,16 @@
 """The node agent: runs checks on a schedule and on events, and acts on verdicts through Slurm.
 
-One loop per node. Each cycle: ask Slurm for every node (one query: the guard rails need the whole
-cluster), run the passive checks (and the active ones when this node is idle or drained by us and
-they are due), turn the results into a Decision through `guard.decide`, and apply it. A fault event
-(an XID in the kernel log, an NVML event) wakes the loop at once: that is the event path whose
-latency bench/ measures. Nothing here raises out of the loop: a failed cycle is logged and retried.
+One loop per node. Each cycle runs the passive checks (and the active ones when they are due and Slurm
+shows this node idle or drained by us), turns the results into a Decision through `guard.decide`, and
+applies it. What it asks slurmctld must not grow with the cluster, since every node runs one:
+- a healthy cycle asks nothing;
+- this node's own record (one `scontrol show node NAME`) is read only when it is needed: an active check
+  is due (so a node going idle is seen at the active-check interval, not every cycle), a finding is to be
+  judged, or a mark of the agent's own may be on the node and could be lifted;
+- the cluster-wide cap (cluster size and the nodes out of service) is read only when a mark is about to
+  be made, and once more after marking to settle a race with other agents.
+A fault event (an XID in the kernel log, an NVML event) wakes the loop at once: that is the event path
+whose latency bench/ measures. Nothing here raises out of the loop: a failed cycle is logged and retried.
 """
 
 from __future__ import annotations
@@ -21,10 +27,9 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hpresilience.agent.guard import Decision, Finding, Memory, cap_limit, decide, recently_marked_by_agents
+from hpresilience.agent.guard import CapView, Decision, Finding, Memory, cap_limit, decide, recently_marked_by_agents
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.agent.watchdog import WatchdogPinger
-from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 from hpresilience.reasons import parse_reason
@@ -93,6 +98,8 @@ class Agent:
         # Wall-clock time of the last active-check run, kept in the state file: `agent --once` (Slurm's
         # HealthCheckProgram) is a new process every time and must not stress an idle node every interval.
         self.last_active = 0.0
+        # When this node's state was last read for the active checks: they wait for idle at that pace.
+        self.last_active_look = float("-inf")
         self.last_ok_cycle = 0.0
         self.stop_event = threading.Event()
         self.state_path = Path(settings.state_dir) / f"agent-{self.node_name}.json"
@@ -103,13 +110,20 @@ class Agent:
         try:
             data = json.loads(self.state_path.read_text())
             self.memory.streaks = {str(k): int(v) for k, v in data.get("streaks", {}).items()}
+            marked = data.get("marked")
+            self.memory.marked = marked if isinstance(marked, bool) else None
             self.last_active = float(data.get("last_active_at", 0.0))
-        except (OSError, ValueError, AttributeError, TypeError):
+        except FileNotFoundError:
             pass
+        except (OSError, ValueError, AttributeError, TypeError) as err:
+            # Start afresh (streaks at zero, own node read once), but say so: a state file nobody can read
+            # is worth an operator's look.
+            log.warning("agent_state_unreadable", path=str(self.state_path), error=str(err)[:200])
 
     def _save_memory(self) -> None:
         try:
             atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
+                                                           "marked": self.memory.marked,
                                                            "last_active_at": self.last_active}))
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
@@ -123,28 +137,50 @@ class Agent:
             return True
         return parse_reason(node.reason).owner == "agent"
 
-    def cycle(self, now: float | None = None) -> Decision:
-        cluster = self.client.nodes()
-        me = next((n for n in cluster if n.name == self.node_name), None)
-        if me is None:
-            raise HPResilienceError(f"node {self.node_name!r} is not in the cluster (names: "
-                                    f"{', '.join(n.name for n in cluster[:8])}...)")
-        outcomes = list(self.collector.passive())
-        t = time.time() if now is None else now
+    def active_due(self) -> bool:
+        if not self.settings.active_checks:
+            return False
+        interval = self.settings.active_interval_s
         # A clock stepped back (last run "in the future") counts as due, never as never again.
         since = time.time() - self.last_active
-        if self.active_allowed(me) and not 0 <= since < self.settings.active_interval_s:
-            outcomes += self.collector.active()
-            self.last_active = time.time()
+        return not 0 <= since < interval and time.monotonic() - self.last_active_look >= interval
+
+    def own_node(self) -> Node:
+        """This node as Slurm sees it: one query naming it, whatever the cluster's size."""
+        me = self.client.node(self.node_name)
+        self.memory.marked = parse_reason(me.reason).owner == "agent" and me.is_unavailable
+        return me
+
+    def cap_view(self) -> CapView:
+        return CapView(self.client.node_count(), self.client.nodes_out_of_service())
+
+    def cycle(self, now: float | None = None) -> Decision:
+        outcomes = list(self.collector.passive())
+        t = time.time() if now is None else now
+        me: Node | None = None
+        if self.active_due():
+            me = self.own_node()
+            self.last_active_look = time.monotonic()
+            if self.active_allowed(me):
+                outcomes += self.collector.active()
+                self.last_active = time.time()
         for o in outcomes:
             self.metrics.checks.labels(o.check, o.status).inc()
             self.metrics.duration.labels(o.check).observe(o.duration_s)
         findings = [o.finding for o in outcomes if o.finding is not None]
         self.memory.observe(findings)
-        decision = decide(me, cluster, findings, self.memory, self.settings, t)
-        self.apply(me, decision, outcomes)
-        if decision.kind == "mark" and not self.settings.dry_run and parse_reason(me.reason).owner != "agent":
-            decision = self.verify_cap(decision)
+        # Nothing to report and no mark of ours to lift: nothing to ask Slurm.
+        may_lift = self.settings.resume_when_clear and self.memory.marked is not False
+        if me is None and (findings or may_lift):
+            me = self.own_node()
+        if me is None:
+            decision = Decision("none", "healthy")
+            self.metrics.decisions.labels(decision.kind, "none").inc()
+        else:
+            decision = decide(me, self.cap_view, findings, self.memory, self.settings, t)
+            self.apply(me, decision, outcomes)
+            if decision.kind == "mark" and not self.settings.dry_run and parse_reason(me.reason).owner != "agent":
+                decision = self.verify_cap(decision)
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
@@ -155,14 +191,15 @@ class Agent:
         """Agents that see the same fault in the same second all pass the cap check before any of them marked.
         So each re-reads Slurm after marking and keeps its mark only if it is among the first `limit` agent
         marks in (reason time, node name) order - an order every agent computes the same - else it backs out."""
-        cluster = self.client.nodes()
-        marked = [n for n in cluster if n.name in recently_marked_by_agents(cluster, time.time(),
-                                                                             self.settings.cap_window_s)]
+        view = self.cap_view()
+        recent = set(recently_marked_by_agents(view.out_of_service, time.time(), self.settings.cap_window_s))
+        marked = [n for n in view.out_of_service if n.name in recent]
         marked.sort(key=lambda n: (n.reason_changed_at or 0, n.name))
-        limit = cap_limit(len(cluster), self.settings)
+        limit = cap_limit(view.size, self.settings)
         names = [n.name for n in marked]
         if self.node_name in names and names.index(self.node_name) >= limit:
             self.client.set_node_state([self.node_name], "resume")
+            self.memory.marked = False
             why = (f"cluster cap reached: {len(names)} agent marks within {self.settings.cap_window_s:g} s, "
                    f"limit {limit}; this node's mark came after {', '.join(names[:limit])}")
             log.warning("node_mark_rolled_back", node=self.node_name, why=why)
@@ -182,6 +219,7 @@ class Agent:
                             **evidence)
                 return
             self.client.set_node_state([node.name], "fail", d.reason)
+            self.memory.marked = True
             observed = [o.observed_at for o in outcomes if o.finding is d.finding and o.observed_at]
             if observed:
                 self.metrics.latency.observe(max(0.0, time.time() - observed[0]))
@@ -191,6 +229,7 @@ class Agent:
                 log.info("node_would_be_resumed", node=node.name, why=d.why, dry_run=True)
                 return
             self.client.set_node_state([node.name], "resume")
+            self.memory.marked = False
             log.info("node_resumed", node=node.name, why=d.why, previous_reason=node.reason)
         elif d.kind == "hold":
             log.info("verdict_held", node=node.name, why=d.why, action=action, **evidence)

@@ -1,7 +1,8 @@
 """Guard rails: turning one node's findings into a Slurm action, or deliberately into none.
 
-Pure functions of (this node as Slurm sees it, the whole cluster's nodes, findings, memory of earlier
-runs, settings, now). The rules, in order:
+Pure functions of (this node as Slurm sees it, the cluster's view for the cap, findings, memory of earlier
+runs, settings, now). The cap view is passed as a function and called only when a mark is about to be made,
+so a node with nothing to report asks Slurm nothing about the rest of the cluster. The rules, in order:
 1. Never touch a node whose reason belongs to someone else (an operator, another tool, the controller).
 2. Nothing to report: resume the node only if the agent marked it and `resume_when_clear` is on.
 3. A finding must repeat `required_repeats` runs in a row unless its check is certain.
@@ -14,7 +15,7 @@ runs, settings, now). The rules, in order:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hpresilience.agent.settings import AgentSettings
@@ -37,9 +38,11 @@ class Finding:
 
 @dataclass
 class Memory:
-    """What the agent remembers between runs: consecutive sightings per fault key."""
+    """What the agent remembers between runs: consecutive sightings per fault key, and whether a mark of its
+    own may be on the node (None: not known yet, e.g. after a restart; the node is read once to learn it)."""
 
     streaks: dict[str, int] = field(default_factory=dict)
+    marked: bool | None = None
 
     def observe(self, findings: Sequence[Finding]) -> None:
         seen = {f.key for f in findings}
@@ -53,6 +56,19 @@ class Decision:
     action: Action | None = None
     reason: str = ""
     finding: Finding | None = None
+
+
+@dataclass(frozen=True)
+class CapView:
+    """What the cluster-wide cap needs: the cluster's size and its nodes out of service (agent marks are
+    FAIL, so they are among them). Read from Slurm only when a mark is about to be made."""
+
+    size: int
+    out_of_service: Sequence[Node]
+
+    @classmethod
+    def of(cls, cluster: Sequence[Node]) -> CapView:
+        return cls(len(cluster), [n for n in cluster if n.is_unavailable])
 
 
 def cap_limit(cluster_size: int, settings: AgentSettings) -> int:
@@ -69,8 +85,9 @@ def recently_marked_by_agents(nodes: Sequence[Node], now: float, window_s: float
     return out
 
 
-def decide(node: Node, cluster: Sequence[Node], findings: Sequence[Finding], memory: Memory,
-           settings: AgentSettings, now: float) -> Decision:
+def decide(node: Node, cluster: Sequence[Node] | Callable[[], CapView], findings: Sequence[Finding],
+           memory: Memory, settings: AgentSettings, now: float) -> Decision:
+    """`cluster`: every node, or a function returning the CapView, called only for a new mark."""
     current = parse_reason(node.reason) if node.reason else None
     ours = current is not None and current.owner == "agent"
     foreign = node.reason != "" and not ours and node.is_unavailable
@@ -91,11 +108,13 @@ def decide(node: Node, cluster: Sequence[Node], findings: Sequence[Finding], mem
         return Decision("hold", f"seen {streak} of {settings.required_repeats} runs in a row; waiting for a repeat",
                         worst.action, finding=worst)
     if not ours:
-        marked = [n for n in recently_marked_by_agents(cluster, now, settings.cap_window_s) if n != node.name]
-        limit = cap_limit(len(cluster), settings)
+        view = cluster() if callable(cluster) else CapView.of(cluster)
+        marked = [n for n in recently_marked_by_agents(view.out_of_service, now, settings.cap_window_s)
+                  if n != node.name]
+        limit = cap_limit(view.size, settings)
         if len(marked) + 1 > limit:
             return Decision("hold", f"cluster cap reached: {len(marked)} node(s) already marked by agents within "
-                                    f"{settings.cap_window_s:g} s, limit {limit} of {len(cluster)}",
+                                    f"{settings.cap_window_s:g} s, limit {limit} of {view.size}",
                             worst.action, finding=worst)
     return Decision("mark", "escalating" if ours else "fault confirmed", worst.action,
                     agent_reason(worst.action, worst.reason), worst)

@@ -77,7 +77,7 @@ class Capacity:
 
     def unhealthy(self, job: Job) -> set[str]:
         """Nodes of the allocation the step must not use: bad in Slurm's eyes, or blamed and kept out."""
-        by_name = {n.name: n for n in self.client.nodes()}
+        by_name = {n.name: n for n in self.client.known_nodes(job.nodes)}  # the job's nodes only, by name
         self._unreachable = {n for n in job.nodes if n in by_name and by_name[n].has("NOT_RESPONDING", "DOWN")}
         bad = {n for n in job.nodes if n in by_name and node_is_bad(by_name[n])}
         return bad | (set(self.state.kept_out) & set(job.nodes))
@@ -139,9 +139,11 @@ class Capacity:
     def _grow(self, count: int) -> Job:
         started = time.monotonic()
         exclude = set(self.state.kept_out)
+        # Idle nodes of the job's partition only: the listing stays small on a large cluster.
+        partition = self.client.job(self.job_id).partition
 
         def idle_nodes() -> list[str] | None:
-            idle = [n.name for n in self.client.nodes() if n.is_idle and n.name not in exclude]
+            idle = [n for n in self.client.idle_nodes(partition) if n not in exclude]
             return idle[:count] if len(idle) >= count else None
 
         def progress(what: str, waited: float) -> None:

@@ -180,7 +180,7 @@ class Supervisor:
     def _diagnose(self, exit_code: int, plan: list[str], blamed: list[str], trip: RuleTripped | None) -> Diagnosis:
         try:
             job = self.client.job(self.job_id)
-            by_name: dict[str, Node] = {n.name: n for n in self.client.nodes()}
+            by_name: dict[str, Node] = {n.name: n for n in self.client.known_nodes([*plan, *job.nodes])}
             allocation: tuple[str, ...] = job.nodes
         except HPResilienceError as err:
             # Never read an unanswering slurmctld as "all healthy": keep what the step itself told us.

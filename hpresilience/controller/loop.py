@@ -1,4 +1,8 @@
-"""The controller loop: one Slurm query per cycle, each repair moved at most one step per cycle.
+"""The controller loop: one read of the nodes in trouble per cycle, each repair moved at most one step per cycle.
+
+Each poll asks slurmctld for the nodes out of service (`sinfo -R`: down, drained, failed, failing) and, by
+name, those under repair (a repaired node is back in service): its cost grows with the nodes in trouble,
+not with the cluster.
 
     pending --(jobs gone or forced DOWN, slot free)--> acting --(provider returned)--> waiting_back
     waiting_back --(slurmd registered again)--> gating --(gate passed)--> resumed (record finished)
@@ -91,14 +95,15 @@ class Controller:
     # -- one cycle -----------------------------------------------------------------------------------
     def cycle(self, now: float | None = None) -> None:
         started = time.perf_counter()
-        nodes = self.client.nodes()
+        nodes = self.client.nodes_out_of_service(also=list(self.records))
         self.metrics.poll.observe(time.perf_counter() - started)
         self.process(nodes, time.time() if now is None else now)
         self.last_ok_cycle = time.monotonic()
         self.metrics.last_cycle.set(time.time())
 
     def process(self, nodes: list[Node], now: float) -> None:
-        """Pick up new requests and advance every repair, from one snapshot of the cluster."""
+        """Pick up new requests and advance every repair, from one snapshot of the nodes in trouble (and those
+        under repair): a node absent from it is in service, or gone from Slurm if a repair names it."""
         by_name = {n.name: n for n in nodes}
         for n in nodes:
             if n.name not in self.records:
@@ -119,6 +124,8 @@ class Controller:
                 self.advance(rec, node, now)
             except HPResilienceError as err:  # a refused Slurm write: retried next cycle, never fatal
                 self._decision("repair_step_failed", rec, "error", error=str(err))
+        for name in [n for n in self.down_seen if n not in by_name]:
+            del self.down_seen[name]  # back in service: a later DOWN starts its grace afresh
         counts = dict.fromkeys(STEPS, 0)
         for rec in self.records.values():
             counts[rec.step] += 1

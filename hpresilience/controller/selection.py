@@ -1,6 +1,6 @@
 """Which nodes the controller repairs, with which action, through which node group.
 
-Pure functions over the nodes of one Slurm query, so the poll stays one `--json` call per cycle.
+Pure functions over the nodes of one Slurm query (the nodes out of service, see loop.py).
 A node is picked up when it is out of service (FAIL, DOWN or DRAIN, failing or draining included) and
  - its reason is an `Action:Replace` / `Action:Reboot` request (from the agent, an operator or us), or
  - `scontrol reboot` left it behind (reason "Reboot ASAP" or "reboot timed out") - if so configured, or

@@ -1,7 +1,8 @@
 """SlurmClient: every operation the project performs on Slurm, over its commands.
 
-Reads use JSON: `sinfo --json` / `squeue --json` on Slurm 22.05 (its scontrol has no --json), and
-`scontrol --json show node|job` on 23.02 and newer. Writes use `scontrol update`. Writes to a
+Reads name what they want: `scontrol show node NAMES -o` / `scontrol show job J -o` on Slurm 22.05 (its
+scontrol has no --json, and its sinfo/squeue --json ignore filters), `scontrol --json show node|job` on 23.02
+and newer; the whole table (`sinfo --json`) only when asked for every node. Writes use `scontrol update`. Writes to a
 running job can be refused transiently; the runner retries them and the caller re-reads the job
 rather than trusting an exit code.
 """
@@ -9,6 +10,7 @@ rather than trusting an exit code.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from functools import cached_property
@@ -19,13 +21,16 @@ from hpresilience.log import get_logger
 from hpresilience.slurm import parse
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Job, Node
-from hpresilience.slurm.runner import CommandRunner
+from hpresilience.slurm.runner import CommandRunner, Result
 from hpresilience.waiting import wait_for
 
 if TYPE_CHECKING:
     from hpresilience.config import SlurmSettings
 
 log = get_logger("hpresilience.slurm")
+# What scontrol answers (exit 1) for names it does not know: an answer, not a failure to retry.
+_NODE_NOT_FOUND = re.compile(r"^Node \S+ not found|Invalid node name", re.IGNORECASE | re.MULTILINE)
+_JOB_UNKNOWN = re.compile(r"Invalid job id", re.IGNORECASE)
 
 NodeAction = Literal["fail", "drain", "down", "resume", "undrain"]
 NODE_ACTIONS: tuple[str, ...] = ("fail", "drain", "down", "resume", "undrain")
@@ -63,25 +68,85 @@ class SlurmClient:
         return "permit_job_expansion" in params.split(",")
 
     # -- nodes ---------------------------------------------------------------------------------------
+    # Every per-node and per-job read names what it wants, so its output (and the client's cost) grows with
+    # the question, not with the cluster: on 22.05 only scontrol's text form filters (sinfo/squeue --json
+    # ignore their filters), on 23.02+ `scontrol --json show node NAMES` does. Only `nodes()` without names,
+    # `jobs()` and `node_count()` read the whole table.
     def nodes(self, names: Iterable[str] | None = None) -> list[Node]:
-        """All nodes (one query), optionally filtered to `names` in that order."""
-        if self.scontrol_has_json:
-            res = self.runner.run("scontrol", "--json", "show", "node")
-            nodes = parse.parse_nodes_json(res.stdout, "scontrol --json show node")
-        else:
-            res = self.runner.run("sinfo", "--json")
-            nodes = parse.parse_nodes_json(res.stdout, "sinfo --json")
+        """With `names`: those nodes in that order, read with one query sized by the names (an unknown name
+        is a SlurmError). Without: every node of the cluster (one full-table query)."""
         if names is None:
-            return nodes
+            if self.scontrol_has_json:
+                res = self.runner.run("scontrol", "--json", "show", "node")
+                return parse.parse_nodes_json(res.stdout, "scontrol --json show node")
+            return parse.parse_nodes_json(self.runner.run("sinfo", "--json").stdout, "sinfo --json")
         wanted = list(names)
-        by_name = {n.name: n for n in nodes}
-        missing = [n for n in wanted if n not in by_name]
+        by_name = self._read_nodes(wanted)
+        missing = [n for n in dict.fromkeys(wanted) if n not in by_name]
         if missing:
-            raise SlurmError(["sinfo", "--json"], 0, "", f"unknown node(s): {', '.join(missing)}")
+            raise SlurmError(["scontrol", "show", "node", compress(missing)], 1, "",
+                             f"unknown node(s): {', '.join(missing)}")
         return [by_name[n] for n in wanted]
 
     def node(self, name: str) -> Node:
         return self.nodes([name])[0]
+
+    def known_nodes(self, names: Iterable[str]) -> list[Node]:
+        """Those of `names` that Slurm knows, in that order; unknown names are left out, not an error."""
+        wanted = list(names)
+        by_name = self._read_nodes(wanted)
+        return [by_name[n] for n in wanted if n in by_name]
+
+    def nodes_out_of_service(self, also: Iterable[str] = ()) -> list[Node]:
+        """Nodes that are down, drained, failed or failing (`sinfo -R` filters on the states down, fail and
+        drain, with or without a reason), plus those of `also` that Slurm knows: two queries whose output
+        grows with the nodes in trouble, not with the cluster."""
+        res = self.runner.run("sinfo", "-h", "-N", "-R", "-o", "%N")
+        names = list(dict.fromkeys(parse.parse_node_names(res.stdout) + list(also)))
+        return self.known_nodes(names)
+
+    def node_count(self) -> int:
+        """How many nodes the cluster has (`sinfo -a -o %D`: a node in several partitions counts once)."""
+        res = self.runner.run("sinfo", "-h", "-a", "-o", "%D")
+        return sum(int(w) for w in res.stdout.split() if w.isdigit())
+
+    def idle_nodes(self, partition: str = "") -> list[str]:
+        """Names of the nodes that could take a job now (idle, no flag), optionally of one partition."""
+        args = ["-h", "-N", "-t", "idle", "-o", "%N|%t"] + ([f"--partition={partition}"] if partition else [])
+        return parse.parse_idle_names(self.runner.run("sinfo", *args).stdout)
+
+    def _read_nodes(self, names: list[str]) -> dict[str, Node]:
+        hosts = compress(dict.fromkeys(names))
+        if not hosts:
+            return {}
+        if self.scontrol_has_json:
+            args, what = ["--json", "show", "node", hosts], "scontrol --json show node"
+        else:
+            args, what = ["show", "node", hosts, "-o"], "scontrol show node -o"
+        res = self._run_allowing(_NODE_NOT_FOUND, "scontrol", *args)
+        text = _NODE_NOT_FOUND.sub("", res.stdout) if res.returncode else res.stdout
+        if not text.strip():
+            nodes: list[Node] = []
+        elif self.scontrol_has_json:
+            try:
+                nodes = parse.parse_nodes_json(text, what)
+            except SlurmError:
+                if res.returncode == 0:
+                    raise
+                nodes = []  # only unknown names asked: an error object and no `nodes` list
+        else:
+            nodes = parse.parse_nodes_oneliner(text, what)
+        # Filtered on our side too: Slurm may answer a list of names with more than was asked.
+        wanted = set(names)
+        return {n.name: n for n in nodes if n.name in wanted}
+
+    def _run_allowing(self, answer: re.Pattern[str], tool: str, *args: str) -> Result:
+        """Run once without failing on `answer` (e.g. "Node x not found": a fact, not an error); any other
+        failure goes through the runner's retries and raises."""
+        res = self.runner.run(tool, *args, check=False)
+        if res.returncode == 0 or answer.search(res.stderr + res.stdout):
+            return res
+        return self.runner.run(tool, *args)
 
     def set_node_state(self, names: Iterable[str], action: NodeAction | str, reason: str = "") -> None:
         """`scontrol update nodename=... state=<action> reason=...`; fail/drain/down need a reason."""
@@ -108,24 +173,27 @@ class SlurmClient:
 
     # -- jobs ----------------------------------------------------------------------------------------
     def jobs(self) -> list[Job]:
+        """Every job slurmctld knows (one full-queue query)."""
         if self.scontrol_has_json:
             return parse.parse_jobs_json(self.runner.run("scontrol", "--json", "show", "job").stdout)
         # 22.05's squeue --json ignores -j and other filters: we always get every job it knows.
         return parse.parse_jobs_json(self.runner.run("squeue", "--json").stdout, "squeue --json")
 
     def job(self, job_id: int) -> Job:
-        for j in self.jobs():
-            if j.job_id == job_id:
-                return j
-        raise SlurmError(["squeue", "--json"], 0, "", f"job {job_id} is not known to Slurm")
+        """One job, read with a query of that job only (`scontrol show job J`)."""
+        job = self.job_or_none(job_id)
+        if job is None:
+            raise SlurmError(["scontrol", "show", "job", str(job_id)], 1, "", f"job {job_id} is not known to Slurm")
+        return job
 
     def job_or_none(self, job_id: int) -> Job | None:
-        try:
-            return self.job(job_id)
-        except SlurmError as err:
-            if "is not known" in str(err):
-                return None
-            raise
+        if self.scontrol_has_json:
+            res = self._run_allowing(_JOB_UNKNOWN, "scontrol", "--json", "show", "job", str(job_id))
+            jobs = parse.parse_jobs_json(res.stdout, "scontrol --json show job") if res.returncode == 0 else []
+        else:
+            res = self._run_allowing(_JOB_UNKNOWN, "scontrol", "show", "job", str(job_id), "-o")
+            jobs = parse.parse_jobs_oneliner(res.stdout) if res.returncode == 0 else []
+        return next((j for j in jobs if j.job_id == job_id), None)
 
     def wait_running(self, job_id: int, timeout: float = 60.0) -> Job:
         """Wait (with progress) until the job runs; fails fast if it ends instead."""
@@ -214,10 +282,12 @@ class SlurmClient:
         return grown
 
     def _cancel_by_name(self, name: str) -> None:
-        for j in self.jobs():
-            if j.name == name and not j.is_finished:
+        # squeue's text form honours --name (its --json would read the whole queue).
+        res = self.runner.run("squeue", "-h", f"--name={name}", "-o", "%i", check=False)
+        for word in res.stdout.split():
+            if word.isdigit():
                 try:
-                    self.cancel(j.job_id)
+                    self.cancel(int(word))
                 except SlurmError:
                     pass
 

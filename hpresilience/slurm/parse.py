@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -93,7 +94,8 @@ def node_from_dict(d: dict[str, Any]) -> Node:
         hostname=str(d.get("hostname") or name),
         states=_states(d.get("state"), d.get("state_flags")),
         reason=str(d.get("reason") or ""),
-        reason_set_by=str(d.get("reason_set_by_user") or ""),
+        # 22.05's JSON names a user also for nodes without a reason; the text form does not: no reason, no user.
+        reason_set_by=str(d.get("reason_set_by_user") or "") if d.get("reason") else "",
         reason_changed_at=number(d.get("reason_changed_at")) or None,
         features=_words(d.get("features")),
         gres=str(d.get("gres") or ""),
@@ -206,3 +208,135 @@ def parse_job_id(text: str) -> int:
             return int(stripped.split(";")[0])
         raise SlurmParseError(["sbatch/salloc"], None, text, f"no job id in {stripped[:80]!r}")
     return int(m.group(1))
+
+
+# -- `scontrol show node|job -o` (Slurm 22.05: its scontrol has no --json, and only scontrol filters) ------
+_KEY = r"[A-Za-z][\w/:]*"
+# A node's reason is free text ("Action:Replace xid=79", "bad fan [rack 3]") followed by `[user@time]`:
+# it is cut out first, so words of it that look like `Key=Value` never become fields.
+_NODE_REASON = re.compile(rf"(?:^|\s)Reason=(?P<text>.*?) \[(?P<user>[^\]@\s]*)@(?P<time>[^\]\s]*)\]"
+                          rf"(?=\s+{_KEY}=|\s*$)")
+_NODE_REASON_BARE = re.compile(r"(?:^|\s)Reason=(?P<text>.*?)(?=\s+(?:Comment|Extra|ResumeAfterTime)=|\s*$)")
+_NULLS = ("", "(null)", "N/A", "None", "Unknown", "n/a")
+
+
+def _text(value: str | None) -> str:
+    return "" if value is None or value in _NULLS else value
+
+
+def slurm_time(value: str | None) -> int | None:
+    """A time as scontrol prints it (`2026-11-25T02:17:51`, local time) as epoch seconds; None when unset."""
+    text = _text(value)
+    if not text:
+        return None
+    try:
+        return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def _int(value: str | None) -> int | None:
+    m = re.match(r"\d+", value or "")
+    return int(m.group(0)) if m else None
+
+
+def _node_states(text: str) -> frozenset[str]:
+    words: list[str] = []
+    for w in (p for p in text.upper().split("+") if p):
+        # Older releases mark a node that does not answer as `DOWN*`; the JSON has the NOT_RESPONDING flag.
+        if w.endswith("*"):
+            words.append("NOT_RESPONDING")
+        words.append(w.rstrip("*~#%!@^-"))
+    return frozenset(w for w in words if w) or frozenset({"UNKNOWN"})
+
+
+def node_from_oneliner(line: str) -> Node:
+    """One line of `scontrol show node -o` into the same Node the JSON dialects give."""
+    reason, set_by, changed = "", "", None
+    m = _NODE_REASON.search(line) or _NODE_REASON_BARE.search(line)
+    if m:
+        reason = m.group("text").strip()
+        if "user" in m.groupdict():
+            set_by, changed = m.group("user"), slurm_time(m.group("time"))
+        line = line[:m.start()] + line[m.end():]
+    kv = parse_oneliner(line)
+    name = kv.get("NodeName", "")
+    if not name:
+        raise SlurmParseError(["node"], None, "", f"node line without NodeName: {line[:80]!r}")
+    return Node(
+        name=name,
+        address=_text(kv.get("NodeAddr")) or name,
+        hostname=_text(kv.get("NodeHostName")) or name,
+        states=_node_states(kv.get("State", "")),
+        reason=reason,
+        reason_set_by=set_by if reason else "",
+        reason_changed_at=changed if reason else None,
+        features=_words(_text(kv.get("AvailableFeatures"))),
+        gres=_text(kv.get("Gres")),
+        partitions=_words(_text(kv.get("Partitions"))),
+        cpus=_int(kv.get("CPUTot")) or 0,
+        slurmd_start_time=slurm_time(kv.get("SlurmdStartTime")),
+        boot_time=slurm_time(kv.get("BootTime")),
+    )
+
+
+def job_from_oneliner(line: str) -> Job:
+    """One line of `scontrol show job -o` into the same Job the JSON dialects give (no `flags`: the
+    text form has no counterpart of the JSON's job flags, and nothing reads them)."""
+    kv = parse_oneliner(line)
+    job_id = _int(kv.get("JobId"))
+    if job_id is None:
+        raise SlurmParseError(["job"], None, "", f"job line without a JobId: {line[:80]!r}")
+    nodes = tuple(expand(_text(kv.get("NodeList"))))
+    return Job(
+        job_id=job_id,
+        name=kv.get("JobName", ""),
+        state=(kv.get("JobState") or "UNKNOWN").upper(),
+        nodes=nodes,
+        num_nodes=len(nodes) if nodes else (_int(kv.get("NumNodes")) or 0),
+        user=_text(kv.get("UserId", "").split("(")[0]),
+        partition=_text(kv.get("Partition")),
+        batch_host=_text(kv.get("BatchHost")),
+        restart_count=_int(kv.get("Restarts")) or 0,
+        state_reason=kv.get("Reason", ""),
+        dependency=_text(kv.get("Dependency")),
+        excluded_nodes=tuple(expand(_text(kv.get("ExcNodeList")))),
+    )
+
+
+def _lines(text: str, what: str, build: Callable[[str], T]) -> list[T]:
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(build(line))
+        except (SlurmParseError, ValueError) as err:  # ValueError: a malformed hostlist
+            log.warning("slurm_record_skipped", source=what, error=str(err)[:300])
+    return out
+
+
+def parse_nodes_oneliner(text: str, what: str = "scontrol show node -o") -> list[Node]:
+    """Nodes from `scontrol show node [names] -o`; an odd line is skipped and logged."""
+    return _lines(text, what, node_from_oneliner)
+
+
+def parse_jobs_oneliner(text: str, what: str = "scontrol show job -o") -> list[Job]:
+    """Jobs from `scontrol show job [id] -o`; an odd line is skipped and logged."""
+    return _lines(text, what, job_from_oneliner)
+
+
+def parse_node_names(text: str) -> list[str]:
+    """One node name per line (`sinfo -h -N -o %N`), duplicates (a node in two partitions) dropped."""
+    return list(dict.fromkeys(w for w in (line.strip() for line in text.splitlines()) if w))
+
+
+def parse_idle_names(text: str) -> list[str]:
+    """Free nodes from `sinfo -h -N -t idle -o '%N|%t'`: -t idle also lists drained (`drain`) and powered-down
+    (`idle~`) nodes, so only a bare `idle` counts."""
+    out = []
+    for line in text.splitlines():
+        name, _, state = line.strip().partition("|")
+        if name and state == "idle":
+            out.append(name)
+    return list(dict.fromkeys(out))

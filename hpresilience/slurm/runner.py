@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpresilience.errors import EnvironmentMissing, SlurmError, SlurmTimeout
 from hpresilience.log import get_logger
@@ -121,3 +122,29 @@ class CommandRunner:
             time.sleep(delay)
             delay = min(delay * 2, 8.0)
         raise AssertionError("unreachable")
+
+
+class CountingRunner(CommandRunner):
+    """A CommandRunner that keeps every result it returned: what benches and tests count Slurm's work by."""
+
+    def __init__(self, bin_dir: str = "", timeout: float = 30.0, retries: int = 4, backoff: float = 0.5,
+                 env: Mapping[str, str] | None = None) -> None:
+        super().__init__(bin_dir, timeout, retries, backoff, env)
+        self.calls: list[Result] = []
+
+    @classmethod
+    def like(cls, runner: CommandRunner) -> CountingRunner:
+        return cls(runner.bin_dir, runner.timeout, runner.retries, runner.backoff, runner.env)
+
+    def run(self, tool: str, *args: str, **kwargs: Any) -> Result:
+        res = super().run(tool, *args, **kwargs)
+        self.calls.append(res)
+        return res
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(len(r.stdout) + len(r.stderr) for r in self.calls)
+
+    def commands(self) -> list[str]:
+        """Each call as `tool arg...` with the tool's directory left out."""
+        return [" ".join([os.path.basename(r.argv[0]), *r.argv[1:]]) for r in self.calls]

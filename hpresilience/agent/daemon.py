@@ -272,3 +272,7 @@ class Agent:
 
     def stop(self) -> None:
         self.stop_event.set()
+        # A cycle in flight may be 30 s into a stress test: the collector kills its checks when it can.
+        cancel = getattr(self.collector, "cancel", None)
+        if callable(cancel):
+            cancel()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -93,10 +94,15 @@ class HealthCollector:
         self.sources = list(sources) if sources is not None else open_event_sources(settings)
         self.last_events: list[FaultEvent] = []
         self.last_event_at: float | None = None
+        self.stopping = threading.Event()
+
+    def cancel(self) -> None:
+        """Kill the checks in flight and run no more: the daemon is stopping."""
+        self.stopping.set()
 
     def _run(self, checks: list[Check]) -> list[CheckOutcome]:
         self.ctx.clear_cache()
-        results = run_checks(checks)
+        results = run_checks(checks, stop=self.stopping)
         out = []
         for r in results:
             o = to_outcome(r)

@@ -95,10 +95,19 @@ def run_one(check: Check) -> CheckResult:
     return replace(sanitize(check, res), duration_s=time.monotonic() - t0)
 
 
-def _collect(run: _Run, deadline: float) -> CheckResult:
-    run.thread.join(max(0.0, deadline - time.monotonic()))
+def _collect(run: _Run, deadline: float, stop: threading.Event | None = None) -> CheckResult:
+    # Joined in slices when the caller may stop us: a daemon told to stop must not wait out a 30 s stress test.
+    while True:
+        left = deadline - time.monotonic()
+        run.thread.join(max(0.0, min(left, 0.2)) if stop is not None else max(0.0, left))
+        if not run.thread.is_alive() or left <= 0 or (stop is not None and stop.is_set()):
+            break
     if run.thread.is_alive() or run.result is None:
         killed = run.tracker.kill_all()
+        if stop is not None and stop.is_set():
+            log.info("check_cancelled", check=run.check.name, killed_groups=killed)
+            res = _unknown(run.check, "cancelled: the agent is stopping", killed_process_groups=len(killed))
+            return replace(res, duration_s=time.monotonic() - run.started)
         log.warning(
             "check_timed_out", check=run.check.name, timeout_s=run.check.timeout_s, killed_groups=killed
         )
@@ -112,8 +121,10 @@ def _collect(run: _Run, deadline: float) -> CheckResult:
     return run.result
 
 
-def run_checks(checks: Sequence[Check], parallel: bool = True) -> list[CheckResult]:
-    """Run checks and return one result per check, in the order given. Never raises for a check's sake."""
+def run_checks(checks: Sequence[Check], parallel: bool = True,
+               stop: threading.Event | None = None) -> list[CheckResult]:
+    """Run checks and return one result per check, in the order given. Never raises for a check's sake.
+    Once `stop` is set, the running checks are killed and the rest are not started (both `unknown`)."""
     results: dict[int, CheckResult] = {}
     passive = [(i, c) for i, c in enumerate(checks) if c.kind == Kind.PASSIVE]
     active = [(i, c) for i, c in enumerate(checks) if c.kind != Kind.PASSIVE]
@@ -122,13 +133,16 @@ def run_checks(checks: Sequence[Check], parallel: bool = True) -> list[CheckResu
         for _, r in runs:
             r.start()
         for i, r in runs:
-            results[i] = _collect(r, r.started + r.check.timeout_s)
+            results[i] = _collect(r, r.started + r.check.timeout_s, stop)
     else:
         active = passive + active
     for i, c in active:
+        if stop is not None and stop.is_set():
+            results[i] = _unknown(c, "not run: the agent is stopping")
+            continue
         r = _Run(c)
         r.start()
-        results[i] = _collect(r, r.started + c.timeout_s)
+        results[i] = _collect(r, r.started + c.timeout_s, stop)
     out = [results[i] for i in range(len(checks))]
     for res in out:
         log.debug(

@@ -137,3 +137,36 @@ def test_a_hung_check_does_not_hold_up_the_others() -> None:
     results = run_checks([Fn("hang", hang, timeout=0.3), Fn("quick", lambda c: c.ok("fine"))])
     # Abandoned, not waited for: far less than the 30 s the hung check would take.
     assert [r.status for r in results] == [Status.UNKNOWN, Status.OK] and time.monotonic() - t0 < 15
+
+
+def test_stop_kills_the_active_check_in_flight_and_runs_no_more(tmp_path: Path) -> None:
+    """A daemon told to stop mid-cycle (SIGTERM during a 30 s stress test) does not wait the check out: its
+    process group is killed, the checks after it are not started, and both read `unknown`."""
+    import threading
+
+    pidfile = tmp_path / "pids"
+    started = threading.Event()
+    ran_second = []
+
+    def stress(c: Check) -> CheckResult:
+        started.set()
+        run_command(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"], 60)
+        return c.ok("never")
+
+    def second(c: Check) -> CheckResult:
+        ran_second.append(True)
+        return c.ok("ran")
+
+    stop = threading.Event()
+    threading.Thread(target=lambda: (started.wait(10), time.sleep(0.3), stop.set()), daemon=True).start()
+    t0 = time.monotonic()
+    first, after = run_checks([Fn("stress", stress, timeout=60, kind=Kind.ACTIVE),
+                               Fn("after", second, timeout=60, kind=Kind.ACTIVE)], stop=stop)
+    assert time.monotonic() - t0 < 20
+    assert first.status == Status.UNKNOWN and "stopping" in first.reason
+    assert after.status == Status.UNKNOWN and not ran_second
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid)

@@ -33,10 +33,12 @@ log = get_logger("hpresilience.autoresume")
 STEP_POLL_S = 0.1
 # srun needs a moment after SIGTERM to tell slurmstepd to kill the tasks and to collect their exit.
 SRUN_TERMINATE_GRACE_S = 10.0
-# After its step is cancelled srun only has to notice; it is killed if it takes longer than this.
-SRUN_AFTER_CANCEL_S = 1.0
-# How long a cancelled step may stay listed before the next one is launched beside it (--overlap).
-STEP_GONE_WAIT_S = 3.0
+# After its step is cancelled srun has nothing left to do but it waits for every node's report (up to
+# KillWait + 2 s): it is killed after this.
+SRUN_AFTER_CANCEL_S = 0.2
+# How long a cancelled step may stay listed (its slurmstepds finishing) before the next one is launched
+# beside it with --overlap; reap() then confirms that none of its tasks is alive.
+STEP_GONE_WAIT_S = 0.5
 REAP_TIMEOUT_S = 15.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
 TASK_MARKER = "HPR_AUTORESUME_JOB"
@@ -206,7 +208,7 @@ class StepRunner:
         if rc is None:
             step.kill_group()
             rc = step.wait(2.0)
-        self.reporter.decision("step_cancelled", step_name=self.current_name, why=why,
+        self.reporter.decision("step_killed", step_name=self.current_name, why=why,
                                steps=",".join(s.step_id for s in found) or None,
                                took_s=round(time.monotonic() - started, 3))
         return rc

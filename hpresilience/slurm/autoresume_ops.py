@@ -73,8 +73,9 @@ def job_details(client: SlurmClient, job_id: int) -> dict[str, str]:
 
 
 def set_job_comment(client: SlurmClient, job_id: int, comment: str) -> None:
-    """`scontrol update jobid=J Comment=...` (the job's owner may do it; it survives a requeue)."""
-    client.runner.run("scontrol", "update", f"jobid={job_id}", f"Comment={comment}")
+    """`scontrol update jobid=J Comment=...` (the job's owner may do it; it survives a requeue). Not retried:
+    without slurmdbd a resized job refuses every update for good ("DB index is being set")."""
+    client.runner.run("scontrol", "update", f"jobid={job_id}", f"Comment={comment}", retry=False)
 
 
 def with_requeue_marker(comment: str, present: bool) -> str:

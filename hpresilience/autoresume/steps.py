@@ -35,10 +35,10 @@ STEP_POLL_S = 0.1
 SRUN_TERMINATE_GRACE_S = 10.0
 # After its step is cancelled srun has nothing left to do but it waits for every node's report (up to
 # KillWait + 2 s): it is killed after this.
-SRUN_AFTER_CANCEL_S = 0.2
+SRUN_AFTER_CANCEL_S = 0.05
 # How long a cancelled step may stay listed (its slurmstepds finishing) before the next one is launched
 # beside it with --overlap; reap() then confirms that none of its tasks is alive.
-STEP_GONE_WAIT_S = 0.5
+STEP_GONE_WAIT_S = 0.2
 REAP_TIMEOUT_S = 15.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
 TASK_MARKER = "HPR_AUTORESUME_JOB"

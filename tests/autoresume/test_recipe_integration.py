@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -166,7 +165,7 @@ def test_recipe_with_a_failed_batch_host_is_requeued_onto_healthy_nodes_and_rele
 
 def test_a_state_file_left_by_an_earlier_job_with_the_same_id_is_set_aside(
         cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
-    """(e) A cluster reinstall hands out job ids again: the new job finds `<id>.json` of an earlier job 
+    """(e) A cluster reinstall hands out job ids again: the new job finds `<id>.json` of an earlier job
     (two attempts, its own batch host blamed) and runs as a fresh job, the old file set aside and logged."""
     first = Recipe(cluster, tmp_path, steps=3)
     first.wait(lambda: first.named("job_step_succeeded"), "the first job")
@@ -184,7 +183,7 @@ def test_a_state_file_left_by_an_earlier_job_with_the_same_id_is_set_aside(
     started = second.named("supervisor_started")
     assert len(started) == 1 and started[0]["attempts_so_far"] == 0
     assert "submitted at" in second.named("state_file_of_another_job")[0]["why"]
-    assert [e["event"] for e in second.events()][0] == "state_file_of_another_job"  # not the old job's log
+    assert next(e["event"] for e in second.events()) == "state_file_of_another_job"  # not the old job's log
     aside = list(second.state.glob(f"{second.job_id}.json.foreign-*"))
     assert aside and json.loads(aside[0].read_text())["attempts"] == 2
     state = json.loads((second.state / f"{second.job_id}.json").read_text())

@@ -105,15 +105,17 @@ class Capacity:
                 self.state.kept_out.append(n)
         job = self.client.job(self.job_id)
         unhealthy = self.unhealthy(job)
-        if job.batch_host and job.batch_host in unhealthy and job.batch_host not in self._unreachable:
-            raise BatchHostLost(f"node {job.batch_host} failed and it is the batch host: it cannot leave the job, "
-                                f"so the job's NodeList would keep naming it; requeueing onto healthy nodes")
         job = self._release(job, unhealthy)
         plan = plan_nodes(job.nodes, size, unhealthy, previous)
         if plan is not None:
             self._swapped(previous, plan, "hot_spare")
             return plan
         left = len(job.nodes) - len(unhealthy & set(job.nodes))
+        if job.batch_host and job.batch_host in unhealthy and job.batch_host not in self._unreachable:
+            # A spare (above) may take its slot in the step; growing instead would leave a job whose NodeList
+            # names a failed node, which is what scripts that read `scontrol show jobid` (HyperPod's recipe) use.
+            raise BatchHostLost(f"node {job.batch_host} failed and it is the batch host: it cannot leave the job, "
+                                f"so the job's NodeList would keep naming it; requeueing onto healthy nodes")
         if not self.grow:
             raise NoReplacement(f"{left} healthy node(s) left for a {size}-node step, no hot spare, and growing "
                                 "the job is off (--auto-resume-no-grow / autoresume.grow_by_expansion: false)")

@@ -168,6 +168,8 @@ class Supervisor:
             self.reporter.decision("fault_seen", cause=diagnosis.cause.value, attempt=launch.attempt,
                                    exit_code=exit_code, nodes=",".join(diagnosis.bad_nodes) or None,
                                    detail=diagnosis.detail)
+            # No task of this attempt may train on beside the next one, or beside a requeued job.
+            self.steps.reap([n for n in plan if n not in diagnosis.bad_nodes])
             decision = self.policy.decide(KIND_OF[diagnosis.cause], exit_code)
             self.reporter.decision("policy_decided", action=decision.action.value, reason=decision.reason,
                                    detail=decision.detail, restarts_in_window=decision.restarts_in_window)
@@ -176,8 +178,6 @@ class Supervisor:
             if decision.action is Action.FULL_RESTART:
                 return self._requeue(decision.detail)
             previous = plan
-            # No task of this attempt may train on beside the next one (or beside a requeued job).
-            self.steps.reap([n for n in plan if n not in diagnosis.bad_nodes])
             if diagnosis.cause is Cause.HARDWARE:
                 try:
                     plan = self.capacity.recover(diagnosis.bad_nodes, plan, size)

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from hpresilience.controller.loop import Controller
+from hpresilience.slurm.autoresume_ops import REQUEUE_MARKER
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT
@@ -123,11 +124,14 @@ def test_recipe_recovers_in_the_same_job_after_an_operator_replaces_a_node(
     assert run.named("allocation_grown") and not run.named("job_requeue_requested")
     resumed = [int(x) for x in re.findall(r"resumed from step (\d+)", run.out)]
     assert len(resumed) == 1 and 5 <= resumed[0] <= 15, run.out
-    # The recipe's own view of the second attempt: NodeList without the failed node, master its first node.
-    second = run.out.split("resumed from step")[0].splitlines()
+    # The recipe's own view in the second attempt: the job's NodeList is the step's nodes, without the failed one.
     views = [line for line in run.out.splitlines() if line.startswith("node=")][-2:]
-    assert all(victim not in v for v in views), views
-    assert len(second) > 0 and slurm.job(run.job_id).job_id == run.job_id
+    lists = {re.search(r"NODE_LIST=(\S+)", v).group(1) for v in views}  # type: ignore[union-attr]
+    assert len(lists) == 1, views
+    hosts = subprocess.run(["scontrol", "show", "hostnames", lists.pop()], env=run.env, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert set(hosts) == set(starts[1]["nodes"].split(",")) and victim not in hosts
+    assert slurm.job(run.job_id).job_id == run.job_id
 
 
 def test_recipe_with_a_failed_batch_host_is_requeued_onto_healthy_nodes_and_released_at_once(
@@ -189,5 +193,3 @@ def test_a_state_file_left_by_an_earlier_job_with_the_same_id_is_set_aside(
     state = json.loads((second.state / f"{second.job_id}.json").read_text())
     assert state["attempts"] == 1 and state["blamed_nodes"] == [] and state["submit_time"]
 
-
-REQUEUE_MARKER = "hpr:requeued"

@@ -36,9 +36,6 @@ SRUN_TERMINATE_GRACE_S = 10.0
 # After its step is cancelled srun has nothing left to do but it waits for every node's report (up to
 # KillWait + 2 s): it is killed after this.
 SRUN_AFTER_CANCEL_S = 0.05
-# How long a cancelled step may stay listed (its slurmstepds finishing) before the next one is launched
-# beside it with --overlap; reap() then confirms that none of its tasks is alive.
-STEP_GONE_WAIT_S = 0.2
 REAP_TIMEOUT_S = 15.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
 TASK_MARKER = "HPR_AUTORESUME_JOB"
@@ -245,17 +242,14 @@ class StepRunner:
     def _sweep(self, name: str) -> None:
         """Cancel any step of ours still known to Slurm after srun exited (srun killed, or lost).
 
-        A step with a part on a dead node stays listed (and holds its CPUs) until Slurm gives that node up;
-        the next step is then launched with --overlap, or it would wait for "Requested nodes are busy"."""
+        A cancelled step stays listed (and holds its CPUs) while its slurmstepds finish, and one with a part on
+        a dead node until Slurm gives that node up: the next step is then launched with --overlap at once (or
+        it would wait for "Requested nodes are busy"); reap() has confirmed that none of its tasks lives."""
         try:
             left = named_steps(self.client, self.opts.job_id, name)
             for s in left:
                 signal_step(self.client, s.step_id)
                 self.reporter.decision("leftover_step_cancelled", step=s.step_id, nodes=",".join(s.nodes))
-            deadline = time.monotonic() + STEP_GONE_WAIT_S
-            while left and time.monotonic() < deadline:
-                time.sleep(0.05)
-                left = named_steps(self.client, self.opts.job_id, name)
             self.overlap = bool(left)
         except HPResilienceError as err:
             log.warning("step_sweep_failed", error=str(err)[:300])

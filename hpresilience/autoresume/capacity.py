@@ -6,9 +6,12 @@
    in the allocation, out of the step. The batch host is never released, since that would kill the batch
    script and this wrapper with it.
 2. Hot spares already in the allocation: no Slurm round trip at all.
-3. Grow the job with the expand dependency, when configured and the cluster permits it (probed once),
-   waiting with visible progress for the replaced node or any idle node, up to replace_timeout_s.
-4. Nothing: the caller asks the restart policy whether to requeue the job or to fail.
+3. Grow the job with the expand dependency (on by default; used where the cluster permits it, probed
+   once), waiting with a progress line every few seconds, up to replace_timeout_s, for a healthy node:
+   the repaired node back under its name (HyperPod's semantics) or any idle node of the job's partition.
+4. Nothing: the caller asks the restart policy whether to requeue the job or to fail, with the exact
+   reason. A failed batch host is a case of its own (BatchHostLost): it can never leave the job, so the
+   job's NodeList would keep naming it; the job is requeued at once onto healthy nodes instead.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from hpresilience.autoresume.state import WrapperState
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress
-from hpresilience.slurm.models import Job
+from hpresilience.slurm.models import Job, Node
 from hpresilience.waiting import WaitTimeout, wait_for
 
 # slurmctld's answer to any update of a job whose accounting record cannot be written: final for that job.
@@ -33,6 +36,11 @@ DB_INDEX_REFUSAL = "DB index"
 
 class NoReplacement(HPResilienceError):
     """No healthy node could be found for the step within the allocation or by growing it."""
+
+
+class BatchHostLost(NoReplacement):
+    """The batch host is bad: it cannot leave the job without ending the batch script, so the job's own
+    NodeList (what `scontrol show jobid` tells a training script) would keep naming a failed node."""
 
 
 class Capacity:
@@ -48,6 +56,7 @@ class Capacity:
         self._expansion: bool | None = None
         self._accounting: bool | None = None
         self._unreachable: set[str] = set()
+        self._dead: set[str] = set()  # ran no probe task: treated as Slurm will once SlurmdTimeout passes
 
     def accounting(self) -> bool:
         if self._accounting is None:
@@ -79,8 +88,14 @@ class Capacity:
         """Nodes of the allocation the step must not use: bad in Slurm's eyes, or blamed and kept out."""
         by_name = {n.name: n for n in self.client.known_nodes(job.nodes)}  # the job's nodes only, by name
         self._unreachable = {n for n in job.nodes if n in by_name and by_name[n].has("NOT_RESPONDING", "DOWN")}
+        self._unreachable |= self._dead & set(job.nodes)
         bad = {n for n in job.nodes if n in by_name and node_is_bad(by_name[n])}
         return bad | (set(self.state.kept_out) & set(job.nodes))
+
+    def mark_unanswering(self, nodes: Sequence[str]) -> None:
+        """Nodes that stopped answering though Slurm does not know yet: kept out of the step and left in the
+        job (Slurm excises them from a --no-kill job itself; releasing one ourselves can end the job)."""
+        self._dead |= set(nodes)
 
     def recover(self, bad: Sequence[str], previous: Sequence[str], size: int) -> list[str]:
         """The node list for the next attempt after `bad` failed, or NoReplacement."""
@@ -95,14 +110,20 @@ class Capacity:
         if plan is not None:
             self._swapped(previous, plan, "hot_spare")
             return plan
+        left = len(job.nodes) - len(unhealthy & set(job.nodes))
+        if job.batch_host and job.batch_host in unhealthy and job.batch_host not in self._unreachable:
+            # A spare (above) may take its slot in the step; growing instead would leave a job whose NodeList
+            # names a failed node, which is what scripts that read `scontrol show jobid` (HyperPod's recipe) use.
+            raise BatchHostLost(f"node {job.batch_host} failed and it is the batch host: it cannot leave the job, "
+                                f"so the job's NodeList would keep naming it; requeueing onto healthy nodes")
         if not self.grow:
-            raise NoReplacement(f"{len(job.nodes) - len(unhealthy & set(job.nodes))} healthy node(s) left for a "
-                                f"{size}-node step, no hot spare, and growing the job is off (grow_by_expansion)")
+            raise NoReplacement(f"{left} healthy node(s) left for a {size}-node step, no hot spare, and growing "
+                                "the job is off (--auto-resume-no-grow / autoresume.grow_by_expansion: false)")
         if not self.expansion_permitted():
-            raise NoReplacement("no hot spare left and this cluster does not permit job expansion "
-                                "(SchedulerParameters lacks permit_job_expansion)")
-        healthy = [n for n in job.nodes if n not in unhealthy]
-        grown = self._grow(size - len(healthy))
+            raise NoReplacement(f"{left} healthy node(s) left for a {size}-node step, no hot spare, and this "
+                                "cluster does not permit job expansion (SchedulerParameters lacks "
+                                "permit_job_expansion), so no node can join the running job")
+        grown = self._grow(size - left, job.partition)
         plan = plan_nodes(grown.nodes, size, unhealthy, previous)
         if plan is None:
             raise NoReplacement(f"job grew to {compress(grown.nodes)} but still lacks healthy nodes")
@@ -136,36 +157,70 @@ class Capacity:
         self.reporter.decision("allocation_shrunk", released=compress(release), nodes=compress(job.nodes))
         return job
 
-    def _grow(self, count: int) -> Job:
+    def _grow(self, count: int, partition: str) -> Job:
+        """Wait for `count` usable idle nodes and merge them into the job, until replace_timeout_s."""
         started = time.monotonic()
-        exclude = set(self.state.kept_out)
-        # Idle nodes of the job's partition only: the listing stays small on a large cluster.
-        partition = self.client.job(self.job_id).partition
+        deadline = started + self.replace_timeout_s
+        blamed = set(self.state.blamed_nodes)
+        last_view = "no node was looked at"
+        last_error = ""
 
-        def idle_nodes() -> list[str] | None:
-            idle = [n for n in self.client.idle_nodes(partition) if n not in exclude]
+        def usable() -> list[str] | None:
+            nonlocal last_view
+            # Idle nodes of the job's partition, and the states of the nodes this job blamed: both sized by
+            # the job, never the whole cluster's table.
+            idle = self.client.idle_nodes(partition)
+            # Nodes this job never blamed first; a blamed node that is idle again was repaired (or resumed).
+            idle = sorted(idle, key=lambda name: name in blamed)
+            watched = self.client.known_nodes(sorted(blamed)) if blamed else []
+            last_view = _describe(watched, partition, len(idle))
             return idle[:count] if len(idle) >= count else None
 
         def progress(what: str, waited: float) -> None:
-            self.reporter.decision("waiting_for_replacement", what=what, waited_s=round(waited, 1),
-                                   timeout_s=self.replace_timeout_s)
+            self.reporter.decision("waiting_for_replacement", count=count, waited_s=round(waited, 1),
+                                   timeout_s=self.replace_timeout_s, nodes_now=last_view)
 
-        self.reporter.decision("waiting_for_replacement", count=count, timeout_s=self.replace_timeout_s)
-        try:
-            chosen = wait_for(idle_nodes, f"{count} idle node(s) to grow job {self.job_id}",
-                              self.replace_timeout_s, interval=0.5, progress_every=self.progress_every_s,
-                              on_progress=progress)
-            left = max(5.0, self.replace_timeout_s - (time.monotonic() - started))
-            grown = self.client.grow_job(self.job_id, count, nodes=chosen, timeout=left)
-        except (WaitTimeout, HPResilienceError) as err:
-            raise NoReplacement(f"could not grow job {self.job_id} by {count} node(s): {err}") from None
-        self.state.resized = True
-        self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen),
-                               waited_s=round(time.monotonic() - started, 2))
-        return grown
+        self.reporter.decision("waiting_for_replacement", count=count, waited_s=0.0, timeout_s=self.replace_timeout_s,
+                               partition=partition or None)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                chosen = wait_for(usable, f"{count} idle node(s) to grow job {self.job_id}", max(0.0, left),
+                                  interval=0.2, progress_every=self.progress_every_s, on_progress=progress)
+            except WaitTimeout:
+                waited = time.monotonic() - started
+                raise NoReplacement(f"waited {waited:.0f} s (replace_timeout_s) for {count} healthy node(s) to "
+                                    f"grow job {self.job_id} into, and none became usable: {last_view}"
+                                    + (f"; last grow attempt: {last_error}" if last_error else "")) from None
+            except HPResilienceError as err:
+                raise NoReplacement(f"could not read node states while waiting for a replacement: {err}") from None
+            try:
+                grown = self.client.grow_job(self.job_id, count, nodes=chosen,
+                                             timeout=max(5.0, min(60.0, deadline - time.monotonic())))
+            except HPResilienceError as err:
+                # Another job took the node between our look and the request: look again, until the deadline.
+                last_error = str(err)[:200]
+                self.reporter.decision("grow_attempt_failed", nodes=compress(chosen), error=last_error)
+                if time.monotonic() >= deadline:
+                    raise NoReplacement(f"could not grow job {self.job_id} by {count} node(s): {last_error}") from None
+                time.sleep(0.5)
+                continue
+            self.state.resized = True
+            self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen),
+                                   waited_s=round(time.monotonic() - started, 2))
+            return grown
 
     def _swapped(self, previous: Sequence[str], plan: Sequence[str], source: str) -> None:
         swaps: list[dict[str, Any]] = [{"slot": i, "old": old, "new": new}
                                        for i, (old, new) in enumerate(zip(previous, plan, strict=False)) if old != new]
         self.reporter.decision("node_swapped", source=source, swaps=swaps, nodes=",".join(plan))
 
+
+
+def _describe(watched: Sequence[Node], partition: str, idle: int) -> str:
+    """What the wait saw, for its progress lines and its final reason:
+    `0 idle node(s) in partition debug; blamed: n2 fail+...(Action:Replace)`."""
+    where = f"partition {partition}" if partition else "the cluster"
+    parts = [f"{n.name} {n.state_text}" + (f" ({n.reason})" if n.reason else "") for n in watched[:12]]
+    more = f" and {len(watched) - 12} more" if len(watched) > 12 else ""
+    return f"{idle} idle node(s) in {where}" + (f"; blamed: {', '.join(parts)}{more}" if parts else "")

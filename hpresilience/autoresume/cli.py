@@ -34,7 +34,8 @@ FLAG_OPTIONS = {"auto-resume-grow": ("grow", True), "auto-resume-no-grow": ("gro
 @click.option("--auto-resume-spares", "spares", type=click.IntRange(0), default=None,
               help="Nodes of the allocation held back as hot spares (default: config autoresume.spares).")
 @click.option("--auto-resume-grow/--auto-resume-no-grow", "grow", default=None,
-              help="Grow the job back with Slurm's expand dependency when no spare is left.")
+              help="Grow the job back with Slurm's expand dependency when no spare is left (default: on, where "
+                   "the cluster permits expansion).")
 @click.option("--auto-resume-fallback", "fallback", type=click.Choice(["requeue", "fail"]), default=None,
               help="No replacement node: requeue the job or fail it.")
 @click.option("--auto-resume-replace-timeout", "replace_timeout", type=click.FloatRange(min=0, min_open=True),

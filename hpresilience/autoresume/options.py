@@ -23,7 +23,7 @@ class WrapperOptions:
     run_policy: RunPolicySettings
     state_dir: Path
     spares: int = 0
-    grow: bool = False
+    grow: bool = True
     fallback: str = "requeue"
     replace_timeout_s: float = 900.0
     shutdown_signal: int = signal.SIGTERM

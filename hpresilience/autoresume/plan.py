@@ -54,6 +54,7 @@ class AttemptLaunch:
     master_addr: str
     master_port: int
     tasks_per_node: int
+    job_marker: str = ""  # the job id
 
     def environment(self, base: Mapping[str, str], restarts: int) -> dict[str, str]:
         env = {k: v for k, v in base.items() if k not in STALE_SHAPE_VARS}
@@ -68,6 +69,8 @@ class AttemptLaunch:
             "NTASKS_PER_NODE": str(self.tasks_per_node),
             "AUTORESUME_ATTEMPT": str(self.attempt),
             "AUTORESUME_RESTARTS": str(restarts),
+            # Marks every task of this job's steps, also those that leave the step (see StepRunner.reap).
+            "HPR_AUTORESUME_JOB": self.job_marker,
             "SLURM_JOB_NODELIST": alloc,
             "SLURM_NODELIST": alloc,
             "SLURM_NNODES": str(len(self.allocation)),
@@ -77,8 +80,8 @@ class AttemptLaunch:
 
     def exported_names(self) -> list[str]:
         return ["NODE_LIST", "NNODES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NTASKS_PER_NODE",
-                "AUTORESUME_ATTEMPT", "AUTORESUME_RESTARTS", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
-                "SLURM_NNODES", "SLURM_JOB_NUM_NODES"]
+                "AUTORESUME_ATTEMPT", "AUTORESUME_RESTARTS", "HPR_AUTORESUME_JOB", "SLURM_JOB_NODELIST",
+                "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"]
 
     def srun_argv(self, srun: str, job_id: int, step_name: str, passthrough: Sequence[str],
                   command: Sequence[str], user_export: str | None = None, overlap: bool = False) -> list[str]:

@@ -121,8 +121,9 @@ class AutoResumeSettings(Section):
     # How a step is stopped before a restart: this signal, then SIGKILL after the timeout.
     shutdown_signal: str = "SIGTERM"
     shutdown_timeout_s: float = Field(default=30.0, ge=0)
-    # Grow the allocation back with Slurm's (undocumented) job expansion when the cluster permits it.
-    grow_by_expansion: bool = False
+    # Grow the allocation back with Slurm's (undocumented) job expansion; used only where the cluster permits
+    # it (SchedulerParameters=permit_job_expansion, probed once), else a fault without a spare requeues.
+    grow_by_expansion: bool = True
     # No replacement node within replace_timeout_s: requeue the whole job, or fail it.
     fallback_when_no_replacement: Literal["requeue", "fail"] = "requeue"
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).

@@ -1,9 +1,12 @@
 """Running one attempt's step: launch, stream, watch rules and node states, stop it cleanly.
 
-Stopping is two-stage, as in hyperpodrun: the shutdown signal goes to the step's tasks (`scancel
---signal`, so srun itself keeps running and reports their exit), then after the shutdown timeout the
-step is cancelled and srun is killed. Whatever happens, no step of ours outlives an attempt: after srun
-exits the wrapper looks for a step with its name and cancels it.
+Stopping for a log rule or a signal is two-stage, as in hyperpodrun: the shutdown signal goes to the
+step's tasks (`scancel --signal`, so srun itself keeps running and reports their exit), then after the
+shutdown timeout the step is cancelled and srun is killed. A hardware fault skips the grace: the step is
+lost to its collective anyway, so it is cancelled by id at once (`kill_now`). Whatever happens, no step of
+ours outlives an attempt: after srun exits the wrapper looks for a step with its name and cancels it, and
+before the next attempt `reap` kills any process of an earlier attempt still alive on the nodes (one that
+left the step's process tracking, e.g. under proctrack/pgid), each reported as `stale_task_killed`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from hpresilience.autoresume.rules import RuleTripped
 from hpresilience.autoresume.stream import Pump, RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
-from hpresilience.slurm.autoresume_ops import named_steps, signal_step
+from hpresilience.slurm.autoresume_ops import named_steps, reap_marked_processes, signal_step
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.step import StepProcess
 
@@ -30,6 +33,12 @@ log = get_logger("hpresilience.autoresume")
 STEP_POLL_S = 0.1
 # srun needs a moment after SIGTERM to tell slurmstepd to kill the tasks and to collect their exit.
 SRUN_TERMINATE_GRACE_S = 10.0
+# After its step is cancelled srun has nothing left to do but it waits for every node's report (up to
+# KillWait + 2 s): it is killed after this.
+SRUN_AFTER_CANCEL_S = 0.05
+REAP_TIMEOUT_S = 15.0
+# Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
+TASK_MARKER = "HPR_AUTORESUME_JOB"
 MAX_DETECTION_AGE_S = 3600
 
 
@@ -119,7 +128,7 @@ class StepRunner:
                 if blamed:
                     decided_at = now
                     # The survivors would sit in a collective until it times out: kill at once.
-                    self.stop(step, signal.SIGKILL, 0.0)
+                    self.kill_now(step, f"node(s) {','.join(blamed)} marked bad")
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
         return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip)
@@ -179,6 +188,47 @@ class StepRunner:
             rc = step.wait(5.0)
         return rc
 
+    def kill_now(self, step: StepProcess, why: str) -> int | None:
+        """Cancel the step by its id at once (scancel kills every task on every node), then make sure srun
+        is gone; no grace period, which only a step that can still save or finish deserves."""
+        if self._stopping:
+            return step.poll()
+        self._stopping = True
+        started = time.monotonic()
+        try:
+            found = named_steps(self.client, self.opts.job_id, self.current_name)
+        except HPResilienceError:
+            found = []
+        for s in found:
+            signal_step(self.client, s.step_id, timeout=2.0)
+        rc = step.wait(SRUN_AFTER_CANCEL_S)
+        if rc is None:
+            step.kill_group()
+            rc = step.wait(2.0)
+        self.reporter.decision("step_killed", step_name=self.current_name, why=why,
+                               steps=",".join(s.step_id for s in found) or None,
+                               took_s=round(time.monotonic() - started, 3))
+        return rc
+
+    def reap(self, nodes: list[str]) -> None:
+        """Before the next attempt: no task of an earlier one may live on `nodes` (they must be answering).
+        With proctrack/cgroup nothing is found; under proctrack/pgid torchrun's workers (own sessions)
+        outlive a cancelled step and would go on training, and writing checkpoints, beside the new one."""
+        if not nodes:
+            return
+        started = time.monotonic()
+        env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
+        try:
+            killed, unchecked = reap_marked_processes(self.client, self.opts.job_id, nodes,
+                                                      f"{TASK_MARKER}={self.opts.job_id}", env, REAP_TIMEOUT_S)
+        except HPResilienceError as err:
+            killed, unchecked = [], list(nodes)
+            log.warning("stale_task_check_failed", error=str(err)[:300])
+        for k in killed:
+            self.reporter.decision("stale_task_killed", node=k.node, pid=k.pid, command=k.command)
+        self.reporter.decision("old_tasks_checked", nodes=",".join(nodes), killed=len(killed),
+                               unchecked=",".join(unchecked) or None, took_s=round(time.monotonic() - started, 3))
+
     def _signal_tasks(self, step: StepProcess, sig: str) -> None:
         try:
             found = named_steps(self.client, self.opts.job_id, self.current_name)
@@ -192,16 +242,15 @@ class StepRunner:
     def _sweep(self, name: str) -> None:
         """Cancel any step of ours still known to Slurm after srun exited (srun killed, or lost).
 
-        A step with a part on a dead node stays listed (and holds its CPUs) until Slurm gives that node up;
-        the next step is then launched with --overlap, or it would wait for "Requested nodes are busy"."""
+        A cancelled step stays listed (and holds its CPUs) while its slurmstepds finish, and one with a part on
+        a dead node until Slurm gives that node up: the next step is then launched with --overlap at once (or
+        it would wait for "Requested nodes are busy"); reap() has confirmed that none of its tasks lives."""
         try:
             left = named_steps(self.client, self.opts.job_id, name)
             for s in left:
                 signal_step(self.client, s.step_id)
                 self.reporter.decision("leftover_step_cancelled", step=s.step_id, nodes=",".join(s.nodes))
-            if left:
-                time.sleep(1.0)
-                self.overlap = bool(named_steps(self.client, self.opts.job_id, name))
+            self.overlap = bool(left)
         except HPResilienceError as err:
             log.warning("step_sweep_failed", error=str(err)[:300])
 

@@ -17,18 +17,25 @@ import time
 from collections.abc import Mapping
 from typing import IO
 
-from hpresilience.autoresume.capacity import Capacity, NoReplacement
+from hpresilience.autoresume.capacity import BatchHostLost, Capacity, NoReplacement
 from hpresilience.autoresume.classify import Cause, Diagnosis, application_exit_code, classify
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.rules import LogState, RuleSet, RuleTripped
-from hpresilience.autoresume.state import StateStore, WrapperState
+from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState
 from hpresilience.autoresume.steps import StepRunner
 from hpresilience.autoresume.stream import RuleFeed
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
 from hpresilience.log import get_logger
+from hpresilience.slurm.autoresume_ops import (
+    REQUEUE_MARKER,
+    job_details,
+    nodes_answering,
+    set_job_comment,
+    with_requeue_marker,
+)
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 
@@ -40,6 +47,9 @@ FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 KIND_OF = {Cause.HARDWARE: FailureKind.NODE_FAULT, Cause.HANG: FailureKind.RULE_TRIPPED,
            Cause.SLOW: FailureKind.RULE_TRIPPED, Cause.APPLICATION: FailureKind.APPLICATION_ERROR}
 EXIT_REQUEUE_DID_NOT_STOP = 1
+# A step that ended by a signal may have lost a node that Slurm still calls healthy (slurmd dead, nobody
+# marked it; Slurm notices after SlurmdTimeout, 300 s by default): every node must answer within this.
+LIVENESS_PROBE_S = 3.0
 
 
 class Supervisor:
@@ -50,7 +60,11 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         self.job_id = opts.job_id
         self.store = StateStore(opts.state_dir, opts.job_id)
-        self.state: WrapperState = self.store.load()
+        self.details = job_details(client, opts.job_id)
+        self.identity = JobIdentity(cluster=self.env.get("SLURM_CLUSTER_NAME", ""), job_id=opts.job_id,
+                                    submit_time=self.details.get("SubmitTime", ""),
+                                    restart_count=_int_env(self.env, "SLURM_RESTART_COUNT"))
+        self.state: WrapperState = self.store.load(self.identity)
         self.reporter = Reporter(self.store, opts.job_id, opts.metrics_path)
         self.policy = self._load_policy()
         self.capacity = Capacity(client, opts.job_id, self.state, self.reporter, grow=opts.grow,
@@ -99,9 +113,13 @@ class Supervisor:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
+        if self.store.set_aside is not None:
+            self.reporter.decision("state_file_of_another_job", **self.store.set_aside)
         self.reporter.decision("supervisor_started", attempts_so_far=self.state.attempts,
                                slurm_restart_count=self.state.slurm_restart_count,
+                               cluster=self.identity.cluster or None, submit_time=self.identity.submit_time or None,
                                rules=self.feed.rules.names or None, command=" ".join(self.opts.srun.command))
+        self._clear_requeue_marker()
         try:
             return self._run()
         finally:
@@ -150,6 +168,8 @@ class Supervisor:
             self.reporter.decision("fault_seen", cause=diagnosis.cause.value, attempt=launch.attempt,
                                    exit_code=exit_code, nodes=",".join(diagnosis.bad_nodes) or None,
                                    detail=diagnosis.detail)
+            # No task of this attempt may train on beside the next one, or beside a requeued job.
+            self.steps.reap([n for n in plan if n not in diagnosis.bad_nodes])
             decision = self.policy.decide(KIND_OF[diagnosis.cause], exit_code)
             self.reporter.decision("policy_decided", action=decision.action.value, reason=decision.reason,
                                    detail=decision.detail, restarts_in_window=decision.restarts_in_window)
@@ -162,7 +182,7 @@ class Supervisor:
                 try:
                     plan = self.capacity.recover(diagnosis.bad_nodes, plan, size)
                 except NoReplacement as err:
-                    return self._no_replacement(str(err))
+                    return self._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
             self.state.count_restart(diagnosis.cause.value)
             self.reporter.count_restart(diagnosis.cause.value)
             self.reporter.decision("step_relaunching", cause=diagnosis.cause.value, nodes=",".join(plan),
@@ -175,7 +195,7 @@ class Supervisor:
                              master_addr=first.address or first.name,
                              master_port=master_port(self.opts.master_port_base, self.opts.master_port_span,
                                                      self.job_id, attempt),
-                             tasks_per_node=self.opts.srun.tasks_per_node())
+                             tasks_per_node=self.opts.srun.tasks_per_node(), job_marker=str(self.job_id))
 
     def _diagnose(self, exit_code: int, plan: list[str], blamed: list[str], trip: RuleTripped | None) -> Diagnosis:
         try:
@@ -189,7 +209,26 @@ class Supervisor:
         fired = None
         if trip is not None:
             fired = (Cause.SLOW if trip.state is LogState.SLOW else Cause.HANG, f"{trip.name}: {trip.detail}")
-        return classify(exit_code, plan, by_name, allocation, self.feed.srun_errors, fired, blamed)
+        diagnosis = classify(exit_code, plan, by_name, allocation, self.feed.srun_errors, fired, blamed)
+        if diagnosis.cause is Cause.APPLICATION and exit_code > 128:
+            return self._check_life(diagnosis, plan, exit_code)
+        return diagnosis
+
+    def _check_life(self, diagnosis: Diagnosis, plan: list[str], exit_code: int) -> Diagnosis:
+        """A step ended by a signal with every node healthy in Slurm's eyes: a node that died outright
+        (slurmd and its tasks gone) looks exactly so until SlurmdTimeout. Hardware until shown otherwise:
+        each node must run a trivial task within a few seconds."""
+        started = time.monotonic()
+        answers = nodes_answering(self.client, self.job_id, plan, self.env, LIVENESS_PROBE_S)
+        dead = tuple(n for n in plan if not answers.get(n, False))
+        self.reporter.decision("nodes_probed", nodes=",".join(plan), unanswering=",".join(dead) or None,
+                               exit_code=exit_code, took_s=round(time.monotonic() - started, 3))
+        if not dead:
+            return diagnosis
+        self.capacity.mark_unanswering(dead)
+        detail = "; ".join(f"{n}: ran no task within {LIVENESS_PROBE_S:g} s after the step died of a signal"
+                           for n in dead)
+        return Diagnosis(Cause.HARDWARE, dead, detail, {n: "unanswering" for n in dead})
 
     # -- endings -------------------------------------------------------------------------------------
     def _give_up(self, diagnosis: Diagnosis, exit_code: int, why: str) -> int:
@@ -198,9 +237,10 @@ class Supervisor:
         self.reporter.decision("job_step_given_up", cause=diagnosis.cause.value, exit_code=code, why=why)
         return code
 
-    def _no_replacement(self, why: str) -> int:
+    def _no_replacement(self, why: str, batch_host: bool = False) -> int:
         decision = self.policy.no_replacement(self.opts.fallback)
-        self.reporter.decision("no_replacement", why=why, action=decision.action.value, detail=decision.detail)
+        self.reporter.decision("no_replacement", why=why, action=decision.action.value, detail=decision.detail,
+                               batch_host=batch_host or None)
         if decision.action is Action.FULL_RESTART:
             return self._requeue(f"{why}; {decision.detail}")
         self.state.finished, self.state.exit_code = True, 1
@@ -210,6 +250,7 @@ class Supervisor:
         self.state.requeues += 1
         self._save()
         self.reporter.decision("job_requeue_requested", why=why, requeues=self.state.requeues)
+        self._mark_for_release()
         try:
             self.client.requeue(self.job_id)
         except HPResilienceError as err:
@@ -222,6 +263,26 @@ class Supervisor:
         if self.stop_signal:
             return 128 + self.stop_signal
         raise JobFailed(f"job {self.job_id} was requeued but this batch script kept running", EXIT_REQUEUE_DID_NOT_STOP)
+
+
+    # -- the requeue marker --------------------------------------------------------------------------
+    def _mark_for_release(self) -> None:
+        """Tell the controller (root) that this requeue is ours, so it starts the job again at once instead
+        of after Slurm's hold: a word in the job's comment, which survives the requeue."""
+        comment = job_details(self.client, self.job_id).get("Comment", "")
+        try:
+            set_job_comment(self.client, self.job_id, with_requeue_marker(comment, True))
+        except HPResilienceError as err:
+            self.reporter.decision("requeue_marker_not_set", error=str(err)[:300])
+
+    def _clear_requeue_marker(self) -> None:
+        comment = self.details.get("Comment", "")
+        if REQUEUE_MARKER not in comment.split():
+            return
+        try:  # the controller takes it off when it releases the job; this covers a job Slurm started anyway
+            set_job_comment(self.client, self.job_id, with_requeue_marker(comment, False))
+        except HPResilienceError as err:
+            log.warning("requeue_marker_not_cleared", error=str(err)[:300])
 
 
 def _int_env(env: Mapping[str, str], key: str) -> int:

@@ -33,6 +33,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.reasons import Action, controller_reason, parse_reason
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.controller_ops import release_requeued_job, requeued_jobs_held
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify, watchdog_interval_s
 
@@ -310,6 +311,28 @@ class Controller:
                        "info" if outcome == "repaired" else "warning", outcome=outcome, last_health=rec.last_health,
                        took_s=round(time.time() - rec.detected_at, 1))
 
+    # -- jobs srun --auto-resume requeued --------------------------------------------------------------
+    def release_requeued(self) -> int:
+        """Start every job the wrapper requeued (its comment carries the marker) now: the wrapper asked for
+        a requeue because the job cannot go on in place, and Slurm's hold would only add two minutes."""
+        released = 0
+        for job in requeued_jobs_held(self.client):
+            try:
+                release_requeued_job(self.client, job)
+            except HPResilienceError as err:
+                log.warning("requeued_job_not_released", job_id=job.job_id, error=str(err)[:300])
+                continue
+            released += 1
+            log.info("requeued_job_released", job_id=job.job_id, reason=job.reason)
+        return released
+
+    def _release_loop(self) -> None:
+        while not self.stop_event.wait(self.settings.release_requeued_every_s):
+            try:
+                self.release_requeued()
+            except HPResilienceError as err:  # a failed look (slurmctld busy) is retried next time
+                log.warning("requeued_jobs_unreadable", error=str(err)[:300], kind=type(err).__name__)
+
     # -- the daemon ----------------------------------------------------------------------------------
     def wait_inflight(self, timeout: float | None = None) -> None:
         for fut in list(self.inflight.values()):
@@ -329,6 +352,8 @@ class Controller:
             log.info("controller_started", state_dir=self.settings.state_dir, dry_run=self.settings.dry_run,
                      under_repair=len(self.records), interval_s=self.settings.poll_interval_s)
             notify("READY=1", "STATUS=watching node states")
+            if self.settings.release_requeued_every_s > 0 and not self.settings.dry_run and not once:
+                threading.Thread(target=self._release_loop, name="release-requeued", daemon=True).start()
             watchdog = watchdog_interval_s()
             while not self.stop_event.is_set():
                 try:

@@ -63,6 +63,9 @@ class ControllerSettings(Section):
     gate: GateSettings = Field(default_factory=GateSettings)
     # Log every decision but change nothing (no Slurm writes, no provider calls, no state files).
     dry_run: bool = False
+    # Jobs that srun --auto-resume requeued (marker in the job's comment) are started at once instead of after
+    # Slurm's requeue hold (cred_expire + 1 s, two minutes by default); looked for this often. 0: never.
+    release_requeued_every_s: float = Field(default=2.0, ge=0)
     # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.
     metrics_address: str = "127.0.0.1:9760"
 

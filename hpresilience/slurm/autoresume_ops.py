@@ -8,8 +8,12 @@ from hpresilience.errors import SlurmError, SlurmParseError, SlurmTimeout
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import expand
+from hpresilience.slurm.parse import parse_oneliner
 
 log = get_logger("hpresilience.slurm")
+# What srun --auto-resume adds to its job's comment before it requeues the job (a comment survives a
+# requeue): the controller, as root, starts such a job at once instead of after Slurm's requeue hold.
+REQUEUE_MARKER = "hpr:requeued"
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,92 @@ def signal_step(client: SlurmClient, step_id: str, signal: str | None = None, ti
                     stderr=res.stderr.strip()[:300])
         return
     log.info("step_signalled" if signal else "step_cancelled", step=step_id, signal=signal)
+
+
+def job_details(client: SlurmClient, job_id: int) -> dict[str, str]:
+    """`scontrol show job -o J` as key/values (SubmitTime, Comment, BatchHost, ...); {} when unreadable.
+    The JSON readers leave out the submit time and the comment, which only this wrapper needs."""
+    res = client.runner.run("scontrol", "show", "job", "-o", str(job_id), check=False, retry=False)
+    if res.returncode != 0:
+        log.warning("job_details_unreadable", job_id=job_id, error=res.stderr.strip()[:200])
+        return {}
+    return parse_oneliner(res.stdout)
+
+
+def set_job_comment(client: SlurmClient, job_id: int, comment: str) -> None:
+    """`scontrol update jobid=J Comment=...` (the job's owner may do it; it survives a requeue). Not retried:
+    without slurmdbd a resized job refuses every update for good ("DB index is being set")."""
+    client.runner.run("scontrol", "update", f"jobid={job_id}", f"Comment={comment}", retry=False)
+
+
+def with_requeue_marker(comment: str, present: bool) -> str:
+    """The user's comment with our marker added or taken off; the rest of it is kept as it was."""
+    words = [w for w in comment.split() if w != REQUEUE_MARKER]
+    return " ".join([*words, REQUEUE_MARKER] if present else words)
+
+
+# Kills every process of this user on the node whose environment carries the marker, except itself, and
+# says so; the probe is started without the marker. One grep over all environ files keeps it ~0.1 s.
+REAP_SCRIPT = r"""
+m=$1
+for f in $(grep -l -z -s -x -F -e "$m" /proc/[0-9]*/environ); do
+  p=${f#/proc/}; p=${p%/environ}
+  [ "$p" = "$$" ] && continue
+  c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-160)
+  kill -9 "$p" 2>/dev/null && echo "hpr-stale ${SLURMD_NODENAME:-?} $p $c"
+done
+echo "hpr-reaped ${SLURMD_NODENAME:-?}"
+"""
+
+
+@dataclass(frozen=True)
+class StaleTask:
+    node: str
+    pid: int
+    command: str
+
+
+def reap_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], marker: str,
+                          env: dict[str, str], timeout: float = 10.0) -> tuple[list[StaleTask], list[str]]:
+    """Run one short task per node (sharing the job's resources, --overlap) that kills what is left of
+    earlier steps: processes carrying `marker` (NAME=VALUE) in their environment. Returns what it killed
+    and the nodes that did not report back (their processes could not be checked)."""
+    if not nodes:
+        return [], []
+    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--overlap", "--export=ALL", "--job-name=hpr-reap",
+            "--kill-on-bad-exit=0", "sh", "-c", REAP_SCRIPT, "hpr-reap", marker]
+    try:
+        res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
+    except SlurmTimeout:
+        return [], list(nodes)
+    killed: list[StaleTask] = []
+    reported: set[str] = set()
+    for line in res.stdout.splitlines():
+        parts = line.split(" ", 3)
+        if parts[0] == "hpr-reaped" and len(parts) > 1:
+            reported.add(parts[1])
+        elif parts[0] == "hpr-stale" and len(parts) >= 3 and parts[2].isdigit():
+            killed.append(StaleTask(parts[1], int(parts[2]), parts[3] if len(parts) > 3 else ""))
+    return killed, [n for n in nodes if n not in reported]
+
+
+def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
+                    timeout: float = 3.0) -> dict[str, bool]:
+    """Whether each node runs a trivial task within `timeout` (one srun per node, all at once). A node
+    whose slurmd is gone (kernel panic, power loss) does not, long before Slurm's SlurmdTimeout."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def alive(node: str) -> bool:
+        try:
+            res = client.runner.run("srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                                    "--overlap", "--export=ALL", "--job-name=hpr-alive", "echo", "hpr-alive",
+                                    timeout=timeout, check=False, retry=False, env=env)
+        except SlurmTimeout:
+            return False
+        return res.returncode == 0 and "hpr-alive" in res.stdout
+
+    if not nodes:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes)), thread_name_prefix="hpr-alive") as pool:
+        return dict(zip(nodes, pool.map(alive, nodes), strict=True))

@@ -10,6 +10,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -229,7 +230,7 @@ def test_scancel_leaves_no_process_behind(cluster: DevCluster, slurm: SlurmClien
     while (ours() or live_steps()) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert not ours(), [p.info["cmdline"] for p in ours()]
-    assert not live_steps()
+    assert not live_steps(), run.err[-3000:]
 
 
 def test_pre_and_post_train_scripts_run_once_per_node_around_the_attempt(
@@ -280,38 +281,43 @@ def test_usr1_sent_to_the_wrapper_reaches_every_task_and_training_goes_on(
     assert len(run.named("attempt_started")) == 1 and finished_steps(run.out) == {"step=25"}
 
 
-def test_no_replacement_requeues_the_job_which_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    """Both nodes of a 2-node cluster are needed; one fails and none can replace it: the wrapper requeues
-    the job (same id), and once the node is back the new batch run resumes from the checkpoint.
-
-    Slurm holds a requeued job for AuthInfo's cred_expire + 1 s (default 120 s); this cluster sets 10 s.
-    """
+def test_no_replacement_requeues_the_job_and_the_controller_starts_it_again_at_once(tmp_path: Path) -> None:
+    """(d) Both nodes of a 2-node cluster are needed; one fails and no node can replace it within the wait:
+    the wrapper requeues the job (same id) with a marker in its comment, the controller (root) repairs the
+    node and starts the job within 15 s of the requeue instead of after Slurm's hold (cred_expire + 1 s,
+    121 s by default, as here), and the new batch run resumes from the checkpoint."""
+    from hpresilience.controller.loop import Controller
     from tests.conftest import TEST_BASE_PORT, require_slurm
+    from tests.controller.conftest import settings_for, write_scripts
 
     require_slurm()
     own = DevCluster(state_dir=tmp_path / "c3", nodes=2, base_port=TEST_BASE_PORT + 300,
-                     overrides={"SlurmdTimeout": "5", "AuthInfo": "cred_expire=10"})
+                     overrides={"SlurmdTimeout": "5"})
     own.up(timeout=60)
+    client = own.client()
+    ctl = Controller(settings_for(write_scripts(tmp_path / "scripts", own), tmp_path / "ctl",
+                                  forced_down_after_s=60, release_requeued_every_s=0.5), client)
+    thread = threading.Thread(target=ctl.run, daemon=True)
+    thread.start()
     try:
-        client = own.client()
-        run = Run(own, client, tmp_path, "--auto-resume-fallback=requeue --auto-resume-replace-timeout=2",
-                  str(TRAINER), nodes=2, env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2"})
+        run = Run(own, client, tmp_path, "--auto-resume-replace-timeout=2", str(TRAINER), nodes=2,
+                  env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2"})
         run.wait_output("step=5 ")
         client.set_node_state(["n2"], "fail", "Action:Replace")
-        deadline = time.monotonic() + 60
-        while not run.named("job_requeue_requested") and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert run.named("job_requeue_requested"), run.err
-        client.set_node_state(["n2"], "resume")  # repaired: the requeued job can start again
         run.wait_output("wrapper_rc=0", timeout=120)
         starts = run.named("supervisor_started")
         assert [s["slurm_restart_count"] for s in starts] == [0, 1]
+        requeued = run.named("job_requeue_requested")[0]
+        assert "waited 2 s" in requeued["why"] and "n2" in requeued["why"], requeued["why"]
+        assert starts[1]["time"] - requeued["time"] < 15
         # The output file was truncated when the requeued batch script started: only the new run is in it.
         resumed = [int(x) for x in re.findall(r"resume_from=(\d+)", run.out)]
         assert resumed and all(r >= 5 for r in resumed), run.out
         assert finished_steps(run.out) == {"step=30"}
         assert client.job(run.job_id).job_id == run.job_id
     finally:
+        ctl.stop()
+        thread.join(timeout=30)
         own.down()
 
 

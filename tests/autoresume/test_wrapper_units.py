@@ -18,8 +18,9 @@ from hpresilience.autoresume.classify import (
 from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.srunargs import parse_srun_args
-from hpresilience.autoresume.state import StateStore, WrapperState
+from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState, belongs_to
 from hpresilience.errors import ConfigError
+from hpresilience.slurm.autoresume_ops import REQUEUE_MARKER, with_requeue_marker
 from hpresilience.slurm.models import Node
 
 
@@ -170,6 +171,54 @@ def test_state_of_another_job_is_not_taken(tmp_path: Path) -> None:
     StateStore(tmp_path, 1).save(WrapperState(1, attempts=5))
     (tmp_path / "2.json").write_text((tmp_path / "1.json").read_text())
     assert StateStore(tmp_path, 2).load().attempts == 0
+
+
+RUN = JobIdentity("hpdev", 7, "2026-11-25T02:18:28", 0)
+
+
+def test_a_later_run_of_the_same_job_continues_its_state(tmp_path: Path) -> None:
+    """The same batch run (a second wrapper) and a requeued run (new submit time, one more restart) both
+    continue the file: Slurm gives a requeued job a new SubmitTime, so the restart count tells them apart."""
+    store = StateStore(tmp_path, 7)
+    store.save(WrapperState(7, cluster="hpdev", submit_time=RUN.submit_time, attempts=3))
+    assert store.load(RUN).attempts == 3
+    requeued = JobIdentity("hpdev", 7, "2026-11-25T02:18:32", 1)
+    loaded = store.load(requeued)
+    assert loaded.attempts == 3 and loaded.submit_time == requeued.submit_time and store.set_aside is None
+
+
+@pytest.mark.parametrize(("saved", "why"), [
+    (WrapperState(7, cluster="hpdev", submit_time="2026-11-20T10:00:00"), "submitted at 2026-11-20T10:00:00"),
+    (WrapperState(7, cluster="other", submit_time=RUN.submit_time), "of cluster 'other'"),
+    (WrapperState(7, cluster="hpdev", submit_time="2026-11-20T10:00:00", slurm_restart_count=2), "restart 2"),
+])
+def test_the_state_of_another_job_with_the_same_id_is_set_aside(tmp_path: Path, saved: WrapperState,
+                                                                 why: str) -> None:
+    """A reinstalled cluster (same id, another submit time), another cluster sharing the directory, or a
+    file counting more requeues than this job: never used, moved aside with its events, and said why."""
+    store = StateStore(tmp_path, 7)
+    saved.attempts = 2
+    saved.blamed_nodes = ["n1"]
+    store.save(saved)
+    store.events_path.write_text('{"event": "old"}\n')
+    fresh = store.load(RUN)
+    assert fresh.attempts == 0 and fresh.blamed_nodes == [] and fresh.submit_time == RUN.submit_time
+    assert store.set_aside is not None and why in store.set_aside["why"]
+    assert not store.path.exists() and not store.events_path.exists()
+    assert len(list(tmp_path.glob("7.json.foreign-*"))) == 1
+    assert len(list(tmp_path.glob("7.events.jsonl.foreign-*"))) == 1
+
+
+def test_belongs_to_accepts_an_unknown_submit_time_only_without_extra_requeues() -> None:
+    assert belongs_to(WrapperState(7, slurm_restart_count=1), JobIdentity("", 7, "", 1)) is None
+    assert belongs_to(WrapperState(7, slurm_restart_count=2), JobIdentity("", 7, "", 1)) is not None
+    assert belongs_to(WrapperState(8), RUN) is not None
+
+
+def test_the_requeue_marker_keeps_the_users_comment() -> None:
+    assert with_requeue_marker("my run 3", True) == f"my run 3 {REQUEUE_MARKER}"
+    assert with_requeue_marker(f"my {REQUEUE_MARKER} run", False) == "my run"
+    assert with_requeue_marker(with_requeue_marker("", True), True) == REQUEUE_MARKER
 
 
 def test_each_decision_is_a_json_line_and_metrics_are_written(tmp_path: Path) -> None:

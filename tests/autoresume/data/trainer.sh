@@ -3,7 +3,9 @@
 # $CKPT_DIR, every rank prints `step=N` lines, and an attempt resumes after the checkpoint.
 # TRAIN_STEPS: steps in all; STEP_SLEEP: seconds per step; FAIL_EXIT: exit with this code at step 2
 # (only rank FAIL_RANK when that is set);
-# HANG_AT: hang at that step (first attempt); LOSS_SEQ: losses printed per step (first attempt).
+# HANG_AT: hang at that step (first attempt); LOSS_SEQ: losses printed per step (first attempt);
+# ORPHAN: start a child in a session of its own (as torchrun starts its workers), which outlives
+# a cancelled step where processes are tracked by process group (proctrack/pgid).
 set -u
 steps=${TRAIN_STEPS:-20}
 ckpt="${CKPT_DIR:?}/ckpt"
@@ -13,6 +15,9 @@ rank=${SLURM_PROCID:-0}
 # A notice such as Slurm's --signal=USR1@120: say so and go on (a real trainer would save and exit).
 trap 'echo "rank=$rank got SIGUSR1 at step=$s"' USR1
 s=0
+if [ -n "${ORPHAN:-}" ]; then
+    setsid bash -c 'while sleep 0.5; do :; done' "orphan-$ORPHAN" &
+fi
 echo "rank=$rank node=$(hostname -s 2>/dev/null) slurmd=${SLURMD_NODENAME:-?} attempt=${AUTORESUME_ATTEMPT:-?} master=${MASTER_ADDR:-?}:${MASTER_PORT:-?} nodes=${NODE_LIST:-?} resume_from=$start"
 for ((s = start + 1; s <= steps; s++)); do
     if [ -n "${FAIL_EXIT:-}" ] && [ "$s" -ge 2 ] && [ "${FAIL_RANK:-$rank}" -eq "$rank" ]; then

@@ -118,7 +118,7 @@ def test_recipe_recovers_in_the_same_job_after_an_operator_replaces_a_node(
     running = run.wait(lambda: [e for e in run.named("step_running")], "the relaunched step")
     assert not processes_of_attempt(run.job_id, 1)
     assert run.wait_finished() == pytest.approx(reference_weight(STEPS, 2), abs=1e-5)
-    assert running[0]["restart_latency_s"] < 10
+    assert running[0]["restart_latency_s"] < 30  # a requeue would cost the 121 s hold
     starts = run.named("attempt_started")
     assert len(starts) == 2 and victim not in starts[1]["nodes"].split(",")
     assert run.named("allocation_grown") and not run.named("job_requeue_requested")
@@ -150,7 +150,7 @@ def test_recipe_with_a_failed_batch_host_is_requeued_onto_healthy_nodes_and_rele
     requeued = run.wait(lambda: run.named("job_requeue_requested"), "the requeue")[0]
     restarted = run.wait(lambda: [e for e in run.named("supervisor_started") if e["slurm_restart_count"] == 1],
                          "the requeued batch run", timeout=60)[0]
-    assert restarted["time"] - requeued["time"] < 15  # Slurm alone would hold it for cred_expire + 1 s
+    assert restarted["time"] - requeued["time"] < 60  # Slurm alone would hold it for cred_expire + 1 s (121 s)
     assert run.named("no_replacement")[0]["batch_host"] is True
     assert run.wait_finished() == pytest.approx(reference_weight(STEPS, 2), abs=1e-5)
     # The output file was truncated when the batch script started again: what follows is the new run.

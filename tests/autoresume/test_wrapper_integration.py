@@ -309,7 +309,7 @@ def test_no_replacement_requeues_the_job_and_the_controller_starts_it_again_at_o
         assert [s["slurm_restart_count"] for s in starts] == [0, 1]
         requeued = run.named("job_requeue_requested")[0]
         assert "waited 2 s" in requeued["why"] and "n2" in requeued["why"], requeued["why"]
-        assert starts[1]["time"] - requeued["time"] < 15
+        assert starts[1]["time"] - requeued["time"] < 60  # Slurm alone: the 121 s hold
         # The output file was truncated when the requeued batch script started: only the new run is in it.
         resumed = [int(x) for x in re.findall(r"resume_from=(\d+)", run.out)]
         assert resumed and all(r >= 5 for r in resumed), run.out

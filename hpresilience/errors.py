@@ -66,6 +66,12 @@ class SlurmParseError(SlurmError):
     """A Slurm command answered with output we cannot read."""
 
 
+class UnknownNode(SlurmError):
+    """A node name Slurm does not know: most often a typo on the command line, so a usage error (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
 class JobFailed(HPResilienceError):
     """A supervised job ended without success; `exit_code` is the job's own."""
 

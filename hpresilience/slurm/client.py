@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
-from hpresilience.errors import ConfigError, SlurmError, SlurmTimeout
+from hpresilience.errors import ConfigError, SlurmError, SlurmTimeout, UnknownNode
 from hpresilience.log import get_logger
 from hpresilience.slurm import parse
 from hpresilience.slurm.hostlist import compress
@@ -84,8 +84,8 @@ class SlurmClient:
         by_name = self._read_nodes(wanted)
         missing = [n for n in dict.fromkeys(wanted) if n not in by_name]
         if missing:
-            raise SlurmError(["scontrol", "show", "node", compress(missing)], 1, "",
-                             f"unknown node(s): {', '.join(missing)}")
+            raise UnknownNode(["scontrol", "show", "node", compress(missing)], 1, "",
+                              f"unknown node(s): {', '.join(missing)}")
         return [by_name[n] for n in wanted]
 
     def node(self, name: str) -> Node:

@@ -227,3 +227,11 @@ def test_accounting_asked_for_without_its_packages_names_the_apt_line(tmp_path: 
     with pytest.raises(EnvironmentMissing, match="apt-get install -y slurmdbd mariadb-server"):
         cl.accounting.start(tmp_path, timeout=5)
     assert "mariadbd-not-installed-here" in devaccounting.missing_tools()
+
+
+def test_a_mistyped_node_name_is_a_usage_error_naming_it(cluster: DevCluster) -> None:
+    """`hpresilience replace n9` on a 4-node cluster: exit 2 (usage), not 4 (Slurm failed)."""
+    res = subprocess.run([sys.executable, "-m", "hpresilience", "replace", "n9"], capture_output=True, text=True,
+                         timeout=60, env=cluster.env())
+    assert res.returncode == 2, res.stderr
+    assert "unknown node(s): n9" in res.stderr

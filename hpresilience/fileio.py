@@ -68,7 +68,7 @@ class _StrictLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_YAML_DEPTH:
                 raise _YamlRefused(f"nested deeper than {MAX_YAML_DEPTH} levels", None)
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
@@ -168,7 +168,7 @@ def read_yaml(path: Path | str, what: str = "file") -> Any:
     p = Path(path)
     text = _decode(p, _read_capped(p, what), what)
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
         if _expanded_size(data) > MAX_YAML_VALUES:
             raise _YamlRefused(f"holds more than {MAX_YAML_VALUES} values once its aliases are expanded")
         return data

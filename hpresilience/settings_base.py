@@ -41,8 +41,8 @@ def _numeric(annotation: Any) -> bool:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         return bool(args) and all(_numeric(a) for a in args)
     if origin in (list, tuple, set, frozenset):
-        args = typing.get_args(annotation)
-        return bool(args) and _numeric(args[0])
+        inner = typing.get_args(annotation)
+        return bool(inner) and _numeric(inner[0])
     return False
 
 
@@ -57,7 +57,7 @@ class Section(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if field is None or not _numeric(field.annotation) or _accepts_bool(field.annotation):
             return value
-        items = value if isinstance(value, (list, tuple)) else [value]
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(v, bool) for v in items):
             raise ValueError("must be a number, not true/false")
         return value
@@ -65,7 +65,7 @@ class Section(BaseModel):
     @field_validator("*", mode="after")
     @classmethod
     def _durations_bounded(cls, value: Any, info: ValidationInfo) -> Any:
-        if (info.field_name or "").endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value) or value > MAX_SECONDS:
-                raise ValueError(f"must be a finite number of seconds, at most {MAX_SECONDS:.0f} (ten years)")
+        if ((info.field_name or "").endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (not math.isfinite(value) or value > MAX_SECONDS)):
+            raise ValueError(f"must be a finite number of seconds, at most {MAX_SECONDS:.0f} (ten years)")
         return value

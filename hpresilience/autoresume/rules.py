@@ -5,9 +5,9 @@ A `RuleSet` is compiled once from `logMonitoringConfiguration`. The wrapper feed
 about once a second, and calls `reset` when an attempt starts. All three return `RuleTripped` events.
 
 Matching follows HyperPod's agent: patterns are applied as `re.match` is (anchored at the start) to
-each line without its terminator (which is why HyperPod's examples begin with `.*`), but
-on RE2 (`regex.py`): linear time, so no pattern can freeze the wrapper. Per line and rule, in this order: a logPattern match records the time (and is a fault
-with faultOnMatch); a stopPattern match deactivates the rule for the rest of the attempt, without a
+each line without its terminator (which is why HyperPod's examples begin with `.*`), but on RE2
+(`regex.py`): linear time, so no pattern can freeze the wrapper. Per line and rule, in this order: a
+logPattern match records the time (and is a fault with faultOnMatch); a stopPattern match deactivates the rule for the rest of the attempt, without a
 metric evaluation of that line; otherwise the first capture group of the match is the metric.
 Timers use strict `>`: a rule HANGs when `now - attempt start > expectedStartCutOffInSeconds` with no
 match yet, or `now - last match > expectedRecurringFrequencyInSeconds`.
@@ -169,7 +169,7 @@ class _Rule:
                 continue
             last_line = line
             try:
-                value = float(m.group(1))
+                value = float(m.group(1) or "")  # a missed optional group: "" -> ValueError
             except (TypeError, ValueError):
                 self._bad_metric(m, line)
                 continue
@@ -213,7 +213,7 @@ class _Rule:
         if not metric or self.compare is None or self.threshold is None:
             return
         try:
-            value = float(m.group(1))
+            value = float(m.group(1) or "")  # a missed optional group: "" -> ValueError
         except (TypeError, ValueError):
             self._bad_metric(m, line)
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpresilience.errors import SlurmError, SlurmTimeout
+from hpresilience.errors import SlurmError, SlurmParseError, SlurmTimeout
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import expand
@@ -36,7 +36,7 @@ def job_steps(client: SlurmClient, job_id: int) -> list[StepInfo]:
             continue
         try:
             nodes = tuple(expand(parts[2])) if parts[2] else ()
-        except ValueError:
+        except SlurmParseError:  # expand's own error: a malformed hostlist leaves the step's nodes unknown
             nodes = ()
         steps.append(StepInfo(parts[0], parts[1], nodes))
     return steps

@@ -7,8 +7,9 @@ about once a second, and calls `reset` when an attempt starts. All three return 
 Matching follows HyperPod's agent: patterns are applied as `re.match` is (anchored at the start) to
 each line without its terminator (which is why HyperPod's examples begin with `.*`), but on RE2
 (`regex.py`): linear time, so no pattern can freeze the wrapper. Per line and rule, in this order: a
-logPattern match records the time (and is a fault with faultOnMatch); a stopPattern match deactivates the rule for the rest of the attempt, without a
-metric evaluation of that line; otherwise the first capture group of the match is the metric.
+logPattern match records the time (and is a fault with faultOnMatch); a stopPattern match deactivates
+the rule for the rest of the attempt, without a metric evaluation of that line; otherwise the first
+capture group of the match is the metric.
 Timers use strict `>`: a rule HANGs when `now - attempt start > expectedStartCutOffInSeconds` with no
 match yet, or `now - last match > expectedRecurringFrequencyInSeconds`.
 

@@ -111,7 +111,7 @@ def test_fifo_without_writer_is_refused_not_waited_on(tmp_path: Path) -> None:
 
 
 def test_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not a regular file|Is a directory"):
+    with pytest.raises(ConfigError, match=r"not a regular file|Is a directory"):
         read_yaml(tmp_path)
 
 

@@ -74,7 +74,7 @@ def mutate_bytes(data: bytes, draw: Any) -> bytes:
     if kind == "dupline" and b"\n" in data:
         lines = data.split(b"\n")
         i = draw(st.integers(0, len(lines) - 1))
-        return b"\n".join(lines[:i + 1] + [lines[i]] + lines[i + 1:])
+        return b"\n".join([*lines[:i + 1], lines[i], *lines[i + 1:]])
     if kind == "bom16":
         return data.decode("utf-8", "replace").encode("utf-16")
     if kind == "deep":

@@ -23,7 +23,6 @@ from hpresilience.config import Config, config_as_dict, load_config
 from hpresilience.errors import HPResilienceError
 from tests.fuzz import SCALARS, count, fuzz_settings, json_like, mutate_bytes
 
-
 _CACHE: dict[tuple[Any, int], st.SearchStrategy[Any]] = {}
 
 

@@ -100,3 +100,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"{target:32s} inputs {inputs:7d}  accepted {c['accepted']:7d}  clear errors {c['clear_error']:7d}  "
             f"records skipped {c['skipped']:7d}  crashes {c['crash']}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests import fuzz
+
+    if fuzz.examples() > fuzz.SHORT_EXAMPLES:  # a long fuzz run outlasts the suite's per-test timeout by design
+        for item in items:
+            module = getattr(item, "module", None)
+            if module is not None and module.__name__.endswith("_fuzz"):
+                item.add_marker(pytest.mark.timeout(0))

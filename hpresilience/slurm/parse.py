@@ -218,3 +218,21 @@ def parse_job_id(text: str) -> int:
             return int(first)
         raise SlurmParseError(["sbatch/salloc"], None, text, f"no job id in {stripped[:80]!r}")
     return int(m.group(1))
+
+
+def parse_step_lines(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """`squeue -s -h -o %i|%j|%N` lines as (step id, name, nodes); odd lines are skipped and logged, and a
+    malformed hostlist leaves that step's nodes unknown (empty) rather than failing the query."""
+    steps = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or "." not in parts[0]:
+            if line.strip():
+                log.warning("squeue_step_line_skipped", line=line[:200])
+            continue
+        try:
+            nodes = tuple(expand(parts[2])) if parts[2] else ()
+        except SlurmParseError:
+            nodes = ()
+        steps.append((parts[0], parts[1], nodes))
+    return steps

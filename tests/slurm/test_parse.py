@@ -170,3 +170,11 @@ def test_version_with_odd_digits_is_a_parse_error(text: str) -> None:
 def test_job_id_with_odd_digits_is_a_parse_error(text: str) -> None:
     with pytest.raises(SlurmParseError):
         parse.parse_job_id(text)
+
+
+def test_step_lines_skip_odd_lines_and_keep_steps_with_bad_hostlists() -> None:
+    """`squeue -s` text: a malformed node list leaves that step's nodes unknown instead of failing the query
+    (it raised SlurmParseError past a `except ValueError` before issue 14)."""
+    text = "12.0|train|n[1-2]\n12.1|probe|n[1-\ngarbage\n12.batch|batch|n1\n\n13|job|n1\n"
+    assert parse.parse_step_lines(text) == [("12.0", "train", ("n1", "n2")), ("12.1", "probe", ()),
+                                            ("12.batch", "batch", ("n1",))]

@@ -107,7 +107,7 @@ TEXT = st.one_of(st.text(max_size=80), st.binary(max_size=80).map(lambda b: b.de
                  st.sampled_from(["slurm 22.05.8", "slurm-wlm 2².05.8", "Submitted batch job 12",
                                   "Granted job allocation " + "9" * 5000, "12;cluster", "²;x",
                                   "JobId=1 JobName=a b UserId=x(1) Nodes=n[1-2]", "SlurmctldPort = 6817",
-                                  "A=" + "x " * 2000]))
+                                  "A=" + "x " * 2000, "12.0|train|n[1-2]\n12.1|x|n[1-", "1.2||²"]))
 
 
 @fuzz_settings()
@@ -117,6 +117,8 @@ def test_text_parsers(text: str) -> None:
     _run("slurm parse_job_id", lambda: parse.parse_job_id(text))
     _run("slurm parse_key_values", lambda: parse.parse_key_values(text))
     _run("slurm parse_oneliner", lambda: parse.parse_oneliner(text))
+    _run("slurm parse_step_lines", lambda: parse.parse_step_lines(text))
+    _run("slurm parse_step_lines", lambda: parse.parse_step_lines(text.replace(" ", "|")))
 
 
 @fuzz_settings()

@@ -11,9 +11,13 @@ overrides both). The tally is printed at the end of the session.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import shutil
+import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -40,6 +44,14 @@ def fuzz_settings() -> settings:
     """Read at test-definition time: conftest sets the mode before the test modules are imported."""
     return settings(max_examples=examples(), deadline=None, database=None, derandomize=not _long[0],
                     suppress_health_check=list(HealthCheck))
+
+
+def scratch_dir() -> Path:
+    """A private directory (0700) for the input files, removed at exit: one file rewritten per input, as
+    creating a directory per input would cost more than the loader under test."""
+    d = Path(tempfile.mkdtemp(prefix="hpr-fuzz-"))
+    atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 def count(target: str, outcome: str, n: int = 1) -> None:

@@ -8,10 +8,8 @@ ConfigError: no other exception, and a loaded one must dump (what `config show` 
 from __future__ import annotations
 
 import json
-import tempfile
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,7 +19,7 @@ from pydantic import BaseModel
 
 from hpresilience.config import Config, config_as_dict, load_config
 from hpresilience.errors import HPResilienceError
-from tests.fuzz import SCALARS, count, fuzz_settings, json_like, mutate_bytes
+from tests.fuzz import SCALARS, count, fuzz_settings, json_like, mutate_bytes, scratch_dir
 
 _CACHE: dict[tuple[Any, int], st.SearchStrategy[Any]] = {}
 
@@ -85,7 +83,7 @@ def config_files(draw: st.DrawFn) -> bytes:
     return mutate_bytes(text.encode("utf-8", "surrogatepass"), draw)
 
 
-_DIR = Path(tempfile.mkdtemp(prefix="hpr-fuzz-"))  # one file rewritten per input: mkdtemp per input costs more
+_DIR = scratch_dir()
 
 
 @fuzz_settings()

@@ -9,8 +9,6 @@ Budget: tests/fuzz.py.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -20,7 +18,7 @@ from hypothesis import strategies as st
 from hpresilience.autoresume.rules import LineBuffer, RuleSet
 from hpresilience.autoresume.settings import load_rules_file
 from hpresilience.errors import HPResilienceError
-from tests.fuzz import HOSTILE_FLOATS, SCALARS, count, fuzz_settings, json_like, mutate_bytes
+from tests.fuzz import HOSTILE_FLOATS, SCALARS, count, fuzz_settings, json_like, mutate_bytes, scratch_dir
 
 FRAGMENTS = ["a", "b", ".", ".*", "+", "*", "?", "(", ")", "(a+)+", "[", "]", "[0-9]", "{2}", "{1,}", "|",
              "\\d", "\\", "\\1", "^", "$", "(?=x)", "(?P<n>", "(\\d+)", "\\.", "loss ", "é", "{999999}", "(?i)"]
@@ -74,7 +72,7 @@ def rules_files(draw: st.DrawFn) -> bytes:
 OUTPUT = st.lists(st.one_of(st.binary(max_size=60), st.sampled_from([
     b"a" * 40 + b"!\n", b"loss 12.5\n", b"[Epoch 0 Batch 3 'samples/sec': 7.5}\n", b"\r\r\n", b"\xff\xfe\n"])),
     max_size=6)
-_DIR = Path(tempfile.mkdtemp(prefix="hpr-fuzz-"))
+_DIR = scratch_dir()
 
 
 @fuzz_settings()

@@ -182,3 +182,7 @@ def read_yaml(path: Path | str, what: str = "file") -> Any:
         raise ConfigError(f"{p}: not valid YAML{where}: {problem}") from None
     except RecursionError:  # belt and braces: the depth bound above should make this unreachable
         raise ConfigError(f"{p}: not valid YAML: nested too deeply") from None
+    except (ValueError, OverflowError) as err:
+        # PyYAML lets a few of its own conversions escape: `"\U0A0010000"` (chr() of a code point past
+        # U+10FFFF), a date such as 2020-13-45 (datetime refuses the month).
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None

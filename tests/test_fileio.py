@@ -4,6 +4,7 @@ traceback, a hang or an unbounded expansion; `config show` exits 2 with one line
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,16 @@ def test_merge_key_override_is_not_a_duplicate(tmp_path: Path) -> None:
     p = tmp_path / "m.yaml"
     p.write_text("base: &b {x: 1, y: 2}\nover: {<<: *b, y: 3}\n")
     assert read_yaml(p)["over"] == {"x": 1, "y": 3}
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('"\\x1F\\U0A0010000": null\n', "chr() arg not in range"),       # found by the long fuzz run
+    ('"\\UA00010000": null\n', "too large to convert"),
+    ("slurm: {bin_dir: 2020-13-45}\n", "month must be in 1..12"),
+])
+def test_yaml_conversions_pyyaml_lets_escape_are_config_errors(tmp_path: Path, text: str, words: str) -> None:
+    """PyYAML raises ValueError/OverflowError (not YAMLError) for these; they must not escape as tracebacks."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=f"not valid YAML: .*{re.escape(words)}"):
+        read_yaml(p)

@@ -7,6 +7,8 @@ through LineBuffer, as the wrapper reads a pipe. Two logs:
 - "all progress": every line is a progress line, so the metric rule must run its regex on each (worst case).
 Baseline, same run: HyperPod's own way (`re.match` of every rule on every line) and a bare loop that only
 splits the same text into lines, to show how close to the floor the engine is.
+Last, the catastrophic pattern `(a+)+$` (issue 14): Python's `re` on short hostile lines, the engine on
+a 41-character one and on a full 64 KiB one (target: decided in under 1 s).
 
     .venv/bin/python bench/bench_rules.py [--lines 400000] [--repeat 3]
 """
@@ -23,7 +25,7 @@ from collections.abc import Callable
 import yaml
 
 from hpresilience.autoresume.rules import LineBuffer, RuleSet
-from hpresilience.autoresume.settings import RunPolicySettings
+from hpresilience.autoresume.settings import LogRuleSettings, RunPolicySettings
 
 RULES = r"""
 - name: JobStart
@@ -133,6 +135,26 @@ def main() -> None:
         print(f"{label:28s} engine {rate / 1e3:8.0f}k lines/s [{verdict}, target 500k]; "
               f"naive re.match {n / t_naive / 1e3:6.0f}k lines/s (engine {t_naive / t_engine:4.1f}x faster); "
               f"split-only floor {n / t_floor / 1e3:6.0f}k lines/s (engine at {t_floor / t_engine:4.0%} of it)")
+    hostile()
+
+
+def hostile() -> None:
+    """Issue 14: a catastrophic pattern on a hostile line. Python's `re` (HyperPod's engine) is timed on
+    short lines only (each extra character doubles its time); the engine on 40 and on 64 KiB."""
+    evil = LogRuleSettings.model_validate({"name": "Evil", "logPattern": "(a+)+$", "faultOnMatch": True})
+    rx = re.compile(evil.log_pattern)
+    for n in (16, 20, 22):
+        t = time.perf_counter()
+        rx.match("a" * n + "!")
+        print(f"hostile (a+)+$  re.match on {n + 1:2d} chars {time.perf_counter() - t:9.4f} s "
+              "(doubles with each character: 40 chars would take days)")
+    for n in (40, 65535):
+        rs = RuleSet([evil])
+        t = time.perf_counter()
+        events = rs.feed("a" * n + "!", 1.0)
+        took = time.perf_counter() - t
+        print(f"hostile (a+)+$  engine   on {n + 1:5d} chars {took:9.6f} s, {len(events)} trips "
+              f"[{'OK' if took < 1 else 'TOO SLOW'}, target < 1 s]")
 
 
 if __name__ == "__main__":

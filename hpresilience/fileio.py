@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,18 +35,154 @@ def atomic_write_text(path: Path | str, text: str, fsync: bool = False) -> None:
         raise
 
 
-def read_yaml(path: Path | str, what: str = "file") -> Any:
-    """Parse a YAML file; ConfigError `PATH: cannot read <what>: ...` or `PATH: not valid YAML at line L, column C:
-    problem` on failure."""
-    p = Path(path)
+# Limits on what a YAML file may hold. Configuration, rules and profiles are a few KiB; these are far above
+# any real file and far below what would hurt a daemon or `config show` (issue 14: an alias bomb of 514
+# bytes expanded past 3.8 GB; a nesting 500 deep overflowed the stack).
+MAX_YAML_BYTES = 4 * 1024 * 1024
+MAX_YAML_DEPTH = 64
+MAX_YAML_VALUES = 100_000
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _YamlRefused(Exception):
+    """Raised inside the loader; read_yaml turns it into a ConfigError naming the file."""
+
+    def __init__(self, message: str, node: yaml.Node | None = None) -> None:
+        super().__init__(message)
+        self.mark = node.start_mark if node is not None else None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and nesting deeper than MAX_YAML_DEPTH.
+
+    The pure-Python composer is used on purpose: its recursion is ours to bound, libyaml's is not.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _YamlRefused(f"nested deeper than {MAX_YAML_DEPTH} levels", None)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node)
+            try:
+                fresh = key not in seen
+            except TypeError:  # an unhashable key: SafeLoader reports it itself below
+                continue
+            if not fresh:
+                # Last-wins would silently drop the first value; which one was meant is the author's call.
+                raise _YamlRefused(f"duplicate key {key!r}", key_node)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(data: Any) -> int:
+    """How many values `data` holds once aliases are expanded (what a dump would write).
+
+    Shared sub-trees (YAML aliases) are counted once per reference, in time linear in the distinct
+    values; a cycle (`&a [*a]`) is refused, as no consumer could ever print or validate it.
+    """
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def size(obj: Any) -> int:
+        if not isinstance(obj, (dict, list)):
+            return 1
+        key = id(obj)
+        if key in sizes:
+            return sizes[key]
+        if key in open_ids:
+            raise _YamlRefused("an alias refers to a value that contains it (a cycle)")
+        open_ids.add(key)
+        children = list(obj.items()) if isinstance(obj, dict) else obj
+        total = 1
+        for child in children:
+            total += sum(size(c) for c in child) if isinstance(obj, dict) else size(child)
+            if total > MAX_YAML_VALUES:
+                break
+        open_ids.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(data)
+
+
+def _read_capped(p: Path, what: str) -> bytes:
+    """The file's bytes; only a regular file, at most MAX_YAML_BYTES (a FIFO or /dev/zero never hangs us)."""
     try:
-        text = p.read_text()
+        # O_NONBLOCK: opening a FIFO with no writer must not block; the S_ISREG test then refuses it.
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
         raise ConfigError(f"{p}: cannot read {what}: {err.strerror or err}") from None
     try:
-        return yaml.safe_load(text)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{p}: cannot read {what}: not a regular file")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_YAML_BYTES:
+                raise ConfigError(f"{p}: cannot read {what}: larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB")
+        return b"".join(chunks)
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read {what}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+
+
+def _decode(p: Path, raw: bytes, what: str) -> str:
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"{p}: {what} is UTF-16; save it as UTF-8")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{p}: {what} is not UTF-8 text (byte 0x{raw[err.start]:02x} at line {line})") from None
+
+
+def read_yaml(path: Path | str, what: str = "file") -> Any:
+    """Parse a YAML file; every failure is one ConfigError naming the file.
+
+    `PATH: cannot read <what>: ...` (missing, unreadable, not a regular file, too large),
+    `PATH: <what> is not UTF-8 text ...`, or `PATH: not valid YAML at line L, column C: problem`
+    (syntax, duplicate keys, nesting deeper than MAX_YAML_DEPTH, aliases expanding past MAX_YAML_VALUES).
+    """
+    p = Path(path)
+    text = _decode(p, _read_capped(p, what), what)
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+        if _expanded_size(data) > MAX_YAML_VALUES:
+            raise _YamlRefused(f"holds more than {MAX_YAML_VALUES} values once its aliases are expanded")
+        return data
+    except _YamlRefused as err:
+        where = f" at line {err.mark.line + 1}, column {err.mark.column + 1}" if err.mark is not None else ""
+        raise ConfigError(f"{p}: not valid YAML{where}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{p}: not valid YAML{where}: {problem}") from None
+    except RecursionError:  # belt and braces: the depth bound above should make this unreachable
+        raise ConfigError(f"{p}: not valid YAML: nested too deeply") from None
+    except (ValueError, OverflowError) as err:
+        # PyYAML lets a few of its own conversions escape: `"\U0A0010000"` (chr() of a code point past
+        # U+10FFFF), a date such as 2020-13-45 (datetime refuses the month).
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None

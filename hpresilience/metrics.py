@@ -18,6 +18,9 @@ from prometheus_client import CollectorRegistry, generate_latest, write_to_textf
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from hpresilience.errors import ConfigError
+from hpresilience.log import get_logger
+
+_log = get_logger("hpresilience.metrics")
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -67,6 +70,18 @@ class MetricsServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def start_metrics_server(registry: CollectorRegistry, address: str, healthy: Callable[[], bool],
+                         daemon: str) -> MetricsServer | None:
+    """Start the server, or log `metrics_server_not_started` and return None when the address cannot be
+    bound (port taken, an address this host lacks): the daemon's checks and repairs matter more than its
+    metrics, and a crash here would become a restart loop under systemd's Restart=on-failure."""
+    try:
+        return MetricsServer(registry, address, healthy).start()
+    except OSError as err:  # EADDRINUSE, EADDRNOTAVAIL, EAFNOSUPPORT, gaierror
+        _log.error("metrics_server_not_started", daemon=daemon, address=address, error=str(err.strerror or err))
+        return None
 
 
 def write_textfile(registry: CollectorRegistry, path: str) -> None:

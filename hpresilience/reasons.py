@@ -25,6 +25,10 @@ AGENT_TAG = "[hpr-agent]"
 CONTROLLER_TAG = "[hpr-controller]"
 
 _ACTION = re.compile(r"^\s*Action\s*:\s*(Replace|Reboot)\b", re.IGNORECASE)
+# Where agent_reason/controller_reason put the tag: first, or right after the action word. A tag anywhere
+# else is someone's text (an operator quoting ours), and must not hand the node to one of our parts.
+_OWNER = re.compile(r"^\s*(?:Action\s*:\s*(?:Replace|Reboot)\b\s*)?(\[hpr-agent\]|\[hpr-controller\])",
+                    re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -39,9 +43,10 @@ def parse_reason(reason: str) -> ParsedReason:
     text = reason or ""
     m = _ACTION.match(text)
     action = Action(m.group(1).capitalize()) if m else None
-    owner = "agent" if AGENT_TAG in text else "controller" if CONTROLLER_TAG in text else None
-    detail = text[m.end():] if m else text
-    detail = detail.replace(AGENT_TAG, "").replace(CONTROLLER_TAG, "").strip(" :-")
+    tag = _OWNER.match(text)
+    owner = None if tag is None else "agent" if tag.group(1).lower() == AGENT_TAG else "controller"
+    detail = text[tag.end():] if tag else text[m.end():] if m else text
+    detail = detail.strip(" :-")
     return ParsedReason(action, owner, detail)
 
 

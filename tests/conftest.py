@@ -76,3 +76,37 @@ def reset_cluster(cl: DevCluster) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("could not reset devcluster: " + ", ".join(f"{n.name}={n.state_text}" for n in nodes))
         time.sleep(0.3)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", default=False,
+                     help="fuzz tests run 100,000 inputs per target (also: HPRESILIENCE_FUZZ_LONG=1)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests import fuzz
+
+    fuzz.set_long(bool(config.getoption("--long")))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests import fuzz
+
+    if not fuzz.TALLY:
+        return
+    terminalreporter.section("fuzz tally (inputs, clear errors, skips, crashes)")
+    for target, c in sorted(fuzz.TALLY.items()):
+        inputs = c["accepted"] + c["clear_error"]
+        terminalreporter.write_line(
+            f"{target:32s} inputs {inputs:7d}  accepted {c['accepted']:7d}  clear errors {c['clear_error']:7d}  "
+            f"records skipped {c['skipped']:7d}  crashes {c['crash']}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests import fuzz
+
+    if fuzz.examples() > fuzz.SHORT_EXAMPLES:  # a long fuzz run outlasts the suite's per-test timeout by design
+        for item in items:
+            module = getattr(item, "module", None)
+            if module is not None and module.__name__.endswith("_fuzz"):
+                item.add_marker(pytest.mark.timeout(0))

@@ -63,3 +63,21 @@ def test_watchdog_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     assert watchdog_interval_s() == 15.0
     monkeypatch.delenv("WATCHDOG_USEC")
     assert watchdog_interval_s() is None
+
+
+@pytest.mark.parametrize("taken", ["port in use", "address this host lacks"])
+def test_metrics_bind_failure_is_logged_not_raised(taken: str) -> None:
+    """Issue 14 item 7: a bind failure crashed the agent and the controller at start, which systemd's
+    Restart=on-failure turned into a crash loop with no checks run. Now: one error line, no server."""
+    from structlog.testing import capture_logs
+
+    from hpresilience.metrics import start_metrics_server
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        address = f"127.0.0.1:{holder.getsockname()[1]}" if taken == "port in use" else "[2001:db8::1]:9761"
+        with capture_logs() as logs:
+            assert start_metrics_server(CollectorRegistry(), address, lambda: True, "agent") is None
+    assert [(e["event"], e["log_level"], e["address"]) for e in logs] == [
+        ("metrics_server_not_started", "error", address)]

@@ -15,6 +15,11 @@ from hpresilience.reasons import Action, agent_reason, controller_reason, parse_
     ("Not responding", None, None),
     ("", None, None),
     ("Action:Replaced", None, None),
+    # Issue 14 item 14: the tag counts only where our parts write it (first, or right after the action).
+    ("drained by ops; not [hpr-agent]", None, None),
+    ("Action:Replace per ticket [hpr-controller]", Action.REPLACE, None),
+    ("Action:Reboot [hpr-controller] repairing", Action.REBOOT, "controller"),
+    ("  [hpr-agent] x", None, "agent"),
 ])
 def test_parse_reason(reason: str, action: Action | None, owner: str | None) -> None:
     p = parse_reason(reason)

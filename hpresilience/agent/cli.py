@@ -26,7 +26,7 @@ def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str
     """Run health checks on this node and mark it in Slurm when a fault is confirmed."""
     from hpresilience.agent.daemon import Agent
     from hpresilience.health.api import HealthCollector
-    from hpresilience.metrics import MetricsServer
+    from hpresilience.metrics import start_metrics_server
     from hpresilience.slurm.client import SlurmClient
 
     cfg = c.config
@@ -51,7 +51,7 @@ def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str
         return
     server = None
     if settings.metrics_address:
-        server = MetricsServer(daemon.registry, settings.metrics_address, daemon.healthy).start()
+        server = start_metrics_server(daemon.registry, settings.metrics_address, daemon.healthy, "agent")
 
     def stop(signum: int, _frame: object) -> None:
         daemon.stop()

@@ -25,6 +25,12 @@ VALUE_OPTIONS = {
     "auto-resume-shutdown-timeout": "shutdown_timeout", "auto-resume-master-port-base": "master_port_base",
     "pre-train-script": "pre_train_script", "post-train-script": "post_train_script",
 }
+_VALIDATED_FLOATS = {"shutdown_timeout": "shutdown_timeout_s", "replace_timeout": "replace_timeout_s",
+                     "poll_interval": "poll_interval_s"}
+_OPTION_OF_FIELD = {"shutdown_signal": "--auto-resume-shutdown-signal",
+                    "shutdown_timeout_s": "--auto-resume-shutdown-timeout",
+                    "replace_timeout_s": "--auto-resume-replace-timeout",
+                    "poll_interval_s": "--auto-resume-poll-interval"}
 FLAG_OPTIONS = {"auto-resume-grow": ("grow", True), "auto-resume-no-grow": ("grow", False)}
 
 
@@ -69,9 +75,19 @@ def srun(c: Ctx, /, args: tuple[str, ...], **given: Any) -> None:
             given[key] = given[key] if given[key] is not None else flag
         elif given.get(VALUE_OPTIONS[name]) in (None, "1"):
             given[VALUE_OPTIONS[name]] = value
-    if str(given["auto_resume"]).strip() in ("0", "false", "no"):
+    if not _auto_resume_enabled(str(given["auto_resume"])):
         _exec_plain_srun(c, list(args))
     sys.exit(_supervise(c, parsed, given))
+
+
+def _auto_resume_enabled(value: str) -> bool:
+    """The shim's rule (slurm/srun), so both entry points agree: digits only, any non-zero value enables."""
+    from hpresilience.errors import ConfigError
+
+    text = value.strip()
+    if not text or not (text.isascii() and text.isdigit()):
+        raise ConfigError(f"invalid --auto-resume value {value!r} (use 0 or 1)")
+    return text.strip("0") != ""
 
 
 def _real_srun(c: Ctx) -> str:
@@ -97,22 +113,30 @@ def _supervise(c: Ctx, parsed: Any, given: dict[str, Any]) -> int:
     updates: dict[str, Any] = {}
     if given["shutdown_signal"] is not None:
         updates["shutdown_signal"] = given["shutdown_signal"]
-    if given["shutdown_timeout"] is not None:
-        updates["shutdown_timeout_s"] = float(given["shutdown_timeout"])
+    # Through the settings model, so the command line gets the file's checks (no NaN, no infinity).
+    for key, field in _VALIDATED_FLOATS.items():
+        if given[key] is not None:
+            try:
+                updates[field] = float(given[key])
+            except ValueError:
+                raise ConfigError(f"{_OPTION_OF_FIELD[field]}: {given[key]!r} is not a number") from None
     if updates:
         from pydantic import ValidationError
 
         try:
             settings = type(settings).model_validate({**settings.model_dump(), **updates})
         except ValidationError as err:
-            raise ConfigError(f"--auto-resume-shutdown-*: {err.errors()[0]['msg']}") from None
+            first = err.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            option = _OPTION_OF_FIELD.get(field, "--auto-resume-*")
+            raise ConfigError(f"{option}: {first['msg']}") from None
     policy = load_rules_file(given["rules"], settings.run_policy) if given["rules"] else None
     try:
         opts = options_from(
             settings, parsed, _real_srun(c), os.environ, run_policy=policy,
             spares=_opt_int(given["spares"]), grow=given["grow"], fallback=given["fallback"],
-            replace_timeout_s=_opt_float(given["replace_timeout"]), state_dir=given["state_dir"],
-            metrics_path=given["metrics_file"], poll_interval_s=_opt_float(given["poll_interval"]),
+            replace_timeout_s=settings.replace_timeout_s, state_dir=given["state_dir"],
+            metrics_path=given["metrics_file"], poll_interval_s=settings.poll_interval_s,
             master_port_base=_opt_int(given["master_port_base"]),
             pre_train_script=given["pre_train_script"], post_train_script=given["post_train_script"])
     except ValueError as err:
@@ -130,6 +154,3 @@ def _supervise(c: Ctx, parsed: Any, given: dict[str, Any]) -> int:
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
 
-
-def _opt_float(v: Any) -> float | None:
-    return None if v is None else float(v)

@@ -49,9 +49,11 @@ class WrapperOptions:
 
 def job_id_from(env: Mapping[str, str]) -> int:
     raw = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if not raw or not raw.isdigit():
+    if not raw:
         raise ConfigError("srun --auto-resume runs inside a job: SLURM_JOB_ID is not set "
                           "(start it from an sbatch script or an salloc shell)")
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise ConfigError(f"SLURM_JOB_ID is {raw[:40]!r}, not a Slurm job id (a whole number)")
     return int(raw)
 
 

@@ -4,11 +4,12 @@ A `RuleSet` is compiled once from `logMonitoringConfiguration`. The wrapper feed
 (`feed_text` for a block of whole lines, `feed` for one line) with the time it read them, calls `tick`
 about once a second, and calls `reset` when an attempt starts. All three return `RuleTripped` events.
 
-Matching follows HyperPod's agent exactly: patterns use Python `re` and are applied with `re.match` to
-each line without its terminator (anchored at the start of the line, which is why HyperPod's examples
-begin with `.*`). Per line and rule, in this order: a logPattern match records the time (and is a fault
-with faultOnMatch); a stopPattern match deactivates the rule for the rest of the attempt, without a
-metric evaluation of that line; otherwise the first capture group of the match is the metric.
+Matching follows HyperPod's agent: patterns are applied as `re.match` is (anchored at the start) to
+each line without its terminator (which is why HyperPod's examples begin with `.*`), but on RE2
+(`regex.py`): linear time, so no pattern can freeze the wrapper. Per line and rule, in this order: a
+logPattern match records the time (and is a fault with faultOnMatch); a stopPattern match deactivates
+the rule for the rest of the attempt, without a metric evaluation of that line; otherwise the first
+capture group of the match is the metric.
 Timers use strict `>`: a rule HANGs when `now - attempt start > expectedStartCutOffInSeconds` with no
 match yet, or `now - last match > expectedRecurringFrequencyInSeconds`.
 
@@ -25,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hpresilience.autoresume.prefilter import required_literal
+from hpresilience.autoresume.regex import RuleMatch, RulePattern
 from hpresilience.autoresume.settings import LogRuleSettings
 from hpresilience.log import get_logger
 
@@ -95,9 +97,10 @@ class _Rule:
     def __init__(self, s: LogRuleSettings) -> None:
         self.name = s.name
         self.action = s.action
-        self.pattern = re.compile(s.log_pattern)
+        # Captures cost RE2 a slower engine: only a metric rule asks for them.
+        self.pattern = RulePattern(s.log_pattern, capture=s.operator is not None)
         self.literal = required_literal(s.log_pattern)
-        self.stop = re.compile(s.stop_pattern) if s.stop_pattern is not None else None
+        self.stop = RulePattern(s.stop_pattern, capture=False) if s.stop_pattern is not None else None
         self.stop_literal = required_literal(s.stop_pattern) if s.stop_pattern is not None else ""
         self.cutoff = s.expected_start_cutoff_s
         self.freq = s.expected_recurring_frequency_s
@@ -167,7 +170,7 @@ class _Rule:
                 continue
             last_line = line
             try:
-                value = float(m.group(1))
+                value = float(m.group(1) or "")  # a missed optional group: "" -> ValueError
             except (TypeError, ValueError):
                 self._bad_metric(m, line)
                 continue
@@ -188,7 +191,7 @@ class _Rule:
             if self.state in (LogState.WAITING, LogState.HANGING):
                 self.state = LogState.HEALTHY
 
-    def _bad_metric(self, m: re.Match[str], line: str) -> None:
+    def _bad_metric(self, m: RuleMatch, line: str) -> None:
         # A capture that is not a number (optional group missed, "abc"): skipped, as HyperPod's agent does.
         self.invalid_metrics += 1
         if self.invalid_metrics == 1:
@@ -199,7 +202,7 @@ class _Rule:
         return (f"metric {value:g} {_op_name(self.compare)} {self.threshold:g} for "
                 f"{self.data_points} consecutive data points")
 
-    def _on_match(self, line: str, m: re.Match[str], now: float, out: list[RuleTripped], metric: bool) -> None:
+    def _on_match(self, line: str, m: RuleMatch, now: float, out: list[RuleTripped], metric: bool) -> None:
         self.last_match = now
         self.last_line = line
         self.hang_latched = False
@@ -211,7 +214,7 @@ class _Rule:
         if not metric or self.compare is None or self.threshold is None:
             return
         try:
-            value = float(m.group(1))
+            value = float(m.group(1) or "")  # a missed optional group: "" -> ValueError
         except (TypeError, ValueError):
             self._bad_metric(m, line)
             return
@@ -249,10 +252,10 @@ def _line_at(text: str, i: int) -> tuple[int, int]:
     return start, (len(text) if end < 0 else end)
 
 
-def _matches(text: str, pattern: re.Pattern[str], literal: str, first_only: bool
-             ) -> list[tuple[str, re.Match[str]]]:
+def _matches(text: str, pattern: RulePattern, literal: str, first_only: bool
+             ) -> list[tuple[str, RuleMatch]]:
     """(line, match) for every line of `text` the pattern matches, in order; only the first if asked."""
-    found: list[tuple[str, re.Match[str]]] = []
+    found: list[tuple[str, RuleMatch]] = []
     match = pattern.match
     if literal:
         find = text.find
@@ -279,7 +282,7 @@ def _matches(text: str, pattern: re.Pattern[str], literal: str, first_only: bool
     return found
 
 
-def _first_match(text: str, pattern: re.Pattern[str], literal: str) -> tuple[int, int] | None:
+def _first_match(text: str, pattern: RulePattern, literal: str) -> tuple[int, int] | None:
     """The span of the first line of `text` that `pattern` matches (the line, not the match)."""
     if literal:
         pos = text.find(literal)

@@ -7,25 +7,18 @@ keys are snake_case beside it, except the two policy extensions that live inside
 
 from __future__ import annotations
 
-import re
 import signal
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from hpresilience.autoresume.regex import compile_rule_pattern
 from hpresilience.errors import ConfigError
 from hpresilience.fileio import read_yaml
 from hpresilience.settings_base import Section
 
 Operator = Literal["gt", "gteq", "lt", "lteq", "eq"]
-
-
-def _compile(rule: str, key: str, pattern: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error as err:
-        raise ValueError(f"rule {rule!r}: {key} is not a valid regular expression: {err}") from None
 
 
 class LogRuleSettings(Section):
@@ -47,9 +40,9 @@ class LogRuleSettings(Section):
 
     @model_validator(mode="after")
     def _check_rule(self) -> LogRuleSettings:
-        compiled = _compile(self.name, "logPattern", self.log_pattern)
+        compiled = compile_rule_pattern(self.name, "logPattern", self.log_pattern)
         if self.stop_pattern is not None:
-            _compile(self.name, "stopPattern", self.stop_pattern)
+            compile_rule_pattern(self.name, "stopPattern", self.stop_pattern)
         if (self.metric_threshold is None) != (self.operator is None):
             raise ValueError(f"rule {self.name!r}: metricThreshold and operator must be given together")
         if self.metric_threshold is not None and compiled.groups < 1:
@@ -162,14 +155,12 @@ class AutoResumeSettings(Section):
         return name
 
 
-_RULE_LIST = TypeAdapter(list[LogRuleSettings])
-
-
-def _format(source: str, err: ValidationError, prefix: str) -> str:
+def _format(source: str, err: ValidationError, prefix: str, skip: str | None = None) -> str:
     lines = []
     for e in err.errors():
         loc = prefix
-        for part in e["loc"]:
+        parts = e["loc"][1:] if skip is not None and e["loc"][:1] == (skip,) else e["loc"]
+        for part in parts:
             loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
         lines.append(f"{source}: {loc or '(top level)'}: {msg}")
@@ -187,14 +178,22 @@ def rules_from_data(data: Any, base: RunPolicySettings, source: str = "<rules>")
         data = data["spec"]
     try:
         if isinstance(data, list):
-            return base.with_rules(_RULE_LIST.validate_python(data))
+            # Through RunPolicySettings, not a bare list: its validators (unique names) must run here too.
+            return RunPolicySettings.model_validate(
+                {**base.model_dump(by_alias=True), "logMonitoringConfiguration": data})
         if isinstance(data, dict) and set(data) == {"logMonitoringConfiguration"}:
             return RunPolicySettings.model_validate(
                 {**base.model_dump(by_alias=True), "logMonitoringConfiguration": data["logMonitoringConfiguration"]})
         if isinstance(data, dict) and set(data) == {"runPolicy"}:
-            return RunPolicySettings.model_validate(data["runPolicy"] or {})
+            # An empty `runPolicy:` means the defaults; `runPolicy: []` (or any non-mapping) is a mistake.
+            policy = data["runPolicy"]
+            if policy is not None and not isinstance(policy, dict):
+                raise ConfigError(f"{source}: runPolicy: must be a mapping, got {type(policy).__name__}")
+            return RunPolicySettings.model_validate({} if policy is None else policy)
     except ValidationError as err:
-        raise ConfigError(_format(source, err, "")) from None
+        # The list shape is the rules themselves: errors are placed as `[i].key`, as the file reads.
+        skip = "logMonitoringConfiguration" if isinstance(data, list) else None
+        raise ConfigError(_format(source, err, "", skip)) from None
     keys = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
     raise ConfigError(f"{source}: expected a list of rules, or a mapping with logMonitoringConfiguration or "
                       f"runPolicy (and nothing else), got {keys}")

@@ -54,7 +54,7 @@ def run_cmd(c: Ctx, once: bool, dry_run: bool, state_dir: str | None) -> None:
 
 def _run(c: Ctx | None, once: bool, dry_run: bool, state_dir: str | None) -> None:
     from hpresilience.controller.loop import Controller
-    from hpresilience.metrics import MetricsServer
+    from hpresilience.metrics import start_metrics_server
 
     assert c is not None
     settings = _settings(c, state_dir, dry_run)
@@ -67,7 +67,7 @@ def _run(c: Ctx | None, once: bool, dry_run: bool, state_dir: str | None) -> Non
     signal.signal(signal.SIGINT, on_signal)
     server = None
     if settings.metrics_address and not once:
-        server = MetricsServer(ctl.registry, settings.metrics_address, ctl.healthy).start()
+        server = start_metrics_server(ctl.registry, settings.metrics_address, ctl.healthy, "controller")
     try:
         ctl.run(once=once)
     finally:

@@ -1,7 +1,7 @@
 """Health gates: what a repaired node must pass before the controller resumes it.
 
 The controller cannot srun onto a drained node, so the gate is something the controller runs itself:
-`command` runs a template (`ssh {address} hpresilience check --active` by default; exit 0 = pass) and
+`command` runs a template (`ssh -- {address} hpresilience check --active` by default; exit 0 = pass) and
 `none` always passes. Gates register by name; an unknown name is a ConfigError listing the known ones.
 """
 
@@ -59,10 +59,10 @@ class CommandGate:
         self.settings = settings
 
     def check(self, node: Node) -> GateResult:
-        argv = render(self.settings.command, {"node": node.name, "address": node.address or node.name,
-                                              "hostname": node.hostname or node.name})
         started = time.monotonic()
         try:
+            argv = render(self.settings.command, {"node": node.name, "address": node.address or node.name,
+                                                  "hostname": node.hostname or node.name})
             rc, out = run_command(argv, self.settings.timeout_s)
         except HPResilienceError as err:
             return GateResult(False, str(err), time.monotonic() - started, time.time())

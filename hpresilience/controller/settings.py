@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from hpresilience.errors import SlurmParseError
 from hpresilience.settings_base import Section
+from hpresilience.slurm.hostlist import expand
 
 RepairAction = Literal["reboot", "replace"]
 DEFAULT_LADDER: tuple[RepairAction, ...] = ("reboot", "replace", "replace")
@@ -15,13 +17,27 @@ DEFAULT_LADDER: tuple[RepairAction, ...] = ("reboot", "replace", "replace")
 class NodeGroup(Section):
     """Nodes that share a provider: `nodes` are hostlist expressions (`gpu-[1-64]`) or globs (`gpu-*`)."""
 
-    name: str
+    name: str = Field(min_length=1)
     nodes: list[str] = Field(min_length=1)
     provider: str = "reboot"
     # Provider-specific settings; each provider validates its own (unknown keys are errors there too).
     options: dict[str, Any] = Field(default_factory=dict)
     # Seconds a repaired node has to register again with slurmd; None: `come_back_timeout_s`.
     come_back_timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("nodes")
+    @classmethod
+    def _patterns_parse(cls, nodes: list[str]) -> list[str]:
+        # A hostlist typo must fail at load (and in `config show`), not in every cycle while no node is repaired.
+        for pattern in nodes:
+            if not pattern.strip():
+                raise ValueError("an empty node pattern matches nothing")
+            if "[" in pattern or "]" in pattern:
+                try:
+                    expand(pattern)
+                except SlurmParseError as err:
+                    raise ValueError(str(err)) from None
+        return nodes
 
 
 class GateSettings(Section):
@@ -30,7 +46,8 @@ class GateSettings(Section):
     # `command`: run `command` (a template: {node}, {address}, {hostname}); exit 0 = pass. `none`: always pass.
     kind: str = "command"
     command: list[str] = Field(default_factory=lambda: [
-        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "{address}",
+        # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
+        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "--", "{address}",
         "/opt/hpresilience/venv/bin/hpresilience", "check", "--active"])
     timeout_s: float = Field(default=900.0, gt=0)
 
@@ -75,3 +92,15 @@ class ControllerSettings(Section):
         if "replace" not in ladder:
             raise ValueError("the ladder must contain 'replace' (an Action:Replace request starts there)")
         return ladder
+
+    @model_validator(mode="after")
+    def _group_names_unique(self) -> ControllerSettings:
+        # Group names key the repair state and the metrics; "default" is the name of nodes in no group.
+        seen: set[str] = set()
+        for g in self.groups:
+            if g.name == "default":
+                raise ValueError("node group name 'default' is reserved for nodes in no group")
+            if g.name in seen:
+                raise ValueError(f"node group name {g.name!r} is used twice")
+            seen.add(g.name)
+        return self

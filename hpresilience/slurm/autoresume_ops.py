@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpresilience.errors import SlurmError, SlurmParseError, SlurmTimeout
+from hpresilience.errors import SlurmError, SlurmTimeout
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.hostlist import expand
-from hpresilience.slurm.parse import parse_oneliner
+from hpresilience.slurm.parse import parse_oneliner, parse_step_lines
 
 log = get_logger("hpresilience.slurm")
 # What srun --auto-resume adds to its job's comment before it requeues the job (a comment survives a
@@ -31,21 +30,7 @@ def job_steps(client: SlurmClient, job_id: int) -> list[StepInfo]:
         if "Invalid job id" in res.stderr:
             return []
         raise SlurmError(list(res.argv), res.returncode, res.stderr)
-    steps = []
-    for line in res.stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 3 or "." not in parts[0]:
-            if line.strip():
-                log.warning("squeue_step_line_skipped", line=line[:200])
-            continue
-        try:
-            nodes = tuple(expand(parts[2])) if parts[2] else ()
-        except SlurmParseError:
-            # The step still exists: list it (it can be cancelled by id) without its nodes.
-            log.warning("squeue_step_nodes_unreadable", step=parts[0], nodes=parts[2][:200])
-            nodes = ()
-        steps.append(StepInfo(parts[0], parts[1], nodes))
-    return steps
+    return [StepInfo(step_id, name, nodes) for step_id, name, nodes in parse_step_lines(res.stdout)]
 
 
 def named_steps(client: SlurmClient, job_id: int, name: str) -> list[StepInfo]:

@@ -12,6 +12,7 @@ Both are normalised to the same Node and Job models.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -29,15 +30,20 @@ log = get_logger("hpresilience.slurm")
 def _loads(text: str, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
-    except ValueError as err:
+    except RecursionError:
+        raise SlurmParseError([what], None, "", f"{what}: output is JSON nested too deeply to read") from None
+    except ValueError as err:  # also a number of more than 4300 digits
         snippet = text.strip()[:80]
         raise SlurmParseError([what], None, "", f"{what}: output is not JSON ({err}): {snippet!r}") from None
     if not isinstance(data, dict):
         raise SlurmParseError([what], None, "", f"{what}: expected a JSON object, got {type(data).__name__}")
     errors = data.get("errors") or []
+    if not isinstance(errors, list):
+        errors = [errors]
     if errors and not any(k in data for k in ("nodes", "jobs")):
         first = errors[0]
-        msg = first.get("error") or first.get("description") if isinstance(first, dict) else str(first)
+        msg = (first.get("error") or first.get("description")) if isinstance(first, dict) else first
+        msg = str(msg)[:300]
         raise SlurmParseError([what], None, str(msg), f"{what}: Slurm reported an error: {msg}")
     return data
 
@@ -49,13 +55,14 @@ def number(value: Any) -> int | None:
     if isinstance(value, int):
         return value
     if isinstance(value, float):
-        return int(value)
+        return int(value) if math.isfinite(value) else None  # NaN/Infinity: JSON Slurm never writes
     if isinstance(value, dict):
         if value.get("infinite") or not value.get("set", True):
             return None
         n = value.get("number")
-        return int(n) if isinstance(n, (int, float)) else None
-    if isinstance(value, str) and value.isdigit():
+        return number(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else None
+    # ASCII only and bounded: "²".isdigit() is true but int() refuses it, and int() of 4300+ digits raises.
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
         return int(value)
     return None
 
@@ -118,8 +125,11 @@ def _records(text: str, what: str, key: str, build: Callable[[dict[str, Any]], T
             if not isinstance(d, dict):
                 raise SlurmParseError([what], None, "", f"{key} entry is a {type(d).__name__}, not an object")
             out.append(build(d))
-        except SlurmParseError as err:
-            log.warning("slurm_record_skipped", source=what, error=str(err))
+        # A record Slurm (or a broken plugin) wrote oddly costs that record, never the whole query: the
+        # wrapper, which only catches the package's own errors, must not die of one node's odd field.
+        except (SlurmParseError, TypeError, ValueError, OverflowError, KeyError, AttributeError,
+                RecursionError) as err:
+            log.warning("slurm_record_skipped", source=what, error=str(err)[:300])
     return out
 
 
@@ -156,7 +166,7 @@ def job_from_dict(d: dict[str, Any]) -> Job:
         state_reason=str(d.get("state_reason") or ""),
         dependency=str(d.get("dependency") or ""),
         excluded_nodes=tuple(expand(str(d.get("excluded_nodes") or ""))),
-        flags=tuple(str(f) for f in (d.get("flags") or [])) + state_flags,
+        flags=_words(d.get("flags")) + state_flags,
     )
 
 
@@ -165,7 +175,7 @@ def parse_jobs_json(text: str, what: str = "jobs") -> list[Job]:
     return _records(text, what, "jobs", job_from_dict)
 
 
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_VERSION = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})")
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -196,7 +206,8 @@ def parse_oneliner(text: str) -> dict[str, str]:
     return out
 
 
-_JOB_ID = re.compile(r"(?:Submitted batch job|Granted job allocation|job allocation|Pending job allocation)\s+(\d+)")
+_JOB_ID = re.compile(
+    r"(?:Submitted batch job|Granted job allocation|job allocation|Pending job allocation)\s+([0-9]{1,18})\b")
 
 
 def parse_job_id(text: str) -> int:
@@ -204,8 +215,9 @@ def parse_job_id(text: str) -> int:
     m = _JOB_ID.search(text)
     if not m:
         stripped = text.strip()
-        if stripped.split(";")[0].isdigit():  # sbatch --parsable
-            return int(stripped.split(";")[0])
+        first = stripped.split(";")[0]
+        if first.isascii() and first.isdigit() and len(first) <= 18:  # sbatch --parsable
+            return int(first)
         raise SlurmParseError(["sbatch/salloc"], None, text, f"no job id in {stripped[:80]!r}")
     return int(m.group(1))
 
@@ -340,3 +352,23 @@ def parse_idle_names(text: str) -> list[str]:
         if name and state == "idle":
             out.append(name)
     return list(dict.fromkeys(out))
+
+
+def parse_step_lines(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """`squeue -s -h -o %i|%j|%N` lines as (step id, name, nodes); odd lines are skipped and logged, and a
+    malformed hostlist leaves that step's nodes unknown (empty) rather than failing the query."""
+    steps = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or "." not in parts[0]:
+            if line.strip():
+                log.warning("squeue_step_line_skipped", line=line[:200])
+            continue
+        try:
+            nodes = tuple(expand(parts[2])) if parts[2] else ()
+        except SlurmParseError:
+            # The step still exists: list it (it can be cancelled by id) without its nodes.
+            log.warning("squeue_step_nodes_unreadable", step=parts[0], nodes=parts[2][:200])
+            nodes = ()
+        steps.append((parts[0], parts[1], nodes))
+    return steps

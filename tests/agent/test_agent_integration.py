@@ -126,3 +126,16 @@ def test_check_failing_everywhere_fails_no_more_than_the_cap(agents: Agents, slu
     assert "cluster cap reached" in logs
     # Agents stand down, they do not drain: the held nodes stay in service.
     assert sum(1 for n in slurm.nodes() if n.is_idle) == 3
+
+
+def test_agent_runs_its_checks_when_its_metrics_port_is_taken(agents: Agents) -> None:
+    """Issue 14 item 7: the agent used to die at start on a bind failure (a crash loop under systemd)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        agents.start(metrics_address=f"127.0.0.1:{holder.getsockname()[1]}")
+        agents.wait_cycles(2)  # asserts every agent process is still alive meanwhile
+    for node in agents.nodes.values():
+        assert '"metrics_server_not_started"' in (node.root / "agent.log").read_text(errors="replace")

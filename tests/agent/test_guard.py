@@ -82,3 +82,14 @@ def test_resume_only_what_the_agent_marked() -> None:
     assert run(mine, [], resume_when_clear=False).kind == "none"
     theirs = node("n1", {"IDLE", "FAIL"}, "Action:Replace", NOW - 5)
     assert run(theirs, []).kind == "none"
+
+
+def test_operator_reason_quoting_the_agent_tag_is_not_resumed() -> None:
+    """Issue 14 item 14: ownership was a substring match, so an operator's reason that merely mentions
+    `[hpr-agent]` handed the node to the agent, which resumed it as soon as its own checks were clean."""
+    for reason in ("maintenance: bad DIMM, do not trust [hpr-agent] here",
+                   "Action:Replace see ticket 12 [hpr-agent]",
+                   "operator [hpr-agent]"):
+        theirs = node("n1", {"IDLE", "DRAIN"}, reason, NOW - 5)
+        assert run(theirs, []).kind == "none", reason
+        assert run(theirs, [XID79]).kind == "hold", reason  # and never overwritten either

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from hpresilience.autoresume.options import options_from
+import pytest
+
+from hpresilience.autoresume.options import job_id_from, options_from
 from hpresilience.autoresume.settings import AutoResumeSettings
 from hpresilience.autoresume.srunargs import parse_srun_args
+from hpresilience.errors import ConfigError
 
 
 def test_config_values_apply_and_command_line_wins(tmp_path: Path) -> None:
@@ -29,3 +35,39 @@ def test_config_values_apply_and_command_line_wins(tmp_path: Path) -> None:
     nowhere = options_from(AutoResumeSettings(state_dir=str(tmp_path), metrics_dir=str(tmp_path / "absent")), args,
                            "/usr/bin/srun", env)
     assert nowhere.metrics_path is None
+
+
+def _srun(*args: str, job_id: str | None = "12") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    if job_id is not None:
+        env["SLURM_JOB_ID"] = job_id
+    env["HPRESILIENCE_REAL_SRUN"] = "/bin/false"  # a run that got past validation would exec this, not srun
+    return subprocess.run([sys.executable, "-m", "hpresilience", "srun", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "on", "-1", "1.0", ""])
+def test_auto_resume_value_follows_the_shim(value: str) -> None:
+    """Issue 14 item 10: `--auto-resume=yes` was supervised by the wrapper while the shim refused it."""
+    res = _srun(f"--auto-resume={value}", "true")
+    assert res.returncode == 2 and f"invalid --auto-resume value {value!r} (use 0 or 1)" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--auto-resume-replace-timeout", "nan"), ("--auto-resume-replace-timeout", "inf"),
+    ("--auto-resume-poll-interval", "nan"), ("--auto-resume-shutdown-timeout", "inf"),
+])
+def test_nan_and_infinite_wrapper_durations_are_refused(option: str, value: str) -> None:
+    """Issue 14 item 8: `--auto-resume-replace-timeout nan` passed click's range check (NaN compares false)."""
+    res = _srun("--auto-resume=1", f"{option}={value}", "true")
+    assert res.returncode == 2 and f"error: {option}: " in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+
+
+def test_non_numeric_job_id_is_named_not_called_missing() -> None:
+    """Issue 14 item 10: `SLURM_JOB_ID=abc` was reported as "not set"."""
+    with pytest.raises(ConfigError, match="SLURM_JOB_ID is 'abc', not a Slurm job id"):
+        job_id_from({"SLURM_JOB_ID": "abc"})
+    with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):
+        job_id_from({})
+    assert job_id_from({"SLURM_JOBID": "42"}) == 42

@@ -237,3 +237,30 @@ def test_rule_set_survives_hostile_input() -> None:
     rs.feed("x" * 10_000_000 + "'training_loss_step': 5", 3)  # cut before matching: no match, no stall
     assert rs.states()["R"] is LogState.WAITING
     assert [e.state for e in rs.feed(batch(1, 9), 4)] == [LogState.SLOW]
+
+
+@pytest.mark.parametrize("key", ["logPattern", "stopPattern"])
+def test_catastrophic_backtracking_pattern_decides_a_hostile_line(key: str) -> None:
+    """Issue 14 item 6: `(a+)+$` on 40 characters took Python's `re` days, holding the GIL (the wrapper froze).
+    On RE2 the line is decided in linear time; under `re` this test would run into pytest's timeout."""
+    evil = "(a+)+$"
+    kw: dict[str, Any] = ({"logPattern": evil, "faultOnMatch": True} if key == "logPattern" else
+                          {"logPattern": "never", "stopPattern": evil, "expectedStartCutOffInSeconds": 60})
+    rs = RuleSet([rule(**kw)])
+    hostile = "a" * 40 + "!"
+    assert rs.feed(hostile * 1, 1.0) == [] and rs.feed_text((hostile + "\n") * 100, 2.0) == []
+    if key == "logPattern":
+        assert [e.state for e in rs.feed("a" * 40, 3.0)] == [LogState.FAULTED]
+    else:
+        rs.feed("a" * 40, 3.0)
+        assert rs.states() == {"R": LogState.STOPPED}
+
+
+def test_unicode_and_optional_groups_match_as_re_would() -> None:
+    """RE2 works on UTF-8 bytes: groups after non-ASCII text are still the right characters, and a missed
+    optional group is counted as a bad metric, not a crash."""
+    rs = RuleSet([rule(logPattern=r".*débit (\d+)(x)?.*", operator="lt", metricThreshold=5)])
+    ev = rs.feed("été: débit 3 ✓", 1.0)
+    assert [e.state for e in ev] == [LogState.SLOW] and "metric 3 lt 5" in ev[0].detail
+    rs2 = RuleSet([rule(logPattern=r".*loss(?: (\d+))?", operator="gt", metricThreshold=5)])
+    assert rs2.feed("loss", 1.0) == [] and rs2.states()["R"] is LogState.HEALTHY

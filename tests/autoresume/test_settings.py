@@ -170,3 +170,64 @@ def test_rules_file_errors_name_file_rule_and_key(tmp_path: Path) -> None:
         load_rules_file(f)
     with pytest.raises(ConfigError, match="cannot read rules file"):
         load_rules_file(tmp_path / "missing.yaml")
+
+
+def test_hyperpod_documented_block_compiles_on_re2(tmp_path: Path) -> None:
+    """Issue 14 item 6: the rule engine moved to RE2; AWS's published rules must still load and match."""
+    from hpresilience.autoresume.rules import RuleSet
+
+    rp = _autoresume(HYPERPOD_BLOCK).run_policy
+    rules = RuleSet(rp.log_monitoring_configuration)
+    rules.feed("[Epoch 0 Batch 7 Global step 7] {'training_loss_step': 1.5, 'samples/sec': 12.5}", 1.0)
+    assert rules.states()["JobHangingDetection"].value == "HEALTHY"
+
+
+@pytest.mark.parametrize(("pattern", "why"), [
+    ("(a)\\1", "invalid escape sequence"),            # backreference
+    ("(?=loss).*", "invalid perl operator"),          # lookahead
+    ("(?<!x)loss", "invalid perl operator"),          # lookbehind
+    ("x{1001}", "invalid repetition size"),
+])
+def test_patterns_re2_cannot_run_are_refused_naming_the_rule(pattern: str, why: str) -> None:
+    """Issue 14 item 6: refused at load with the rule's name, not accepted and run on a backtracking engine."""
+    rule = {"name": "Bad", "logPattern": pattern, "expectedStartCutOffInSeconds": 5}
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"autoresume": {"runPolicy": {"logMonitoringConfiguration": [rule]}}}, "c.yaml")
+    assert "rule 'Bad': logPattern is not a valid regular expression" in str(err.value) and why in str(err.value)
+
+
+def test_catastrophic_pattern_loads_because_re2_runs_it_in_linear_time() -> None:
+    rule = {"name": "Evil", "logPattern": "(a+)+$", "faultOnMatch": True}
+    rp = RunPolicySettings.model_validate({"logMonitoringConfiguration": [rule]})
+    assert rp.log_monitoring_configuration[0].name == "Evil"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("metricThreshold", float("nan")),
+    ("expectedRecurringFrequencyInSeconds", float("inf")),
+    ("expectedStartCutOffInSeconds", 1e12),
+])
+def test_nan_threshold_and_infinite_timers_are_refused(key: str, value: float) -> None:
+    """Issue 14 item 8: a NaN threshold never compares true; an infinite frequency never fires."""
+    rule = {"name": "R", "logPattern": ".*loss (\\d+).*", "operator": "gt", "metricThreshold": 1.0,
+            "expectedStartCutOffInSeconds": 60, key: value}
+    with pytest.raises(ConfigError, match=rf"logMonitoringConfiguration\[0\]\.{key}"):
+        config_from_mapping({"autoresume": {"runPolicy": {"logMonitoringConfiguration": [rule]}}}, "c.yaml")
+
+
+def test_run_policy_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    """Issue 14 item 10: `runPolicy: []` silently became the defaults."""
+    f = tmp_path / "rules.yaml"
+    f.write_text("runPolicy: []\n")
+    with pytest.raises(ConfigError, match=r"rules.yaml: runPolicy: must be a mapping, got list"):
+        load_rules_file(f)
+    f.write_text("runPolicy:\n")
+    assert load_rules_file(f) == RunPolicySettings()  # an empty block is the defaults, as YAML reads it
+
+
+def test_duplicate_rule_names_in_a_rules_list_file_are_refused(tmp_path: Path) -> None:
+    """Issue 14 item 10: the list shape skipped the uniqueness check the mapping shapes had."""
+    f = tmp_path / "rules.yaml"
+    f.write_text(RULE_LIST + RULE_LIST.lstrip("\n"))
+    with pytest.raises(ConfigError, match="rule name 'Hang' is used twice"):
+        load_rules_file(f)

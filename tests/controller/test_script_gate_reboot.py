@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from hpresilience.controller.gates import create_gate
 from hpresilience.controller.providers import ProviderContext, create_provider
-from hpresilience.controller.providers.script import render
+from hpresilience.controller.providers.script import render, run_command
 from hpresilience.controller.settings import GateSettings
 from hpresilience.errors import ExternalError, SlurmError
 from hpresilience.slurm.client import SlurmClient
@@ -113,3 +114,54 @@ def test_reboot_provider_failure_is_a_slurm_error(tmp_path: Path) -> None:
         SlurmClient(CommandRunner(str(tmp_path), timeout=5, retries=0)), "default"))
     with pytest.raises(SlurmError, match="Unspecified error"):
         p.act(NODE, "reboot")
+
+
+def _proxy_command_attack(tmp_path: Path) -> tuple[Node, Path]:
+    """A node whose NodeAddr is an ssh option: `-oProxyCommand=SCRIPT`, with SCRIPT leaving a marker."""
+    marker = tmp_path / "pwned"
+    payload = script(tmp_path, f'touch "{marker}"\n')
+    return Node(name="gpu-3", address=f"-oProxyCommand={payload}", hostname="gpu-3",
+                states=frozenset({"IDLE", "DRAIN"})), marker
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the ssh client to replay the attack")
+def test_default_gate_does_not_run_a_proxycommand_smuggled_in_as_node_address(tmp_path: Path) -> None:
+    """Issue 14 item 13: the default `ssh ... {address} ...` gate ran the ProxyCommand (as root, on the head
+    node). The address is refused before ssh runs, and the gate fails naming it."""
+    evil, marker = _proxy_command_attack(tmp_path)
+    result = create_gate(GateSettings(timeout_s=20)).check(evil)
+    assert not marker.exists()
+    assert not result.passed and "begins with '-'" in result.detail
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the ssh client to replay the attack")
+def test_default_gate_template_ends_ssh_options_before_the_address(tmp_path: Path) -> None:
+    """The second wall: with `--` in the template, even an unchecked value is a host name to ssh."""
+    evil, marker = _proxy_command_attack(tmp_path)
+    argv = GateSettings().command
+    assert argv[argv.index("{address}") - 1] == "--"
+    filled = [evil.address if part == "{address}" else part for part in argv]
+    filled[-2:] = ["true"]  # whatever runs remotely is beside the point: ssh must not get that far
+    run_command(filled, 20)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("name", "-rf"), ("name", "gpu 3"), ("address", "--help"), ("hostname", "a\tb"), ("name", "n\n1"),
+])
+def test_script_provider_refuses_option_like_or_split_node_values(tmp_path: Path, field: str, value: str) -> None:
+    """Issue 14 item 13: the `script` provider appended the node name bare, so `-x` became an option."""
+    cmd = script(tmp_path, f'echo "$@" > "{tmp_path}/args"\n')
+    p = create_provider("script", {"command": [cmd, "{node}", "{address}", "{hostname}", "{action}"]}, ctx())
+    fields = {"name": "gpu-3", "address": "10.0.0.3", "hostname": "ip-10-0-0-3", field: value}
+    with pytest.raises(ExternalError, match=f"refusing node {'node' if field == 'name' else field} "):
+        p.act(Node(states=frozenset({"IDLE"}), **fields), "reboot")
+    assert not (tmp_path / "args").exists()
+
+
+def test_script_provider_appended_node_is_checked_too(tmp_path: Path) -> None:
+    cmd = script(tmp_path, f'echo "$@" > "{tmp_path}/args"\n')
+    p = create_provider("script", {"command": [cmd]}, ctx())
+    with pytest.raises(ExternalError, match="begins with '-'"):
+        p.act(Node(name="-n1", address="10.0.0.3", hostname="h", states=frozenset({"IDLE"})), "replace")
+    assert not (tmp_path / "args").exists()

@@ -100,3 +100,24 @@ def test_config_file_errors_name_the_key() -> None:
         config_from_mapping({"controller": {"groups": [{"name": "x", "nodes": []}]}})
     with pytest.raises(ConfigError, match=r"controller\.max_concurent: unknown key"):
         config_from_mapping({"controller": {"max_concurent": 2}})
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ([{"name": "gpu", "nodes": ["gpu-[1-"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression 'gpu-\[1-'"),
+    ([{"name": "gpu", "nodes": ["gpu-[3-1]"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression"),
+    ([{"name": "gpu", "nodes": ["gpu-1]"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression"),
+    ([{"name": "gpu", "nodes": [" "]}], r"groups\[0\]\.nodes: Value error, an empty node pattern"),
+    ([{"name": "a", "nodes": ["a-*"]}, {"name": "a", "nodes": ["b-*"]}], "node group name 'a' is used twice"),
+    ([{"name": "default", "nodes": ["a-*"]}], "node group name 'default' is reserved"),
+    ([{"name": "", "nodes": ["a-*"]}], r"groups\[0\]\.name"),
+])
+def test_bad_node_groups_are_refused_at_load(groups: list[dict[str, object]], message: str) -> None:
+    """Issue 14 item 9: a hostlist typo passed `config show` and `--dry-run --once`, then failed every cycle
+    while no node was repaired; duplicate names and `default` (the name of nodes in no group) were accepted."""
+    with pytest.raises(ConfigError, match=message):
+        config_from_mapping({"controller": {"groups": groups}}, "c.yaml")
+
+
+def test_good_hostlists_and_globs_still_load() -> None:
+    cfg = config_from_mapping({"controller": {"groups": [{"name": "gpu", "nodes": ["gpu-[1-64,70]", "trn-*"]}]}})
+    assert cfg.controller.groups[0].nodes == ["gpu-[1-64,70]", "trn-*"]

@@ -107,3 +107,74 @@ def test_job_id_from_submit_output(text: str, expected: int) -> None:
 def test_job_id_missing_is_an_error() -> None:
     with pytest.raises(SlurmParseError):
         parse.parse_job_id("sbatch: error: Batch job submission failed")
+
+
+def _job(**fields: object) -> dict[str, object]:
+    return {"job_id": 7, "name": "j", "job_state": "RUNNING", "nodes": "n1", "user_name": "u", **fields}
+
+
+# Odd values a record may carry (issue 14 item 5: each used to raise a foreign exception out of the parser).
+ODD_JOB_FIELDS = [
+    '{"restart_cnt": 1e999}',                      # Infinity after json.loads: OverflowError in int()
+    '{"restart_cnt": NaN}',                        # ValueError in int()
+    '{"node_count": {"set": true, "number": -Infinity}}',
+    '{"flags": 5}',                                 # TypeError iterating an int
+    '{"job_id": "²"}',                              # isdigit() but not int()
+    '{"job_id": "' + "9" * 5000 + '"}',            # int() of more than 4300 digits
+    '{"nodes": "n[1-"}',                            # a malformed hostlist
+    '{"name": ' + "[" * 50 + "]" * 50 + '}',
+]
+
+
+@pytest.mark.parametrize("odd", ODD_JOB_FIELDS)
+def test_one_odd_job_record_costs_only_that_record(odd: str) -> None:
+    """Item 5: the good records still come back; the odd one is skipped (and logged), nothing escapes."""
+    # Spliced as text: json.dumps cannot write NaN/Infinity the way a broken plugin could; a repeated key
+    # (job_id) is read last-wins by json.loads, as by Slurm's clients.
+    bad = json.dumps(_job(job_id=8))[:-1] + ", " + odd[1:-1] + "}"
+    text = '{"jobs": [' + json.dumps(_job()) + ", " + bad + "]}"
+    jobs = parse.parse_jobs_json(text)
+    assert 7 in [j.job_id for j in jobs]
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000 + "]" * 100_000,                          # RecursionError inside json.loads
+    '{"nodes": [], "errors": {"error": "x"}}' + " ",          # errors as a mapping, not a list
+    '{"errors": {"error": "slurmctld down"}}',                # KeyError on errors[0]
+    '{"nodes": ' + "9" * 5000 + "}",                          # 4300-digit limit of int()
+])
+def test_hostile_documents_are_clear_parse_errors_or_empty(text: str) -> None:
+    """Item 5: a whole document that cannot be read is a SlurmParseError (the package's own), never another."""
+    try:
+        nodes = parse.parse_nodes_json(text)
+    except SlurmParseError:
+        return
+    assert nodes == []
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (float("inf"), None), (float("nan"), None), ({"set": True, "number": float("inf")}, None),
+    ("²", None), ("9" * 5000, None), ({"set": True, "number": True}, None), ("12", 12),
+])
+def test_number_refuses_what_int_cannot_read(value: object, expected: int | None) -> None:
+    assert parse.number(value) == expected
+
+
+@pytest.mark.parametrize("text", ["slurm 22.05.²", "slurm " + "1" * 5000 + "x.1.1", "slurm ²²." + "1" * 5000])
+def test_version_with_odd_digits_is_a_parse_error(text: str) -> None:
+    with pytest.raises(SlurmParseError):
+        parse.parse_version(text)
+
+
+@pytest.mark.parametrize("text", ["²", "9" * 5000, "Submitted batch job " + "9" * 5000])
+def test_job_id_with_odd_digits_is_a_parse_error(text: str) -> None:
+    with pytest.raises(SlurmParseError):
+        parse.parse_job_id(text)
+
+
+def test_step_lines_skip_odd_lines_and_keep_steps_with_bad_hostlists() -> None:
+    """`squeue -s` text: a malformed node list leaves that step's nodes unknown instead of failing the query
+    (it raised SlurmParseError past a `except ValueError` before issue 14)."""
+    text = "12.0|train|n[1-2]\n12.1|probe|n[1-\ngarbage\n12.batch|batch|n1\n\n13|job|n1\n"
+    assert parse.parse_step_lines(text) == [("12.0", "train", ("n1", "n2")), ("12.1", "probe", ()),
+                                            ("12.batch", "batch", ("n1",))]

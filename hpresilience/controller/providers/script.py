@@ -32,13 +32,30 @@ class ScriptOptions(Section):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+def check_node_value(key: str, value: str) -> str:
+    """A node name, address or host name as Slurm reports it, refused if a command could read it as an
+    option (`-oProxyCommand=...` ran as root through ssh) or split it (whitespace, control characters)."""
+    if value.startswith("-") or any(c.isspace() or not c.isprintable() for c in value):
+        raise ExternalError(f"refusing node {key} {value!r} as a command argument: it begins with '-' "
+                            "or holds whitespace or control characters")
+    return value
+
+
 def render(template: list[str], values: Mapping[str, str]) -> list[str]:
-    """Fill `{node}`-style placeholders; a template without any gets `node action` appended."""
+    """Fill `{node}`-style placeholders; a template without any gets `node action` appended.
+
+    Node-derived values (`node`, `address`, `hostname`) pass `check_node_value` first: they come from Slurm,
+    where anyone who can set a NodeAddr could otherwise smuggle an option into the command.
+    """
+    values = {k: (check_node_value(k, v) if k in _NODE_KEYS else v) for k, v in values.items()}
     used = any("{" in part for part in template)
     out = [part.format_map(_Strict(values)) for part in template]
     if not used:
         out += [values["node"], values["action"]] if "action" in values else [values["node"]]
     return out
+
+
+_NODE_KEYS = frozenset({"node", "address", "hostname"})
 
 
 class _Strict(dict[str, str]):

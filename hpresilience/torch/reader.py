@@ -30,16 +30,7 @@ from hpresilience.torch.layout import (
     step_name,
 )
 from hpresilience.torch.private import open_trusted, read_trusted
-from hpresilience.torch.storage import SCHEME, _dtype, _key, step_from_id, tensor_bytes
-
-
-def _pread_into(fd: int, buf: memoryview, offset: int, where: Path) -> None:
-    done = 0
-    while done < len(buf):
-        n = os.preadv(fd, [buf[done:]], offset + done)
-        if n == 0:
-            raise ChecksumError(f"{where}: truncated at byte {offset + done}")
-        done += n
+from hpresilience.torch.storage import SCHEME, _dtype, _key, _pread_into, step_from_id, tensor_bytes
 
 
 class TierStorageReader(StorageReader):

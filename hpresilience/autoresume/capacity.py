@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpresilience.autoresume.classify import node_is_bad
@@ -58,13 +58,17 @@ class Capacity:
         self._unreachable: set[str] = set()
         self._dead: set[str] = set()  # ran no probe task: treated as Slurm will once SlurmdTimeout passes
 
+    def _probe(self, failed_event: str, probe: Callable[[], bool]) -> bool:
+        """One look at how the cluster is configured; a failed look is the cautious answer, no."""
+        try:
+            return probe()
+        except HPResilienceError as err:
+            self.reporter.decision(failed_event, error=str(err))
+            return False
+
     def accounting(self) -> bool:
-        if self._accounting is None:
-            try:
-                self._accounting = self.client.accounting_enabled()
-            except HPResilienceError as err:
-                self.reporter.decision("accounting_probe_failed", error=str(err))
-                self._accounting = False  # the cautious answer: at most one resize
+        if self._accounting is None:  # a failed probe means at most one resize
+            self._accounting = self._probe("accounting_probe_failed", self.client.accounting_enabled)
         return self._accounting
 
     def can_resize_again(self) -> str | None:
@@ -77,11 +81,7 @@ class Capacity:
 
     def expansion_permitted(self) -> bool:
         if self._expansion is None:
-            try:
-                self._expansion = self.client.permits_job_expansion()
-            except HPResilienceError as err:
-                self.reporter.decision("expansion_probe_failed", error=str(err))
-                self._expansion = False
+            self._expansion = self._probe("expansion_probe_failed", self.client.permits_job_expansion)
         return self._expansion
 
     def unhealthy(self, job: Job) -> set[str]:

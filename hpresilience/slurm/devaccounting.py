@@ -33,14 +33,18 @@ class AccountingError(ExternalError):
     """MariaDB or slurmdbd of the local cluster could not be started; the message carries their log tail."""
 
 
-def missing_tools(bin_dirs: tuple[str, ...] = ("/usr/sbin", "/usr/bin")) -> list[str]:
+def _which(name: str) -> str | None:
+    # Daemons live in /usr/sbin, which a non-login PATH may lack.
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"]))
+
+
+def missing_tools() -> list[str]:
     """The accounting programs that are not installed (empty when accounting can run)."""
-    path = os.pathsep.join([os.environ.get("PATH", ""), *bin_dirs])
-    return [t for t in TOOLS if shutil.which(t, path=path) is None]
+    return [t for t in TOOLS if _which(t) is None]
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"]))
+    found = _which(name)
     if found is None:
         raise EnvironmentMissing(f"`{name}` not found (Debian package {TOOLS[name]}); install accounting: {APT_LINE}")
     return found

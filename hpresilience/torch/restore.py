@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 # ("own", rank) | ("peer", holder rank) | ("s3", -1)
 Source = tuple[str, int]
+
+
+def _candidates(invs: list[dict[str, Any]], s3_steps: set[int], wanted: int | None,
+                exclude: Collection[int]) -> list[int]:
+    """Committed steps (a COMMIT marker seen by any rank, or S3's marker), newest first, or just `wanted`
+    when it is committed; `exclude` left out."""
+    committed: set[int] = set(s3_steps)
+    for inv in invs:
+        committed |= set(inv["committed"])
+    steps = [wanted] if wanted is not None else sorted(committed, reverse=True)
+    return [s for s in steps if s in committed and s not in exclude]
 
 
 def choose_step(
@@ -24,13 +36,7 @@ def choose_step(
     marker. Sources are tried nearest first: own memory, the peer copy, S3. `bad` lists sources that
     already failed verification.
     """
-    committed: set[int] = set(s3_steps)
-    for inv in invs:
-        committed |= set(inv["committed"])
-    candidates = [wanted] if wanted is not None else sorted(committed, reverse=True)
-    for step in candidates:
-        if step not in committed or step in skip:
-            continue
+    for step in _candidates(invs, s3_steps, wanted, skip):
         sources: list[Source] = []
         for r in range(world):
             src = _source_for(r, step, invs, s3_steps, bad)
@@ -79,13 +85,7 @@ def choose_elastic(
 
     Only steps whose saved world size is known are considered (a COMMIT marker records it).
     """
-    committed: set[int] = set(s3_steps)
-    for inv in invs:
-        committed |= set(inv["committed"])
-    candidates = [wanted] if wanted is not None else sorted(committed, reverse=True)
-    for step in candidates:
-        if step not in committed or step in bad_steps:
-            continue
+    for step in _candidates(invs, s3_steps, wanted, bad_steps):
         ws = saved_world(step, invs, s3_worlds, world)
         if ws == world:
             continue

@@ -28,6 +28,7 @@ from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError, 
 from hpresilience.log import get_logger
 from hpresilience.slurm import devaccounting
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.runner import CommandRunner
 
@@ -155,8 +156,7 @@ class DevCluster:
             lines.append(f"NodeName={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] NodeHostname=localhost "
                          "NodeAddr=127.0.9.1 CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 ThreadsPerCore=2 "
                          "RealMemory=2000000 Gres=gpu:8 Features=p5,p5.48xlarge,efa,nvlink Weight=100 State=CLOUD")
-        real = f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
-        lines.append(f"PartitionName=debug Nodes={real} Default=YES MaxTime=INFINITE State=UP")
+        lines.append(f"PartitionName=debug Nodes={compress(self.names())} Default=YES MaxTime=INFINITE State=UP")
         if self.extra_nodes:
             lines.append(f"PartitionName={EXTRA_PARTITION} Nodes={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] "
                          "MaxTime=INFINITE State=UP")
@@ -306,12 +306,12 @@ class DevCluster:
         for sub in ("ctld", "spool", "log"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)  # holds the database and its password: nobody else's business
-        if self.want_accounting is None and devaccounting.missing_tools():
-            log.warning("devcluster_accounting_off", missing=devaccounting.missing_tools(),
-                        install=devaccounting.APT_LINE)
         if self.conf_path.exists():
             self.conf_path.unlink()  # accounting_wanted() must not read a previous cluster's choice
         accounting = self.accounting_wanted()
+        if self.want_accounting is None and not accounting:
+            log.warning("devcluster_accounting_off", missing=devaccounting.missing_tools(),
+                        install=devaccounting.APT_LINE)
         if accounting:
             self.accounting.start(self.state_dir, timeout, progress)
         (self.state_dir / "cgroup.conf").write_text(self.render_cgroup_conf())

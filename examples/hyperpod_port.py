@@ -3,7 +3,7 @@
 This is the "Complete Distributed Training Example" of the amzn-sagemaker-checkpointing documentation.
 What differs from it: the import lines of the checkpointing classes, and CPU instead of CUDA (gloo, no
 `.cuda()`, DDP on a group of its own as NCCL would be) so that it runs anywhere; a `print` at each save and after the resume lets a test compare
-weights. Every line that touches checkpoints is as documented: async_save every 10 steps, to S3 every
+weights; and `flush()` before the process groups are destroyed (see the end of main). Every line that touches checkpoints is as documented: async_save every 10 steps, to S3 every
 50 (`checkpoint_config.save_to_s3`), and the newest checkpoint loaded at start.
 
 Environment: EXAMPLE_STEPS (1000) and EXAMPLE_STEP_SLEEP (0.0 s of pretend compute per step). The
@@ -25,6 +25,7 @@ from hpresilience.torch.hyperpod import (
     SageMakerCheckpointConfig,
     SageMakerTieredStorageReader,
     SageMakerTieredStorageWriter,
+    flush,
 )
 
 STEPS = int(os.environ.get("EXAMPLE_STEPS", "1000"))
@@ -140,6 +141,10 @@ def main():
     if future is not None:
         future.result()
     print(f"finished at step {STEPS - 1}", flush=True)
+    # Not in AWS's example: the peer copy and S3 upload of the last save run on our own process groups in the
+    # background, and destroying the groups under them aborts the process ("terminate called without an
+    # active exception", seen 1 run in 3 here). flush() waits for them.
+    flush()
     # Cleanup
     dist.destroy_process_group()
 

@@ -2,8 +2,9 @@
 
 This is the "Complete Distributed Training Example" of the amzn-sagemaker-checkpointing documentation.
 What differs from it: the import lines of the checkpointing classes, and CPU instead of CUDA (gloo, no
-`.cuda()`, DDP on a group of its own as NCCL would be) so that it runs anywhere; a `print` at each save and after the resume lets a test compare
-weights; and `flush()` before the process groups are destroyed (see the end of main). Every line that touches checkpoints is as documented: async_save every 10 steps, to S3 every
+`.cuda()`, DDP on a group of its own as NCCL would be) so that it runs anywhere; a `print` at each save
+and after the resume lets a test compare weights; and `flush()` before the process groups are destroyed
+(see the end of main). Every line that touches checkpoints is as documented: async_save every 10 steps, to S3 every
 50 (`checkpoint_config.save_to_s3`), and the newest checkpoint loaded at start.
 
 Environment: EXAMPLE_STEPS (1000) and EXAMPLE_STEP_SLEEP (0.0 s of pretend compute per step). The

@@ -1,6 +1,6 @@
 """Node agent: fault detection latency (event path and poll path) and steady-state CPU and memory.
 
-Runs real agents against a real devcluster, on recorded-hardware roots (hpresilience.health.fault).
+Runs real agents against a real devcluster, on recorded-hardware roots (hpresilience.testing.fakenode).
 - event path: an `NVRM: Xid 79` line lands in the node's kernel log; time until Slurm shows the node FAIL.
 - poll path: a GPU falls off NVML with nothing in the kernel log; found on the next passive cycle.
 - steady state: CPU % of one core and RSS of an idle agent at its default 30 s interval, beside a bare
@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from hpresilience.health.fault import FakeNode
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.fakenode import FakeNode
 
 
 def start_agent(cl: DevCluster, node: FakeNode, name: str, interval: float) -> subprocess.Popen[bytes]:

@@ -28,7 +28,7 @@ from typing import Any
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER = REPO / "tests" / "autoresume" / "data" / "trainer.sh"

@@ -75,7 +75,7 @@ def prepare(name: str, client: Any, work: str) -> Any:
         from hpresilience.agent.settings import AgentSettings
         from hpresilience.config import load_config
         from hpresilience.health.api import HealthCollector
-        from hpresilience.health.fault import FakeNode
+        from hpresilience.testing.fakenode import FakeNode
 
         node = FakeNode.make(Path(work) / f"fake-{name}", "p5.48xlarge")
         collector = HealthCollector(load_config(node.root / "config.yaml").health, sources=[])
@@ -146,7 +146,7 @@ def main() -> None:
     from hpresilience.agent.settings import AgentSettings
     from hpresilience.autoresume.settings import AutoResumeSettings
     from hpresilience.log import setup_logging
-    from hpresilience.slurm.devcluster import DevCluster
+    from hpresilience.testing.devcluster import DevCluster
 
     setup_logging("error", json=True)
     with tempfile.TemporaryDirectory(prefix="hpr-bench-scale-") as tmp:

@@ -7,40 +7,15 @@ tracebacks are shown only with --verbose.
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from hpresilience import __version__
-from hpresilience.config import Config, config_as_dict, load_config
+from hpresilience.commands.context import Ctx, pass_ctx
+from hpresilience.config import config_as_dict
 from hpresilience.errors import EXIT_USAGE, HPResilienceError
-from hpresilience.log import setup_logging
-
-
-@dataclass
-class Ctx:
-    config_path: str | None
-    json_output: bool
-    verbose: bool
-    _config: Config | None = None
-
-    @property
-    def config(self) -> Config:
-        if self._config is None:
-            self._config = load_config(self.config_path)
-            setup_logging(level="debug" if self.verbose else self._config.logging.level,
-                          json=self._config.logging.json_lines)
-        return self._config
-
-    def emit(self, data: Any, text: str) -> None:
-        """Print a report: JSON with --json, the human text otherwise."""
-        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str) if self.json_output else text)
-
-
-pass_ctx = click.make_pass_decorator(Ctx)
 
 
 class LazyGroup(click.Group):
@@ -99,16 +74,16 @@ def accept_global_options(cmd: click.Command) -> None:
 
 
 LAZY_COMMANDS = {
-    "devcluster": "hpresilience.slurm.devcluster_cli:devcluster",
-    "demo": "hpresilience.demo:demo",
-    "nodes": "hpresilience.slurm.cli:nodes",
-    "check": "hpresilience.health.cli:check",
-    "agent": "hpresilience.agent.cli:agent",
-    "controller": "hpresilience.controller.cli:controller",
-    "replace": "hpresilience.controller.cli:replace",
-    "status": "hpresilience.controller.cli:status",
-    "srun": "hpresilience.autoresume.cli:srun",
-    "install": "hpresilience.install.cli:install",
+    "devcluster": "hpresilience.commands.devcluster:devcluster",
+    "demo": "hpresilience.commands.demo:demo",
+    "nodes": "hpresilience.commands.nodes:nodes",
+    "check": "hpresilience.commands.check:check",
+    "agent": "hpresilience.commands.agent:agent",
+    "controller": "hpresilience.commands.controller:controller",
+    "replace": "hpresilience.commands.controller:replace",
+    "status": "hpresilience.commands.controller:status",
+    "srun": "hpresilience.commands.srun:srun",
+    "install": "hpresilience.commands.install:install",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, ValidationError
 
@@ -19,45 +19,13 @@ from hpresilience.controller.settings import ControllerSettings
 from hpresilience.errors import ConfigError
 from hpresilience.fileio import read_yaml
 from hpresilience.health.settings import HealthSettings
+from hpresilience.log import LoggingSettings
 from hpresilience.settings_base import Section
+from hpresilience.slurm.settings import SlurmSettings
+from hpresilience.testing.settings import DevclusterSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/hpresilience/config.yaml")
 ENV_VAR = "HPRESILIENCE_CONFIG"
-
-
-class LoggingSettings(Section):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    # None: JSON when stderr is not a terminal (journald, log shippers), readable otherwise.
-    json_lines: bool | None = Field(default=None, alias="json")
-
-
-class SlurmSettings(Section):
-    """How Slurm's commands are found and run."""
-
-    # Directory holding scontrol/sinfo/squeue/srun/salloc; empty means look on PATH.
-    bin_dir: str = ""
-    # Every command is killed (with its process group) after this many seconds.
-    command_timeout_s: float = Field(default=30.0, gt=0)
-    # Transient refusals ("try again in a bit", slurmctld not answering) are retried with backoff.
-    retries: int = Field(default=4, ge=0, le=20)
-    retry_backoff_s: float = Field(default=0.5, gt=0)
-    # How Slurm is reached. Only "commands" (scontrol/sinfo/squeue) exists: "auto" (pyslurm) was once accepted
-    # and silently ignored, so it is now refused rather than promise what does not run.
-    backend: Literal["commands"] = "commands"
-
-
-class DevclusterSettings(Section):
-    """The embedded local Slurm cluster used by tests and the demo."""
-
-    state_dir: str = ".devcluster"
-    nodes: int = Field(default=4, ge=1, le=64)
-    # Extra slurm.conf settings (SlurmdTimeout, ...), appended after ours so they win.
-    overrides: dict[str, str] = Field(default_factory=dict)
-    base_port: int = Field(default=17817, ge=1024, le=65000)
-    # None: MariaDB + slurmdbd when their Debian packages are installed; true requires them; false: none.
-    accounting: bool | None = None
-    extra_nodes: int = Field(default=0, ge=0, le=100_000)
-    proctrack: Literal["auto", "cgroup", "pgid"] = "auto"
 
 
 class Config(Section):

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import structlog
+from pydantic import Field
+
+from hpresilience.settings_base import Section
 
 _configured = False
+
+
+class LoggingSettings(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # None: JSON when stderr is not a terminal (journald, log shippers), readable otherwise.
+    json_lines: bool | None = Field(default=None, alias="json")
 
 
 class _CurrentStderr:

@@ -12,7 +12,7 @@ import pytest
 
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Away from the default devcluster port so a demo cluster can run beside the tests.

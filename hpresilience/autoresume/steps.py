@@ -25,9 +25,9 @@ from hpresilience.autoresume.rules import RuleTripped
 from hpresilience.autoresume.stream import Pump, RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
-from hpresilience.slurm.autoresume_ops import named_steps, reap_marked_processes, signal_step
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.step import StepProcess
+from hpresilience.slurm.srun import StepProcess
+from hpresilience.slurm.steps import named_steps, reap_marked_processes, run_on_nodes, signal_step
 
 log = get_logger("hpresilience.autoresume")
 STEP_POLL_S = 0.1
@@ -263,13 +263,9 @@ class StepRunner:
     # -- pre/post scripts ----------------------------------------------------------------------------
     def _script(self, which: str, script: str, launch: AttemptLaunch, env: dict[str, str]) -> int:
         """Run a script once per node of the attempt (as hyperpodrun does around training)."""
-        nodes = ",".join(launch.nodes)
         try:
-            res = self.client.runner.run(
-                "srun", f"--jobid={self.opts.job_id}", f"--nodes={len(launch.nodes)}",
-                f"--ntasks={len(launch.nodes)}", f"--nodelist={nodes}", "--distribution=arbitrary",
-                "--export=ALL", f"--job-name=hpr-{which}", script, timeout=self.opts.script_timeout_s,
-                check=False, retry=False, env=env)
+            res = run_on_nodes(self.client, self.opts.job_id, list(launch.nodes), script, f"hpr-{which}",
+                               self.opts.script_timeout_s, env)
         except HPResilienceError as err:
             self.reporter.decision(f"{which}_script_failed", script=script, error=str(err)[:300])
             return 1

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import IO
 
 from hpresilience.autoresume.capacity import BatchHostLost, Capacity, NoReplacement
-from hpresilience.autoresume.classify import Cause, Diagnosis, application_exit_code, classify
+from hpresilience.autoresume.classify import Cause, Diagnosis, classify
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
@@ -29,15 +29,11 @@ from hpresilience.autoresume.steps import StepRunner
 from hpresilience.autoresume.stream import RuleFeed
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
 from hpresilience.log import get_logger
-from hpresilience.slurm.autoresume_ops import (
-    REQUEUE_MARKER,
-    job_details,
-    nodes_answering,
-    set_job_comment,
-    with_requeue_marker,
-)
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.jobs import REQUEUE_MARKER, job_details, set_job_comment, with_requeue_marker
 from hpresilience.slurm.models import Node
+from hpresilience.slurm.srun import application_exit_code
+from hpresilience.slurm.steps import nodes_answering
 
 log = get_logger("hpresilience.autoresume")
 # Signals that end the supervision (scancel, preemption's SIGTERM, Ctrl-C): forwarded, then no relaunch.

@@ -33,7 +33,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.reasons import Action, controller_reason, parse_reason
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.controller_ops import release_requeued_job, requeued_jobs_held
+from hpresilience.slurm.jobs import release_requeued_job, requeued_jobs_held
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify, watchdog_interval_s
 

@@ -1,7 +1,7 @@
 """Reading NVIDIA GPU state: NVML through pynvml, `nvidia-smi -q -x` when NVML cannot load, or a recording.
 
 All three produce the same GpuSnapshot, so the GPU checks never know which one answered. A recorded
-snapshot is JSON with the fields of GpuInfo (what `hpresilience.health.fault` writes and flips).
+snapshot is JSON with the fields of GpuInfo (what `hpresilience.testing.fakenode` writes and flips).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from hpresilience.slurm.runner import CommandRunner, Result
 from hpresilience.waiting import wait_for
 
 if TYPE_CHECKING:
-    from hpresilience.config import SlurmSettings
+    from hpresilience.slurm.settings import SlurmSettings
 
 log = get_logger("hpresilience.slurm")
 # What scontrol answers (exit 1) for names it does not know: an answer, not a failure to retry.
@@ -170,6 +170,15 @@ class SlurmClient:
         args = ["reboot"] + (["ASAP"] if asap else []) + [f"nextstate={nextstate.upper()}", f"reason={reason}", hosts]
         self.runner.run("scontrol", *args)
         log.info("node_reboot_requested", nodes=hosts, reason=reason, asap=asap)
+
+    def set_node_address(self, name: str, address: str, hostname: str = "") -> None:
+        """Point node `name` at a replacement machine: `scontrol update nodename=X nodeaddr=A [nodehostname=H]`.
+        The Slurm name stays; only where slurmctld reaches it changes (an EC2 replacement has a new private IP)."""
+        args = ["update", f"nodename={name}", f"nodeaddr={address}"]
+        if hostname:
+            args.append(f"nodehostname={hostname}")
+        self.runner.run("scontrol", *args)
+        log.info("node_address_set", node=name, address=address, hostname=hostname or None)
 
     # -- jobs ----------------------------------------------------------------------------------------
     def jobs(self) -> list[Job]:

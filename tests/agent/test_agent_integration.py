@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpresilience.health.fault import FakeNode
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.fakenode import FakeNode
 
 pytestmark = pytest.mark.integration
 

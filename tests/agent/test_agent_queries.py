@@ -14,10 +14,10 @@ from hpresilience.agent.daemon import Agent
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.config import load_config
 from hpresilience.health.api import HealthCollector
-from hpresilience.health.fault import FakeNode
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
 from hpresilience.slurm.runner import CountingRunner
+from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.fakenode import FakeNode
 
 pytestmark = pytest.mark.integration
 FULL_TABLE = ("sinfo --json", "squeue --json", "scontrol --json show node")

@@ -11,7 +11,7 @@ from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.state import StateStore, WrapperState
 from hpresilience.errors import SlurmError
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT, require_slurm
 
 pytestmark = pytest.mark.integration

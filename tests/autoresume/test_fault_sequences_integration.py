@@ -15,7 +15,7 @@ import pytest
 
 from hpresilience.controller.loop import Controller
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_wrapper_integration import TRAINER, Run, finished_steps, processes_with, unique_token
 from tests.conftest import TEST_BASE_PORT, require_slurm
 from tests.controller.conftest import settings_for, start_controller, write_scripts  # noqa: F401 - a fixture

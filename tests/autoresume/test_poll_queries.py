@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
 from hpresilience.slurm.runner import CountingRunner
+from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_capacity import capacity_for
 
 pytestmark = pytest.mark.integration

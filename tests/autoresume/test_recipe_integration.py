@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from hpresilience.controller.loop import Controller
-from hpresilience.slurm.autoresume_ops import REQUEUE_MARKER
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.slurm.jobs import REQUEUE_MARKER
+from hpresilience.testing.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT
 from tests.controller.conftest import settings_for, start_controller, write_scripts  # noqa: F401 - a fixture
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 
 pytestmark = pytest.mark.integration
 
@@ -322,6 +322,6 @@ def test_no_replacement_requeues_the_job_and_the_controller_starts_it_again_at_o
 
 
 def _steps(slurm: SlurmClient, job_id: int) -> list[str]:
-    from hpresilience.slurm.autoresume_ops import job_steps
+    from hpresilience.slurm.steps import job_steps
 
     return [s.step_id for s in job_steps(slurm, job_id) if s.name.startswith("hpr-")]

@@ -8,19 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.classify import (
-    Cause,
-    application_exit_code,
-    classify,
-    node_is_bad,
-    nodes_from_srun_errors,
-)
+from hpresilience.autoresume.classify import Cause, classify, node_is_bad
 from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.srunargs import parse_srun_args
 from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState, belongs_to
 from hpresilience.errors import ConfigError
-from hpresilience.slurm.autoresume_ops import REQUEUE_MARKER, with_requeue_marker
+from hpresilience.slurm.jobs import REQUEUE_MARKER, with_requeue_marker
 from hpresilience.slurm.models import Node
 
 
@@ -126,34 +120,6 @@ def test_classify_rule_then_application_then_success() -> None:
     d = classify(3, ["n1"], healthy, ["n1"])
     assert d.cause is Cause.APPLICATION and "3" in d.detail
     assert classify(0, ["n1"], healthy, ["n1"]).cause is Cause.NONE
-
-
-def test_srun_node_failure_lines() -> None:
-    assert nodes_from_srun_errors(["srun: error: Node failure on n7", "srun: error: n2: task 1: Killed"]) == {"n7"}
-
-
-def test_srun_node_failure_on_a_hostlist_blames_each_node() -> None:
-    assert nodes_from_srun_errors(["srun: error: Node failure on n[2-3]"]) == {"n2", "n3"}
-
-
-# srun 22.05's stderr on the devcluster when rank 1 exited 3 and srun then terminated rank 0 (recorded).
-KILL_ON_BAD_EXIT = [
-    "srun: error: n2: task 1: Exited with exit code 3",
-    "srun: error: n1: task 0: Terminated",
-]
-
-
-def test_exit_code_of_the_first_failed_task_replaces_the_signal_srun_reports() -> None:
-    assert application_exit_code(143, KILL_ON_BAD_EXIT) == 3
-
-
-def test_exit_code_stays_when_the_first_task_died_of_a_signal_or_srun_said_nothing() -> None:
-    assert application_exit_code(143, list(reversed(KILL_ON_BAD_EXIT))) == 143  # a task was terminated first
-    assert application_exit_code(137, ["srun: error: n1: task 0: Killed"]) == 137
-    assert application_exit_code(143, ["srun: error: Node failure on n1"]) == 143
-    assert application_exit_code(143, []) == 143
-    assert application_exit_code(143, ["srun: error: n2: task 1: Exited with exit code 0"]) == 143
-    assert application_exit_code(9, KILL_ON_BAD_EXIT) == 9  # not a signal's code: srun's is kept
 
 
 # -- state and reports ------------------------------------------------------------------------------

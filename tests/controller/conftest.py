@@ -16,7 +16,7 @@ import pytest
 
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.settings import ControllerSettings
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 
 
 @dataclass

@@ -12,7 +12,7 @@ from hpresilience.cli import main
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.state import RepairRecord, StateStore
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 from tests.controller.conftest import Scripts, settings_for, wait_until, write_scripts
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import pytest
 
 from hpresilience.controller.loop import Controller
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
 from hpresilience.slurm.runner import CountingRunner
+from hpresilience.testing.devcluster import DevCluster
 from tests.controller.conftest import Scripts, settings_for
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from hpresilience.controller.loop import Controller
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 from tests.controller.conftest import Scripts, history, settings_for, wait_until, write_scripts
 
 pytestmark = pytest.mark.integration

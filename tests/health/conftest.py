@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from hpresilience.health.base import CheckContext, CheckResult, HostPaths
-from hpresilience.health.fault import FakeNode
 from hpresilience.health.settings import HealthSettings
 from hpresilience.health.verdict import Verdict
+from hpresilience.testing.fakenode import FakeNode
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "health"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from hpresilience.health.api import HealthCollector, to_outcome
 from hpresilience.health.base import CheckResult, Kind, Status, SuggestedAction
 from hpresilience.health.events import KernelLogFollower, read_kernel_log
-from hpresilience.health.fault import FakeNode
 from hpresilience.reasons import Action
+from hpresilience.testing.fakenode import FakeNode
 from tests.health.conftest import FIXTURES, node_settings
 
 

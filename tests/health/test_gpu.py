@@ -11,9 +11,9 @@ import pytest
 
 from hpresilience.errors import ConfigError
 from hpresilience.health.base import HostPaths, Status, SuggestedAction
-from hpresilience.health.fault import FakeNode
 from hpresilience.health.nvml import NvmlUnavailable, PynvmlReader, parse_nvidia_smi_xml
 from hpresilience.health.settings import HealthSettings
+from hpresilience.testing.fakenode import FakeNode
 from tests.health.conftest import FIXTURES, node_settings, run_node
 
 XML = (FIXTURES / "nvidia-smi-q-x-h100.xml").read_text()

@@ -194,7 +194,7 @@ def test_per_core_hardware_counter_increase_leads_to_its_action(
 
 
 def test_per_core_counter_action_is_a_profile_setting(tmp_path: Path) -> None:
-    from hpresilience.health.fault import FakeNode
+    from hpresilience.testing.fakenode import FakeNode
     from tests.health.conftest import run_node
 
     node = FakeNode.make(tmp_path / "trn1", "trn1.32xlarge", efa=1)
@@ -208,7 +208,7 @@ def test_per_core_counter_action_is_a_profile_setting(tmp_path: Path) -> None:
 
 def test_unknown_counter_in_actions_is_a_config_error(tmp_path: Path) -> None:
     from hpresilience.errors import ConfigError
-    from hpresilience.health.fault import FakeNode
+    from hpresilience.testing.fakenode import FakeNode
     from tests.health.conftest import run_node
 
     node = FakeNode.make(tmp_path / "trn1", "trn1.32xlarge", efa=1)

@@ -11,8 +11,8 @@ import yaml
 from hpresilience.errors import ConfigError
 from hpresilience.health.base import Status, SuggestedAction
 from hpresilience.health.escalation import EscalationStore
-from hpresilience.health.fault import FakeNode
 from hpresilience.health.xid import CATALOG_PATH, FaultEvent, load_catalog, parse_line, parse_lines
+from hpresilience.testing.fakenode import FakeNode
 from tests.health.conftest import FIXTURES, run_node
 
 RAW: dict[str, Any] = yaml.safe_load(CATALOG_PATH.read_text())

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 from tests.install.conftest import LOGIN_PATH, Installed, hpr_install
 
 pytestmark = pytest.mark.integration

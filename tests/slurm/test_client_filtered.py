@@ -9,8 +9,8 @@ import pytest
 
 from hpresilience.errors import SlurmError
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
 from hpresilience.slurm.runner import CountingRunner
+from hpresilience.testing.devcluster import DevCluster
 
 pytestmark = pytest.mark.integration
 

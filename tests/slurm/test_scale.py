@@ -10,8 +10,8 @@ import pytest
 
 from hpresilience.errors import SlurmError
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
 from hpresilience.slurm.runner import CountingRunner
+from hpresilience.testing.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT, require_slurm
 
 pytestmark = pytest.mark.integration

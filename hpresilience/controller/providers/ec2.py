@@ -21,7 +21,6 @@ from hpresilience.errors import ExternalError
 from hpresilience.log import get_logger
 from hpresilience.settings_base import Section
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.controller_ops import set_node_address
 from hpresilience.slurm.models import Node
 
 log = get_logger("hpresilience.controller")
@@ -116,7 +115,7 @@ class Ec2Provider:
         log.info("ec2_instance_replaced", node=node.name, old=old_id, new=new_id)
         if o.update_node_address:
             ip, dns = self._wait_address(new_id)
-            set_node_address(self.slurm, node.name, ip, dns.split(".")[0] if o.lookup == "private_dns" else "")
+            self.slurm.set_node_address(node.name, ip, dns.split(".")[0] if o.lookup == "private_dns" else "")
         return f"terminated {old_id}, launched {new_id}"
 
     def _wait_address(self, instance_id: str) -> tuple[str, str]:

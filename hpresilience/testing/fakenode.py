@@ -5,11 +5,11 @@ the real one: `sys/` (sysfs: PCI, DMI, CPUs, Neuron, EFA), `proc/` (meminfo, mou
 `dev/` (kmsg as a plain file the injector appends to, infiniband/uverbs*), `nvml.json` (a recorded
 NVML snapshot) and `state/`. `config.yaml` holds the `health:` section pointing at all of it.
 
-    python -m hpresilience.health.fault make ROOT --kind p5.48xlarge
-    python -m hpresilience.health.fault inject ROOT xid:79:0      # XID 79 on GPU 0, in the kernel log
-    python -m hpresilience.health.fault inject ROOT remap_failure:3
-    python -m hpresilience.health.fault reboot ROOT                # new boot id, fresh kernel log
-    python -m hpresilience.health.fault heal ROOT
+    python -m hpresilience.testing.fakenode make ROOT --kind p5.48xlarge
+    python -m hpresilience.testing.fakenode inject ROOT xid:79:0      # XID 79 on GPU 0, in the kernel log
+    python -m hpresilience.testing.fakenode inject ROOT remap_failure:3
+    python -m hpresilience.testing.fakenode reboot ROOT                # new boot id, fresh kernel log
+    python -m hpresilience.testing.fakenode heal ROOT
 """
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ class FakeNode:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m hpresilience.health.fault", description=__doc__.split("\n")[0]
+        prog="python -m hpresilience.testing.fakenode", description=__doc__.split("\n")[0]
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make", help="build a healthy fake node root")

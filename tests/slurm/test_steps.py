@@ -6,9 +6,9 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from hpresilience.slurm.autoresume_ops import job_steps, signal_step
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.runner import CommandRunner
+from hpresilience.slurm.steps import job_steps, signal_step
 
 
 def fake_bin(tmp_path: Path, tool: str, stdout: str, stderr: str = "", rc: int = 0) -> SlurmClient:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT, require_slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""`hpresilience demo`: the whole story on the embedded local Slurm cluster, as a readable timeline.
+"""The demo's story (`hpresilience demo`): the whole story on the embedded local Slurm cluster, as a readable timeline.
 
 1. A real Slurm cluster comes up on this machine (slurmctld + 4 slurmd, each node its own address).
 2. Each node gets a recorded-hardware root (a p5.48xlarge: 8 GPUs, 32 EFA) and its own agent.
@@ -27,11 +27,10 @@ import click
 import yaml
 
 import hpresilience
-from hpresilience.cli import Ctx, pass_ctx
 from hpresilience.errors import EnvironmentMissing, JobFailed
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
 from hpresilience.slurm.hostlist import compress
+from hpresilience.testing.devcluster import DevCluster
 
 REPO = Path(hpresilience.__file__).resolve().parent.parent
 STEPS = 60
@@ -67,7 +66,7 @@ class Story:
         return p
 
     def hardware(self) -> None:
-        from hpresilience.health.fault import FakeNode
+        from hpresilience.testing.fakenode import FakeNode
 
         for name in self.cl.names():
             # Configs and agent state live beside the hardware root: a replacement rebuilds the root.
@@ -89,7 +88,7 @@ class Story:
             "#!/bin/sh\n# The devcluster's repair of node $1: a reboot clears the kernel log and volatile errors,\n"
             "# a replacement brings healthy hardware; either way a fresh slurmd registers under the same name.\n"
             f"set -e\nif [ \"$2\" = reboot ]; then what=reboot; else what=heal; fi\n"
-            f"{shlex.quote(self.python)} -m hpresilience.health.fault $what "
+            f"{shlex.quote(self.python)} -m hpresilience.testing.fakenode $what "
             f"{shlex.quote(str(self.work / 'hw'))}/$1\n"
             f"{shlex.quote(self.python)} -m hpresilience devcluster restart-node $1 "
             f"--state-dir {shlex.quote(str(self.cl.state_dir))}\n")
@@ -146,33 +145,6 @@ class Story:
                 p.kill()
 
 
-@click.command()
-@click.option("--keep", is_flag=True, help="Leave the cluster and its daemons' logs afterwards.")
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Give up after this many seconds.")
-@pass_ctx
-def demo(c: Ctx, keep: bool, timeout: float) -> None:
-    """Run the whole story on a local Slurm cluster and print its timeline."""
-    state_dir = os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or c.config.devcluster.state_dir
-    cl = DevCluster(state_dir=Path(state_dir), nodes=4, base_port=c.config.devcluster.base_port,
-                    overrides={"SlurmdTimeout": "10", **c.config.devcluster.overrides}, bin_dir=c.config.slurm.bin_dir)
-    tl = Timeline()
-    tl.say(f"starting a real Slurm cluster: slurmctld + 4 slurmd in {cl.state_dir}")
-    took = cl.up(progress=tl.say)
-    tl.say(f"all 4 nodes idle after {took:.2f} s (export SLURM_CONF={cl.conf_path})")
-    work = cl.state_dir / "demo"
-    work.mkdir(parents=True, exist_ok=True)
-    story = Story(cl, work, tl)
-    try:
-        run_story(story, tl, timeout)
-    finally:
-        story.stop()
-        if keep:
-            tl.say(f"left running; logs in {work}; stop with: hpresilience devcluster down --state-dir {cl.state_dir}")
-        else:
-            stopped = cl.down()
-            tl.say(f"cleaned up: agents, controller and {stopped} Slurm processes stopped, {cl.state_dir} removed")
-
-
 def run_story(story: Story, tl: Timeline, timeout: float) -> None:
     client = story.client
     story.hardware()
@@ -217,7 +189,7 @@ def run_story(story: Story, tl: Timeline, timeout: float) -> None:
     job = client.job(job_id)
     victim = next((n for n in step_nodes if n != job.batch_host), step_nodes[-1])
     tl.say(f"training at step {story.last_step()} on {compress(step_nodes)} (batch host {job.batch_host})")
-    from hpresilience.health.fault import FakeNode
+    from hpresilience.testing.fakenode import FakeNode
 
     FakeNode(story.work / "hw" / victim).inject("xid:79:0")
     tl.say(f"FAULT INJECTED: `NVRM: Xid ... 79` (GPU has fallen off the bus) in {victim}'s kernel log", "inject")

@@ -26,11 +26,11 @@ import psutil
 
 from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError, HPResilienceError
 from hpresilience.log import get_logger
-from hpresilience.slurm import devaccounting
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.runner import CommandRunner
+from hpresilience.testing import devaccounting
 
 log = get_logger("hpresilience.devcluster")
 

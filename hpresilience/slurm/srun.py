@@ -1,4 +1,4 @@
-"""Launching and signalling one long-running `srun` job step.
+"""Launching and signalling one long-running `srun` job step, and reading srun's error lines.
 
 The runner (runner.py) is for short commands whose output it captures under a timeout; a training step
 runs for hours and its output must stream to the user as it comes. So the step is a child of its own
@@ -9,15 +9,17 @@ the caller, who reads them in threads.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO
 
-from hpresilience.errors import EnvironmentMissing
+from hpresilience.errors import EnvironmentMissing, SlurmParseError
 from hpresilience.log import get_logger
+from hpresilience.slurm.hostlist import expand
 
 log = get_logger("hpresilience.slurm")
 
@@ -81,3 +83,43 @@ class StepProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+# srun's own words when a node of the step is lost (srun/libsrun, 22.05 through 25.x).
+NODE_FAILURE_LINE = re.compile(
+    r"^srun: error: (?:Node failure on (?P<node>[\w.\-\[\],]+)"
+    r"|Task launch for StepId=\S+ failed on node (?P<node2>[\w.\-]+)"
+    r"|(?P<node3>[\w.\-]+): tasks? [\d,\-]+: Unknown error)", re.MULTILINE)
+# srun's line for each task that ended badly: "n2: task 1: Exited with exit code 3", "n1: task 0: Terminated".
+TASK_END_LINE = re.compile(r"^srun: error: [\w.\-]+: tasks? [\d,\-]+: (?P<what>.*)$", re.MULTILINE)
+TASK_EXITED = re.compile(r"^Exited with exit code (?P<code>\d+)")
+
+
+def nodes_from_srun_errors(lines: Iterable[str]) -> set[str]:
+    found: set[str] = set()
+    for line in lines:
+        for m in NODE_FAILURE_LINE.finditer(line):
+            name = m.group("node") or m.group("node2") or m.group("node3")
+            if not name:
+                continue
+            # srun names several lost nodes as one hostlist ("Node failure on n[2-3]").
+            try:
+                found.update(expand(name))
+            except SlurmParseError:
+                log.warning("srun_node_list_unreadable", nodes=name[:200])
+    return found
+
+
+def application_exit_code(exit_code: int, srun_errors: Iterable[str]) -> int:
+    """The step's exit code as the application set it.
+
+    srun exits with the highest code over its tasks, a signal counting as 128+signal. When one task exits
+    3, srun (--kill-on-bad-exit) terminates the others, and their 143 hides the 3 that caused it, and with
+    it noRetryExitCodes. So when srun's code is a signal's and the first task srun reports ended by
+    exiting, that task's code is the step's.
+    """
+    if exit_code <= 128:
+        return exit_code
+    first = next((m.group("what") for line in srun_errors for m in TASK_END_LINE.finditer(line)), None)
+    exited = TASK_EXITED.match(first) if first is not None else None
+    return int(exited.group("code")) if exited and int(exited.group("code")) else exit_code

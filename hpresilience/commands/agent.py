@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.commands.context import Ctx, pass_ctx
 
 
 @click.command("agent")

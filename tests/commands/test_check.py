@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpresilience.cli import main
-from hpresilience.health.fault import FakeNode
+from hpresilience.testing.fakenode import FakeNode
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.slurm.client import SlurmClient
 
 

@@ -13,9 +13,10 @@ import psutil
 import pytest
 
 from hpresilience.errors import EnvironmentMissing
-from hpresilience.slurm import devaccounting, parse
+from hpresilience.slurm import parse
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.testing import devaccounting
+from hpresilience.testing.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT, require_slurm
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Slurm operations the srun --auto-resume wrapper needs beyond SlurmClient: its job's steps."""
+"""Operations on a job's steps: list them, signal them, and run short tasks on its nodes (srun --overlap)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ from dataclasses import dataclass
 from hpresilience.errors import SlurmError, SlurmTimeout
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.parse import parse_oneliner, parse_step_lines
+from hpresilience.slurm.parse import parse_step_lines
+from hpresilience.slurm.runner import Result
 
 log = get_logger("hpresilience.slurm")
-# What srun --auto-resume adds to its job's comment before it requeues the job (a comment survives a
-# requeue): the controller, as root, starts such a job at once instead of after Slurm's requeue hold.
-REQUEUE_MARKER = "hpr:requeued"
 
 
 @dataclass(frozen=True)
@@ -52,28 +50,6 @@ def signal_step(client: SlurmClient, step_id: str, signal: str | None = None, ti
                     stderr=res.stderr.strip()[:300])
         return
     log.info("step_signalled" if signal else "step_cancelled", step=step_id, signal=signal)
-
-
-def job_details(client: SlurmClient, job_id: int) -> dict[str, str]:
-    """`scontrol show job -o J` as key/values (SubmitTime, Comment, BatchHost, ...); {} when unreadable.
-    The JSON readers leave out the submit time and the comment, which only this wrapper needs."""
-    res = client.runner.run("scontrol", "show", "job", "-o", str(job_id), check=False, retry=False)
-    if res.returncode != 0:
-        log.warning("job_details_unreadable", job_id=job_id, error=res.stderr.strip()[:200])
-        return {}
-    return parse_oneliner(res.stdout)
-
-
-def set_job_comment(client: SlurmClient, job_id: int, comment: str) -> None:
-    """`scontrol update jobid=J Comment=...` (the job's owner may do it; it survives a requeue). Not retried:
-    without slurmdbd a resized job refuses every update for good ("DB index is being set")."""
-    client.runner.run("scontrol", "update", f"jobid={job_id}", f"Comment={comment}", retry=False)
-
-
-def with_requeue_marker(comment: str, present: bool) -> str:
-    """The user's comment with our marker added or taken off; the rest of it is kept as it was."""
-    words = [w for w in comment.split() if w != REQUEUE_MARKER]
-    return " ".join([*words, REQUEUE_MARKER] if present else words)
 
 
 # Kills every process of this user on the node whose environment carries the marker, except itself, and
@@ -141,3 +117,12 @@ def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dic
         return {}
     with ThreadPoolExecutor(max_workers=min(32, len(nodes)), thread_name_prefix="hpr-alive") as pool:
         return dict(zip(nodes, pool.map(alive, nodes), strict=True))
+
+
+def run_on_nodes(client: SlurmClient, job_id: int, nodes: list[str], command: str, name: str,
+                 timeout: float, env: dict[str, str]) -> Result:
+    """Run `command` once per node of the job (one task each), waiting for all; its output is captured."""
+    return client.runner.run(
+        "srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}", "--distribution=arbitrary", "--export=ALL", f"--job-name={name}",
+        command, timeout=timeout, check=False, retry=False, env=env)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import load_config
 from hpresilience.errors import ExternalError
 from hpresilience.health.proc import run_command

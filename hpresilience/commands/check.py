@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.health.api import run_profile
 from hpresilience.health.base import CheckResult, Kind
 from hpresilience.health.settings import HealthSettings

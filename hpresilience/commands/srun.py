@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.commands.context import Ctx, pass_ctx
 
 VALUE_OPTIONS = {
     "auto-resume": "auto_resume", "auto-resume-spares": "spares", "auto-resume-fallback": "fallback",
@@ -91,7 +91,7 @@ def _auto_resume_enabled(value: str) -> bool:
 
 
 def _real_srun(c: Ctx) -> str:
-    from hpresilience.slurm.step import srun_path
+    from hpresilience.slurm.srun import srun_path
 
     # The shim may sit first on PATH as `srun`: the wrapper must launch the real one.
     return os.environ.get("HPRESILIENCE_REAL_SRUN") or srun_path(c.config.slurm.bin_dir)

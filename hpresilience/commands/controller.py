@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from hpresilience.cli import Ctx, pass_ctx
+from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.controller.state import StateStore
 from hpresilience.errors import ConfigError, HPResilienceError

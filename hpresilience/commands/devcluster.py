@@ -6,9 +6,9 @@ import os
 
 import click
 
-from hpresilience.cli import Ctx, pass_ctx
-from hpresilience.slurm.devaccounting import describe
-from hpresilience.slurm.devcluster import DevCluster
+from hpresilience.commands.context import Ctx, pass_ctx
+from hpresilience.testing.devaccounting import describe
+from hpresilience.testing.devcluster import DevCluster
 
 
 def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,

@@ -1,0 +1,161 @@
+"""The layer rule of docs/design.md, enforced over the package's own import graph.
+
+Units are the top-level subpackages and modules of `hpresilience`. Every import counts, including those
+inside functions; only imports under `if TYPE_CHECKING:` do not (they never run). A unit may import from
+its own layer or a lower one, never from a higher one, and the graph between units has no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import hpresilience
+
+PACKAGE = Path(hpresilience.__file__).resolve().parent
+
+# Lowest first. The order is the design's: what runs everywhere at the bottom, the parts in the middle,
+# and at the top what composes them (configuration, the installer, the click commands, the entry point).
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"log", "settings_base", "fileio", "waiting", "reasons", "systemd", "metrics"},
+    {"slurm", "torch"},
+    {"health"},
+    {"agent", "controller", "autoresume"},
+    {"testing"},
+    {"config"},
+    {"install"},
+    {"commands"},
+    {"cli", "__main__"},
+]
+LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+
+def _unit(module: str) -> str:
+    """hpresilience.slurm.client -> slurm; hpresilience.cli -> cli; hpresilience -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for inner in node.body:
+                skip.update(id(n) for n in ast.walk(inner))
+    return skip
+
+
+def _imports(path: Path, module: str) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_nodes(tree)
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if path.name == "__init__.py" else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from hpresilience import x` imports the unit x when x is a submodule.
+            out += [target] + [f"{target}.{a.name}" for a in node.names if target == "hpresilience"]
+    return [t for t in out if t == "hpresilience" or t.startswith("hpresilience.")]
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, dict[str, list[str]]]:
+    """unit -> imported unit -> the modules that import it (for the message)."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        for target in _imports(path, module):
+            src, dst = _unit(module), _unit(target)
+            if dst in ("__init__", "__version__") or src == dst:
+                continue
+            graph[src][dst].append(module)
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, list[str]]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, {})):
+            if state.get(v) == 1:
+                return [*stack[stack.index(v):], v]
+            if v not in state and (found := visit(v)) is not None:
+                return found
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if u not in state and (found := visit(u)) is not None:
+            return found
+    return None
+
+
+def upward_imports(graph: dict[str, dict[str, list[str]]]) -> list[str]:
+    out = []
+    for src, targets in sorted(graph.items()):
+        for dst, modules in sorted(targets.items()):
+            if LAYER_OF[dst] > LAYER_OF[src]:
+                out.append(f"{', '.join(sorted(set(modules)))} imports hpresilience.{dst} "
+                           f"(layer {LAYER_OF[dst]}) from layer {LAYER_OF[src]}")
+    return out
+
+
+def _units() -> set[str]:
+    return {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
+
+def test_every_unit_of_the_package_has_a_layer() -> None:
+    missing = sorted(_units() - set(LAYER_OF))
+    assert not missing, f"give these a layer in tests/test_layers.py and docs/design.md: {missing}"
+
+
+def test_no_unit_imports_from_a_layer_above_it() -> None:
+    bad = upward_imports(import_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_import_graph_between_units_has_no_cycle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_checker_sees_upward_imports_cycles_and_imports_inside_functions(tmp_path: Path) -> None:
+    """The rule would pass vacuously if the walker missed imports: a planted package must be caught."""
+    pkg = tmp_path / "hpresilience"
+    (pkg / "slurm").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "slurm" / "__init__.py").write_text("")
+    (pkg / "slurm" / "client.py").write_text("def f():\n    from hpresilience.config import Config\n")
+    (pkg / "config.py").write_text("from .slurm import client\nfrom typing import TYPE_CHECKING\n"
+                                    "if TYPE_CHECKING:\n    from hpresilience.cli import x\n")
+    graph = import_graph(pkg)
+    assert set(graph["slurm"]) == {"config"}
+    assert set(graph["config"]) == {"slurm"}  # the TYPE_CHECKING import of cli is not counted
+    assert upward_imports(graph) == [
+        f"hpresilience.slurm.client imports hpresilience.config (layer {LAYER_OF['config']}) "
+        f"from layer {LAYER_OF['slurm']}"]
+    assert find_cycle(graph) in (["config", "slurm", "config"], ["slurm", "config", "slurm"])
+
+
+@pytest.mark.parametrize("unit", sorted(LAYER_OF))
+def test_layer_table_names_only_units_that_exist(unit: str) -> None:
+    """A unit in the table that no longer exists would hide a renamed module from the rule."""
+    assert unit in _units() | {"__main__"}, f"{unit} is in LAYERS but not in the package"

@@ -274,5 +274,5 @@ class StepRunner:
                 sink.write(data.encode())
                 sink.flush()
         self.reporter.decision(f"{which}_script_done", script=script, exit_code=res.returncode)
-        return res.returncode
+        return res.returncode if res.returncode is not None else 1  # None only for a timeout: SlurmTimeout
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
+from hpresilience import proc
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import load_config
 from hpresilience.errors import ExternalError
-from hpresilience.health.proc import run_command
 from hpresilience.install.hyperpod import RESOURCE_CONFIG, detect_role
 from hpresilience.install.layout import ROLES, Layout, Role
 from hpresilience.install.venv import check_source, ensure_venv, running_in, source_digest
@@ -77,7 +77,7 @@ def install(c: Ctx, role: str, wheel: str | None, source: str | None, config_fil
     argv += ["--config", str(Path(config_file).resolve())] if config_file else []
     argv += ["--slurm-conf", slurm_conf] if slurm_conf else []
     argv += ["--package-changed"] if changed else []
-    res = run_command(argv, timeout=600)
+    res = proc.run(argv, timeout=600)
     sys.stdout.write(res.stdout)
     sys.stderr.write(res.stderr)
     if res.timed_out:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from hpresilience.controller.providers.script import render, run_command
 from hpresilience.controller.settings import GateSettings
+from hpresilience.controller.templates import render, run_site_command
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.slurm.models import Node
 
@@ -63,7 +63,7 @@ class CommandGate:
         try:
             argv = render(self.settings.command, {"node": node.name, "address": node.address or node.name,
                                                   "hostname": node.hostname or node.name})
-            rc, out = run_command(argv, self.settings.timeout_s)
+            rc, out = run_site_command(argv, self.settings.timeout_s)
         except HPResilienceError as err:
             return GateResult(False, str(err), time.monotonic() - started, time.time())
         tail = " | ".join(out.strip().splitlines()[-3:])[-300:]

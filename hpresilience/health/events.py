@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from hpresilience.health.proc import resolve, run_command
+from hpresilience import proc
 from hpresilience.health.xid import FaultEvent, KernelLogParser, normalize_pci
 from hpresilience.log import get_logger
+from hpresilience.proc import resolve
 
 log = get_logger("hpresilience.health")
 MAX_BYTES = 64 * 1024 * 1024
@@ -75,7 +76,7 @@ def read_kernel_log(path: str, dmesg: str = "dmesg", timeout: float = 5.0) -> tu
     if exe is None:
         errors.append(f"{dmesg}: not found")
     else:
-        res = run_command([exe], timeout)
+        res = proc.run([exe], timeout)
         if res.ok:
             return res.stdout.splitlines(), dmesg
         errors.append(res.describe())

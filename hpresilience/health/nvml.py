@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from hpresilience.health.proc import resolve, run_command
+from hpresilience import proc
+from hpresilience.proc import resolve
 
 
 class NvmlUnavailable(Exception):
@@ -232,7 +233,7 @@ class NvidiaSmiReader:
         exe = resolve(self.tool)
         if exe is None:
             raise NvmlUnavailable(f"{self.tool} not found")
-        res = run_command([exe, "-q", "-x"], self.timeout)
+        res = proc.run([exe, "-q", "-x"], self.timeout)
         if not res.ok:
             raise NvmlUnavailable(res.describe())
         try:

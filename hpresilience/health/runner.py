@@ -23,8 +23,8 @@ from hpresilience.health.base import (
     Status,
     SuggestedAction,
 )
-from hpresilience.health.proc import ProcessTracker, bind_tracker
 from hpresilience.log import get_logger
+from hpresilience.proc import ProcessTracker, bind_tracker
 
 log = get_logger("hpresilience.health")
 

@@ -13,11 +13,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpresilience import __version__
+from hpresilience import __version__, proc
 from hpresilience.config import load_config
 from hpresilience.errors import ExternalError
 from hpresilience.fileio import atomic_write_text
-from hpresilience.health.proc import run_command
 from hpresilience.install.layout import Layout, Role, default_config, profile_script, render, template
 from hpresilience.install.slurmconf import merge_lines
 from hpresilience.install.venv import read_manifest
@@ -96,7 +95,7 @@ def systemd_plan(units: list[str], changed_units: set[str], package_changed: boo
 
 
 def _active_units(units: list[str]) -> set[str]:
-    return {u for u in units if run_command(["systemctl", "is-active", "--quiet", u], timeout=30).ok}
+    return {u for u in units if proc.run(["systemctl", "is-active", "--quiet", u], timeout=30).ok}
 
 
 def find_slurm_conf(layout: Layout, explicit: str | None) -> Path | None:
@@ -130,7 +129,7 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
                             _active_units(units) if use_systemd else set())
         for argv in plan:
             if use_systemd:
-                r = run_command(argv, timeout=120)
+                r = proc.run(argv, timeout=120)
                 if not r.ok:
                     raise ExternalError(f"{r.describe()} (the files are installed; see journalctl -u {units[0]})")
                 log.info("systemctl_ran", argv=argv)

@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
+from hpresilience import proc
 from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError
-from hpresilience.health.proc import run_command
 from hpresilience.install.layout import MIN_PYTHON, Layout
 from hpresilience.log import get_logger
 
@@ -56,7 +56,7 @@ def source_digest(requirement: str) -> str:
 
 def check_python(python: str) -> None:
     """The interpreter the venv is built from must be at least MIN_PYTHON (Ubuntu 22.04's python3 is 3.10)."""
-    r = run_command([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], timeout=60)
+    r = proc.run([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], timeout=60)
     if not r.ok:
         raise EnvironmentMissing(f"cannot run {python!r} to build the venv: {r.describe()}")
     version = r.stdout.strip()
@@ -84,7 +84,7 @@ def read_manifest(layout: Layout) -> dict[str, object]:
 
 
 def _pip(layout: Layout, *args: str) -> None:
-    r = run_command([str(layout.venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+    r = proc.run([str(layout.venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
                      "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S)
     if not r.ok:
         raise ExternalError(f"installing into {layout.venv} failed: {r.describe()}")
@@ -106,7 +106,7 @@ def ensure_venv(layout: Layout, requirement: str | None, python: str) -> bool:
     if not (layout.venv / "bin" / "python").exists():
         check_python(python)
         layout.venv.parent.mkdir(parents=True, exist_ok=True)
-        r = run_command([python, "-m", "venv", str(layout.venv)], timeout=300)
+        r = proc.run([python, "-m", "venv", str(layout.venv)], timeout=300)
         if not r.ok:
             raise ExternalError(f"creating the venv {layout.venv} failed: {r.describe()}")
         log.info("venv_created", venv=str(layout.venv), python=python)

@@ -1,8 +1,9 @@
 """Running Slurm's commands: the one place that starts them.
 
-No shell. Every command has an absolute timeout; on expiry its whole process group is
-killed (srun/salloc fork helpers that would otherwise linger). Failures carry the
-command, its exit code and its stderr. Transient refusals are retried with backoff.
+Every command goes through the process seam (hpresilience.proc): no shell, an absolute timeout, and on
+expiry its whole process group is killed (srun/salloc fork helpers that would otherwise linger). Here a
+timeout becomes SlurmTimeout, and a failure a SlurmError carrying the command, its exit code and its stderr.
+Transient refusals are retried with backoff.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from hpresilience import proc
 from hpresilience.errors import EnvironmentMissing, SlurmError, SlurmTimeout
 from hpresilience.log import get_logger
+from hpresilience.proc import Result
+
+__all__ = ["APT_PACKAGES", "TRANSIENT", "CommandRunner", "CountingRunner", "Result", "run_once"]
 
 log = get_logger("hpresilience.slurm")
 
@@ -38,41 +40,18 @@ APT_PACKAGES = {
 }
 
 
-@dataclass(frozen=True)
-class Result:
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def run_once(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
              cwd: str | None = None, input_text: str | None = None) -> Result:
-    """Run argv once; kill its process group and raise SlurmTimeout after `timeout` seconds."""
+    """Run argv once; its process group is killed and SlurmTimeout raised after `timeout` seconds."""
     try:
-        proc = subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
-        )
-    except FileNotFoundError:
+        res = proc.run(argv, timeout, env=env, cwd=cwd, input_text=input_text)
+    except EnvironmentMissing:
         tool = os.path.basename(argv[0])
         pkg = APT_PACKAGES.get(tool, "slurm-wlm")
         raise EnvironmentMissing(f"`{tool}` not found: apt-get install -y slurm-wlm (or {pkg})") from None
-    try:
-        out, err = proc.communicate(input=input_text, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        _, err = proc.communicate()
-        raise SlurmTimeout(list(argv), timeout, err or "") from None
-    return Result(tuple(argv), proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    if res.timed_out:
+        raise SlurmTimeout(list(argv), timeout, res.stderr)
+    return res
 
 
 class CommandRunner:
@@ -92,6 +71,11 @@ class CommandRunner:
         path = (self.env or os.environ).get("PATH")
         return shutil.which(tool, path=path) or tool
 
+    def execute(self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None,
+                input_text: str | None) -> Result:
+        """Run one attempt: the process seam, and the one place a fake runner replaces (testing/fakerunner.py)."""
+        return run_once(argv, timeout, env, cwd, input_text)
+
     def run(self, tool: str, *args: str, timeout: float | None = None, check: bool = True, retry: bool = True,
             cwd: str | None = None, env: Mapping[str, str] | None = None, input_text: str | None = None) -> Result:
         """Run `tool args...`; retry transient refusals with exponential backoff, then raise SlurmError."""
@@ -105,7 +89,7 @@ class CommandRunner:
         delay = self.backoff
         for attempt in range(1, attempts + 1):
             try:
-                res = run_once(argv, limit, run_env, cwd, input_text)
+                res = self.execute(argv, limit, run_env, cwd, input_text)
             except SlurmTimeout:
                 if attempt >= attempts:
                     raise

@@ -1,7 +1,8 @@
 """Launching and signalling one long-running `srun` job step, and reading srun's error lines.
 
 The runner (runner.py) is for short commands whose output it captures under a timeout; a training step
-runs for hours and its output must stream to the user as it comes. So the step is a child of its own
+runs for hours and its output must stream to the user as it comes. So this is the one Popen outside the
+process seam (hpresilience.proc), sharing only its group kill: the step is a child of its own
 session (a signal meant for the wrapper's terminal never reaches it twice), with both streams piped to
 the caller, who reads them in threads.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +19,7 @@ from typing import IO
 
 from hpresilience.errors import EnvironmentMissing, SlurmParseError
 from hpresilience.log import get_logger
+from hpresilience.proc import kill_group
 from hpresilience.slurm.hostlist import expand
 
 log = get_logger("hpresilience.slurm")
@@ -79,10 +80,7 @@ class StepProcess:
 
     def kill_group(self) -> None:
         """SIGKILL srun and whatever it forked; the remote tasks are the step's cancel's business."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(self.proc.pid)
 
 
 # srun's own words when a node of the step is lost (srun/libsrun, 22.05 through 25.x).

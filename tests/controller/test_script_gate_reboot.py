@@ -11,8 +11,8 @@ import pytest
 
 from hpresilience.controller.gates import create_gate
 from hpresilience.controller.providers import ProviderContext, create_provider
-from hpresilience.controller.providers.script import render, run_command
 from hpresilience.controller.settings import GateSettings
+from hpresilience.controller.templates import render, run_site_command
 from hpresilience.errors import ExternalError, SlurmError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
@@ -142,7 +142,7 @@ def test_default_gate_template_ends_ssh_options_before_the_address(tmp_path: Pat
     assert argv[argv.index("{address}") - 1] == "--"
     filled = [evil.address if part == "{address}" else part for part in argv]
     filled[-2:] = ["true"]  # whatever runs remotely is beside the point: ssh must not get that far
-    run_command(filled, 20)
+    run_site_command(filled, 20)
     assert not marker.exists()
 
 

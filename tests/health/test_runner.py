@@ -16,8 +16,8 @@ from hpresilience.health.base import (
     Status,
     SuggestedAction,
 )
-from hpresilience.health.proc import run_command
 from hpresilience.health.runner import run_checks, run_one
+from hpresilience.proc import run as run_command
 
 
 class Fn(Check):

@@ -7,9 +7,10 @@ from typing import Any
 
 from pydantic import Field
 
+from hpresilience import proc
 from hpresilience.health.base import Check, CheckOptions, CheckResult, Kind, Status, SuggestedAction, register
 from hpresilience.health.checks.common import ladder
-from hpresilience.health.proc import resolve, run_command
+from hpresilience.proc import resolve
 
 # Diag durations per level (DCGM docs): r1 seconds, r2 ~2 min, r3 ~15-30 min, r4 up to hours.
 LEVEL_TIMEOUT_S = {1: 120.0, 2: 600.0, 3: 2700.0, 4: 9000.0}
@@ -88,7 +89,7 @@ class DcgmHealth(Check):
         exe = resolve(self.ctx.command("dcgmi"))
         if exe is None:
             return self.absent("dcgmi not installed")
-        res = run_command([exe, "health", "-c", "-j"], self.timeout_s - 1)
+        res = proc.run([exe, "health", "-c", "-j"], self.timeout_s - 1)
         if not res.ok:
             return self.result(Status.UNKNOWN, f"DCGM health not readable: {res.describe()}")
         try:
@@ -134,7 +135,7 @@ class DcgmDiag(Check):
         exe = resolve(self.ctx.command("dcgmi"))
         if exe is None:
             return self.absent("dcgmi not installed")
-        res = run_command([exe, "diag", "-r", str(self.options.level), "-j"], self.timeout_s - 1)
+        res = proc.run([exe, "diag", "-r", str(self.options.level), "-j"], self.timeout_s - 1)
         try:
             tests = parse_diag(res.stdout)
         except ValueError:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
 from pydantic import Field
 
+from hpresilience import proc
 from hpresilience.health.base import (
     Check,
     CheckContext,
@@ -22,7 +22,7 @@ from hpresilience.health.base import (
     register,
 )
 from hpresilience.health.checks.common import load_json, save_json
-from hpresilience.health.proc import current_tracker, kill_group, resolve, run_command
+from hpresilience.proc import resolve
 
 AMAZON_VENDOR = "0x1d0f"
 # Per-second limits (EKS node monitoring agent's token buckets); the event counters matter, bytes do not.
@@ -114,7 +114,7 @@ class EfaFiInfo(Check):
         exe = resolve(self.ctx.command("fi_info"))
         if exe is None:
             return self.absent("fi_info (libfabric) not installed")
-        res = run_command([exe, "-p", "efa"], self.timeout_s - 1)
+        res = proc.run([exe, "-p", "efa"], self.timeout_s - 1)
         if res.timed_out:
             return self.result(Status.UNKNOWN, res.describe())
         if not res.ok or "provider: efa" not in res.stdout:
@@ -219,20 +219,9 @@ class EfaLoopback(Check):
         failed = []
         for d in devs:
             base = [exe, "-p", "efa", "-d", d.name, "-I", str(self.options.iterations)]
-            server = subprocess.Popen(
-                base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-            )
-            tracker = current_tracker()
-            if tracker is not None:
-                tracker.add(server.pid)
-            try:
+            with proc.background(base):
                 time.sleep(0.5)
-                res = run_command([*base, "localhost"], per_dev)
-            finally:
-                kill_group(server.pid)
-                server.wait()
-                if tracker is not None:
-                    tracker.discard(server.pid)
+                res = proc.run([*base, "localhost"], per_dev)
             if not res.ok:
                 failed.append(f"{d.name}: {res.describe()}")
         if failed:

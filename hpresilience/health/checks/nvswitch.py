@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from hpresilience import proc
 from hpresilience.health.base import (
     Check,
     CheckContext,
@@ -27,8 +28,8 @@ from hpresilience.health.base import (
     register,
 )
 from hpresilience.health.checks.common import Finding, nvswitch_pci_devices, resolve_action, worst
-from hpresilience.health.proc import resolve, run_command
 from hpresilience.health.xid import FaultEvent, load_catalog, normalize_pci
+from hpresilience.proc import resolve
 
 # `systemctl is-active` words: "active" is the only good one; "activating"/"reloading" are transient.
 TRANSIENT = {"activating", "reloading", "deactivating"}
@@ -124,7 +125,7 @@ class FabricManager(Check):
         exe = resolve(self.ctx.command("systemctl"))
         if exe is None:
             return self.result(Status.UNKNOWN, "systemctl not found: fabric manager state unknown")
-        res = run_command([exe, "is-active", "--", self.options.service], self.timeout_s - 1)
+        res = proc.run([exe, "is-active", "--", self.options.service], self.timeout_s - 1)
         if res.timed_out:
             return self.result(Status.UNKNOWN, res.describe())
         state = (res.stdout.strip().splitlines() or ["(no output)"])[0]

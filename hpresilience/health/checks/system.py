@@ -7,6 +7,7 @@ import os
 import psutil
 from pydantic import Field
 
+from hpresilience import proc
 from hpresilience.health.base import (
     Check,
     CheckOptions,
@@ -17,7 +18,7 @@ from hpresilience.health.base import (
     read_text,
     register,
 )
-from hpresilience.health.proc import resolve, run_command
+from hpresilience.proc import resolve
 
 
 def parse_cpu_list(text: str) -> int:
@@ -223,7 +224,7 @@ class Stress(Check):
         ]
         if o.vm_workers:
             argv += ["--vm", str(o.vm_workers), "--vm-bytes", o.vm_bytes]
-        res = run_command(argv, self.timeout_s - 2, env={"TMPDIR": os.environ.get("TMPDIR", "/tmp")})
+        res = proc.run(argv, self.timeout_s - 2, extra_env={"TMPDIR": os.environ.get("TMPDIR", "/tmp")})
         tail = (res.stderr + res.stdout).strip().splitlines()[-15:]
         if res.timed_out:
             return self.result(Status.UNKNOWN, res.describe(), output=tail)

@@ -13,16 +13,28 @@ import yaml
 from hpresilience.errors import ConfigError
 
 
-def atomic_write_text(path: Path | str, text: str, fsync: bool = False) -> None:
-    """Write `text` so that readers see the old file or the new one, never half of it (temp file + rename
-    in the same directory). With `fsync`, the data is on disk before the rename: state that must survive a
-    crash of the machine, not just of the process."""
+def atomic_write(path: Path | str, data: bytes | str, *, mode: int | None = None, fsync: bool = False,
+                 make_parents: bool = True) -> None:
+    """Write a whole file so that readers see the old file or the new one, never half of it: the one atomic
+    write of the package (every state file, marker, metrics file and checkpoint index goes through it).
+
+    The data goes to a temporary file in the same directory (so the rename cannot cross file systems), made
+    with O_EXCL and mode 0600 (it never follows a planted link nor adopts another user's file), then is
+    renamed over `path`; on any failure the temporary file is removed. `mode` sets the file's permissions
+    before the rename (0600 when not given). With `fsync` the data is on disk before the rename: state that
+    must survive a crash of the machine, not only of the process. `make_parents=False` for callers whose
+    directories carry permissions of their own (the checkpoint tiers): a missing one is an error, not made.
+    """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -33,6 +45,11 @@ def atomic_write_text(path: Path | str, text: str, fsync: bool = False) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_write_text(path: Path | str, text: str, fsync: bool = False, mode: int | None = None) -> None:
+    """`atomic_write` for text (UTF-8)."""
+    atomic_write(path, text, mode=mode, fsync=fsync)
 
 
 # Limits on what a YAML file may hold. Configuration, rules and profiles are a few KiB; these are far above

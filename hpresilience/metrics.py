@@ -7,17 +7,16 @@ server, writes its registry to a node_exporter textfile-collector file instead.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from hpresilience.errors import ConfigError
+from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 
 _log = get_logger("hpresilience.metrics")
@@ -85,10 +84,6 @@ def start_metrics_server(registry: CollectorRegistry, address: str, healthy: Cal
 
 
 def write_textfile(registry: CollectorRegistry, path: str) -> None:
-    """Atomically write the registry for node_exporter's textfile collector (`*.prom`)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    os.close(fd)
-    write_to_textfile(tmp, registry)
-    os.replace(tmp, path)
+    """Atomically write the registry for node_exporter's textfile collector (`*.prom`); world-readable, as
+    node_exporter usually runs as a user of its own."""
+    atomic_write(path, generate_latest(registry), mode=0o644)

@@ -135,7 +135,8 @@ class StateStore:
     def save(self, rec: RepairRecord) -> None:
         if not self.persist:
             return
-        _atomic_write(self.path(rec.node), json.dumps(rec.to_json(), sort_keys=True))
+        # A repair's step must survive a crash of the head node, not only of the controller: fsync first.
+        atomic_write_text(self.path(rec.node), json.dumps(rec.to_json(), sort_keys=True), fsync=True)
 
     def finish(self, rec: RepairRecord, outcome: str) -> None:
         """Drop the node's record and keep one line of it in the history."""
@@ -164,8 +165,3 @@ class StateStore:
             except ValueError:
                 continue
         return out
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    # A repair's step must survive a crash of the head node, not only of the controller: fsync first.
-    atomic_write_text(path, text, fsync=True)

@@ -46,8 +46,7 @@ def install_file(path: Path, text: str, mode: int, report: Report) -> bool:
         report.unchanged.append(str(path))
         log.debug("install_file_unchanged", path=str(path))
         return False
-    atomic_write_text(path, text, fsync=True)
-    os.chmod(path, mode)
+    atomic_write_text(path, text, fsync=True, mode=mode)
     report.written.append(str(path))
     log.info("install_file_written", path=str(path), mode=oct(mode))
     return True
@@ -58,6 +57,7 @@ def install_link(link: Path, target: Path, report: Report) -> bool:
         report.unchanged.append(str(link))
         return False
     link.parent.mkdir(parents=True, exist_ok=True)
+    # A link, not a file's contents: fileio's atomic write does not apply; link then rename is the same idea.
     tmp = link.with_name(f".{link.name}.tmp")
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target)

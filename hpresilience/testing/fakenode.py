@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import uuid
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from hpresilience.fileio import atomic_write_text
 
 # Bus ids of the 8 H100s of a p5.48xlarge and the 8 A100s of a p4d.24xlarge, as NVML prints them.
 P5_GPUS = [
@@ -291,9 +292,7 @@ class FakeNode:
         return dict(json.loads(self.nvml_path.read_text())) if self.nvml_path.exists() else {"gpus": []}
 
     def write_nvml(self, data: dict[str, Any]) -> None:
-        tmp = self.nvml_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, self.nvml_path)
+        atomic_write_text(self.nvml_path, json.dumps(data, indent=1), mode=0o644)
 
     def set_gpu(self, index: int, **values: Any) -> None:
         data = self.read_nvml()

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hpresilience.errors import ConfigError, HPResilienceError
+from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.torch.direct import DirectSave, DirectWriter
 from hpresilience.torch.layout import (
@@ -31,7 +32,6 @@ from hpresilience.torch.layout import (
     METADATA,
     ChecksumError,
     MemoryTier,
-    atomic_write,
     shard_names,
 )
 from hpresilience.torch.loading import LoadMixin
@@ -242,7 +242,7 @@ class TieredCheckpointer(LoadMixin):
         d = self.tier.step_dir(step)
         if not self.tier.is_committed(d):
             # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
-            atomic_write(d / METADATA, pickle.dumps(md))
+            atomic_write(d / METADATA, pickle.dumps(md), make_parents=False)
             save_id = getattr(md.storage_meta, "save_id", "") or ""
             self.tier.write_commit(d, step, self.world, str(save_id))
         log.info("checkpoint_committed", step=step, rank=self.rank)

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from hpresilience.errors import ConfigError, HPResilienceError
+from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.torch.private import (
     TierSecurityError,
     ensure_private_dir,
     expand_root,
-    open_private,
     open_trusted,
     read_trusted,
 )
@@ -138,14 +138,6 @@ class ShardIndex:
         except (ValueError, KeyError, TypeError) as err:
             raise ChecksumError(f"{where}: unreadable shard index ({err})") from None
         return idx
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    fd = open_private(tmp, os.O_WRONLY)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def verify_shard(data_path: Path, idx: ShardIndex) -> None:
@@ -277,9 +269,8 @@ class MemoryTier:
     def write_commit(self, d: Path, step: int, world_size: int, save_id: str) -> None:
         atomic_write(
             d / COMMIT,
-            json.dumps(
-                {"step": step, "world_size": world_size, "save_id": save_id, "time": time.time()}
-            ).encode(),
+            json.dumps({"step": step, "world_size": world_size, "save_id": save_id, "time": time.time()}),
+            make_parents=False,
         )
 
     def prune(

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from hpresilience.errors import HPResilienceError
+from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.torch import elastic
-from hpresilience.torch.layout import COMMIT, METADATA, ShardIndex, atomic_write, shard_names, verify_shard
+from hpresilience.torch.layout import COMMIT, METADATA, ShardIndex, shard_names, verify_shard
 from hpresilience.torch.private import read_trusted
 from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.replica import recv_files, send_files
@@ -175,8 +176,8 @@ class LoadMixin:
             box: list[Any] = [self._metadata_bytes(step) if self.rank == holders[0] else None]
             dist.broadcast_object_list(box, src=holders[0], group=self._save_pg)
             if box[0] is not None and not self.tier.is_committed(d):
-                atomic_write(d / METADATA, box[0][0])
-                atomic_write(d / COMMIT, box[0][1])
+                atomic_write(d / METADATA, box[0][0], make_parents=False)
+                atomic_write(d / COMMIT, box[0][1], make_parents=False)
         try:
             if not self.tier.is_committed(d):
                 if self.s3 is None or step not in s3_steps:

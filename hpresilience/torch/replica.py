@@ -91,6 +91,8 @@ class Transfer:
         tmps = []
         for p, size in zip(paths, sizes, strict=True):
             p.parent.mkdir(parents=True, exist_ok=True)
+            # Received straight into a mapped `.part` file (no buffer of the whole shard), then renamed into
+            # place once every chunk arrived: temp-then-rename, but not fileio.atomic_write's buffer write.
             tmp = p.with_name(p.name + ".part")
             t = _map_for_recv(self.stack, tmp, size)
             if t is not None:

@@ -19,7 +19,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from hpresilience.errors import ExternalError, HPResilienceError
-from hpresilience.torch.layout import COMMIT, METADATA, atomic_write, parse_step, shard_names, step_name
+from hpresilience.fileio import atomic_write
+from hpresilience.torch.layout import COMMIT, METADATA, parse_step, shard_names, step_name
 from hpresilience.torch.private import read_trusted
 from hpresilience.torch.settings import CheckpointConfig
 
@@ -108,6 +109,8 @@ class S3Tier:
 
     def _download(self, key: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
+        # boto3 streams the object into a file of its own choosing, so this is a rename of a downloaded
+        # file, not fileio.atomic_write's write of a buffer: the temp-then-rename idea, done by hand.
         tmp = dest.with_name(dest.name + ".s3part")
         self._call("download", self.client.download_file, self.bucket, key, str(tmp), Config=self.transfer)
         # boto3 creates the file with the process umask; the tier's files are this user's alone (a
@@ -125,7 +128,7 @@ class S3Tier:
         body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
             "Body"
         ].read()
-        atomic_write(dest_dir / COMMIT, body)
+        atomic_write(dest_dir / COMMIT, body, make_parents=False)
 
     def prune(self, keep: int) -> list[int]:
         """Remove the oldest committed steps beyond `keep`; the marker goes first so no reader trusts them."""

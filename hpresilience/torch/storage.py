@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from hpresilience.fileio import atomic_write
 from hpresilience.torch.layout import (
     DEFAULT_ALGO,
     METADATA,
@@ -40,7 +41,6 @@ from hpresilience.torch.layout import (
     ItemLoc,
     MemoryTier,
     ShardIndex,
-    atomic_write,
     hasher,
     shard_names,
 )
@@ -181,8 +181,10 @@ class TierStorageWriter(StorageWriter):
             except OSError:
                 pass
             raise
+        # The shard itself is streamed into a recycled spare (its tmpfs pages reused) and renamed here, so it
+        # cannot go through fileio.atomic_write, which writes a whole buffer into a fresh file.
         os.replace(tmp, d / data_name)
-        atomic_write(d / idx_name, index.to_json())
+        atomic_write(d / idx_name, index.to_json(), make_parents=False)
         fut_out: Future[list[WriteResult]] = Future()
         fut_out.set_result(results)
         return fut_out
@@ -248,7 +250,7 @@ class TierStorageWriter(StorageWriter):
         metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
         metadata.storage_meta = self.storage_meta()
         d = self.tier.step_dir(self.step)
-        atomic_write(d / METADATA, pickle.dumps(metadata))
+        atomic_write(d / METADATA, pickle.dumps(metadata), make_parents=False)
         self.tier.write_commit(d, self.step, self.world_size, self.save_id)
 
     def storage_meta(self) -> StorageMeta | None:

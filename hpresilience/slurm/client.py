@@ -81,10 +81,12 @@ class SlurmClient:
                 return parse.parse_nodes_json(res.stdout, "scontrol --json show node")
             return parse.parse_nodes_json(self.runner.run("sinfo", "--json").stdout, "sinfo --json")
         wanted = list(names)
-        by_name = self._read_nodes(wanted)
+        by_name, read = self._read_nodes(wanted)
         missing = [n for n in dict.fromkeys(wanted) if n not in by_name]
         if missing:
-            raise UnknownNode(["scontrol", "show", "node", compress(missing)], 1, "",
+            # The error names the query that ran (an error naming another misleads whoever re-runs it).
+            raise UnknownNode(read.argv if read else ("scontrol", "show", "node"),
+                              read.returncode if read else None, read.stderr if read else "",
                               f"unknown node(s): {', '.join(missing)}")
         return [by_name[n] for n in wanted]
 
@@ -94,7 +96,7 @@ class SlurmClient:
     def known_nodes(self, names: Iterable[str]) -> list[Node]:
         """Those of `names` that Slurm knows, in that order; unknown names are left out, not an error."""
         wanted = list(names)
-        by_name = self._read_nodes(wanted)
+        by_name, _ = self._read_nodes(wanted)
         return [by_name[n] for n in wanted if n in by_name]
 
     def nodes_out_of_service(self, also: Iterable[str] = ()) -> list[Node]:
@@ -115,10 +117,11 @@ class SlurmClient:
         args = ["-h", "-N", "-t", "idle", "-o", "%N|%t"] + ([f"--partition={partition}"] if partition else [])
         return parse.parse_idle_names(self.runner.run("sinfo", *args).stdout)
 
-    def _read_nodes(self, names: list[str]) -> dict[str, Node]:
+    def _read_nodes(self, names: list[str]) -> tuple[dict[str, Node], Result | None]:
+        """The named nodes Slurm knows, and the command's result (None when no name was asked)."""
         hosts = compress(dict.fromkeys(names))
         if not hosts:
-            return {}
+            return {}, None
         if self.scontrol_has_json:
             args, what = ["--json", "show", "node", hosts], "scontrol --json show node"
         else:
@@ -138,7 +141,7 @@ class SlurmClient:
             nodes = parse.parse_nodes_oneliner(text, what)
         # Filtered on our side too: Slurm may answer a list of names with more than was asked.
         wanted = set(names)
-        return {n.name: n for n in nodes if n.name in wanted}
+        return {n.name: n for n in nodes if n.name in wanted}, res
 
     def _run_allowing(self, answer: re.Pattern[str], tool: str, *args: str) -> Result:
         """Run once without failing on `answer` (e.g. "Node x not found": a fact, not an error); any other
@@ -190,26 +193,33 @@ class SlurmClient:
 
     def job(self, job_id: int) -> Job:
         """One job, read with a query of that job only (`scontrol show job J`)."""
-        job = self.job_or_none(job_id)
-        if job is None:
-            raise SlurmError(["scontrol", "show", "job", str(job_id)], 1, "", f"job {job_id} is not known to Slurm")
-        return job
+        return self._known_job(job_id)[0]
 
     def job_or_none(self, job_id: int) -> Job | None:
+        return self._read_job(job_id)[0]
+
+    def _read_job(self, job_id: int) -> tuple[Job | None, Result]:
         if self.scontrol_has_json:
             res = self._run_allowing(_JOB_UNKNOWN, "scontrol", "--json", "show", "job", str(job_id))
             jobs = parse.parse_jobs_json(res.stdout, "scontrol --json show job") if res.returncode == 0 else []
         else:
             res = self._run_allowing(_JOB_UNKNOWN, "scontrol", "show", "job", str(job_id), "-o")
             jobs = parse.parse_jobs_oneliner(res.stdout) if res.returncode == 0 else []
-        return next((j for j in jobs if j.job_id == job_id), None)
+        return next((j for j in jobs if j.job_id == job_id), None), res
+
+    def _known_job(self, job_id: int) -> tuple[Job, Result]:
+        """The job and the read that found it; an unknown job is a SlurmError naming that read."""
+        job, res = self._read_job(job_id)
+        if job is None:
+            raise SlurmError(res.argv, res.returncode, res.stderr, f"job {job_id} is not known to Slurm")
+        return job, res
 
     def wait_running(self, job_id: int, timeout: float = 60.0) -> Job:
         """Wait (with progress) until the job runs; fails fast if it ends instead."""
         def probe() -> Job | None:
-            j = self.job(job_id)
+            j, res = self._known_job(job_id)
             if j.is_finished:
-                raise SlurmError(["squeue"], 0, "", f"job {job_id} ended ({j.state}) before it ran")
+                raise SlurmError(res.argv, res.returncode, "", f"job {job_id} ended ({j.state}) before it ran")
             return j if j.is_running else None
         return wait_for(probe, f"job {job_id} to start running", timeout)
 
@@ -252,9 +262,10 @@ class SlurmClient:
         """Add `count` nodes to a running job with Slurm's expand dependency:
         salloc a helper job with --dependency=expand:J, move its nodes into J (NumNodes=0), then
         NumNodes=ALL on J. Needs SchedulerParameters=permit_job_expansion (probe with permits_job_expansion)."""
-        job = self.job(job_id)
+        job, read = self._known_job(job_id)
         if not job.is_running:
-            raise SlurmError(["grow"], None, "", f"job {job_id} is {job.state}, only a running job can grow")
+            raise SlurmError(read.argv, read.returncode, "",
+                             f"job {job_id} is {job.state}, only a running job can grow")
         name = f"hpr-grow-{job_id}"
         args = ["--no-shell", f"--nodes={count}", f"--job-name={name}", f"--dependency=expand:{job_id}"]
         if job.partition:

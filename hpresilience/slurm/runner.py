@@ -20,7 +20,7 @@ from hpresilience.errors import EnvironmentMissing, SlurmError, SlurmTimeout
 from hpresilience.log import get_logger
 from hpresilience.proc import Result
 
-__all__ = ["APT_PACKAGES", "TRANSIENT", "CommandRunner", "CountingRunner", "Result", "run_once"]
+__all__ = ["APT_PACKAGES", "TRANSIENT", "CommandRunner", "CountingRunner", "Result", "run_once", "start"]
 
 log = get_logger("hpresilience.slurm")
 
@@ -40,15 +40,22 @@ APT_PACKAGES = {
 }
 
 
-def run_once(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
-             cwd: str | None = None, input_text: str | None = None) -> Result:
-    """Run argv once; its process group is killed and SlurmTimeout raised after `timeout` seconds."""
+def start(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
+          cwd: str | None = None, input_text: str | None = None) -> Result:
+    """One run through the process seam; a timed-out result is returned, not raised. A missing tool names
+    the package that brings it."""
     try:
-        res = proc.run(argv, timeout, env=env, cwd=cwd, input_text=input_text)
+        return proc.run(argv, timeout, env=env, cwd=cwd, input_text=input_text)
     except EnvironmentMissing:
         tool = os.path.basename(argv[0])
         pkg = APT_PACKAGES.get(tool, "slurm-wlm")
         raise EnvironmentMissing(f"`{tool}` not found: apt-get install -y slurm-wlm (or {pkg})") from None
+
+
+def run_once(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
+             cwd: str | None = None, input_text: str | None = None) -> Result:
+    """Run argv once; its process group is killed and SlurmTimeout raised after `timeout` seconds."""
+    res = start(argv, timeout, env, cwd, input_text)
     if res.timed_out:
         raise SlurmTimeout(list(argv), timeout, res.stderr)
     return res
@@ -73,8 +80,9 @@ class CommandRunner:
 
     def execute(self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None,
                 input_text: str | None) -> Result:
-        """Run one attempt: the process seam, and the one place a fake runner replaces (testing/fakerunner.py)."""
-        return run_once(argv, timeout, env, cwd, input_text)
+        """One attempt at the process seam (a timeout is a result with `timed_out`): the one method a fake
+        runner replaces (hpresilience/testing/fakerunner.py), so retries and errors stay this class's."""
+        return start(argv, timeout, env, cwd, input_text)
 
     def run(self, tool: str, *args: str, timeout: float | None = None, check: bool = True, retry: bool = True,
             cwd: str | None = None, env: Mapping[str, str] | None = None, input_text: str | None = None) -> Result:
@@ -88,11 +96,10 @@ class CommandRunner:
         started = time.monotonic()
         delay = self.backoff
         for attempt in range(1, attempts + 1):
-            try:
-                res = self.execute(argv, limit, run_env, cwd, input_text)
-            except SlurmTimeout:
+            res = self.execute(argv, limit, run_env, cwd, input_text)
+            if res.timed_out:
                 if attempt >= attempts:
-                    raise
+                    raise SlurmTimeout(argv, limit, res.stderr)
                 log.warning("slurm_command_timed_out", command=" ".join(argv), attempt=attempt,
                             waited_s=round(time.monotonic() - started, 1))
             else:

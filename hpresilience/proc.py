@@ -104,6 +104,13 @@ def current_tracker() -> ProcessTracker | None:
     return t
 
 
+def _register(tracker: ProcessTracker | None, pgid: int) -> None:
+    if tracker is not None:
+        tracker.add(pgid)
+        if tracker.cancelled:  # kill_all ran between the start and the add: it did not see this group
+            kill_group(pgid)
+
+
 def resolve(tool: str) -> str | None:
     """The executable for a configured tool: a path is used if it exists, a bare name is looked up on PATH."""
     if os.sep in tool:
@@ -160,8 +167,7 @@ def _run(argv: list[str], timeout: float, env: dict[str, str] | None, cwd: str |
     proc = _popen(argv, env, cwd, subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                   output if output is not None else subprocess.PIPE,
                   subprocess.STDOUT if output is not None else subprocess.PIPE)
-    if tracker is not None:
-        tracker.add(proc.pid)
+    _register(tracker, proc.pid)
     data = input_text.encode() if input_text is not None else None
     timed_out = False
     try:
@@ -177,7 +183,8 @@ def _run(argv: list[str], timeout: float, env: dict[str, str] | None, cwd: str |
                 proc.wait()
                 out, err = b"", b""
     finally:
-        if kill_leftovers or timed_out:
+        # `poll() is None`: the wait itself was interrupted (KeyboardInterrupt): the command must not outlive it.
+        if kill_leftovers or timed_out or proc.poll() is None:
             kill_group(proc.pid)
         if tracker is not None:
             tracker.discard(proc.pid)
@@ -208,8 +215,7 @@ def background(argv: Sequence[str], *, extra_env: Mapping[str, str] | None = Non
     proc = _popen([str(a) for a in argv], _env(None, extra_env), None, subprocess.DEVNULL, subprocess.DEVNULL,
                   subprocess.DEVNULL)
     tracker = current_tracker()
-    if tracker is not None:
-        tracker.add(proc.pid)
+    _register(tracker, proc.pid)
     try:
         yield proc
     finally:

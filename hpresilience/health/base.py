@@ -1,4 +1,4 @@
-"""The check framework's vocabulary: results, the Check base class, the registry, and hardware paths.
+"""The check framework's vocabulary: results, the Check base class, the check registry, and hardware paths.
 
 A check is a small object with a name, a family, a kind (passive: cheap and safe while jobs run;
 active: stresses hardware, only on idle or drained nodes), a timeout and `run()`. Every run ends in a
@@ -18,8 +18,8 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 from pydantic import Field
 
-from hpresilience.errors import ConfigError
 from hpresilience.reasons import Action
+from hpresilience.registry import Registry
 from hpresilience.settings_base import Section
 
 
@@ -253,34 +253,17 @@ class Check:
         raise NotApplicable(what)
 
 
-REGISTRY: dict[str, type[Check]] = {}
+# Every check by name. Filled by the check modules' @register as they are imported; importing
+# `hpresilience.health.checks` imports the built-in ones (this module does not: the checks build on it).
+CHECKS: Registry[type[Check]] = Registry("check")
 
 
 def register(cls: type[Check]) -> type[Check]:
     """Class decorator: make a check available to profiles by its name."""
     if not cls.name or not cls.family:
         raise TypeError(f"{cls.__name__} must set name and family")
-    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
-        raise TypeError(f"check name {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls
+    CHECKS.register(cls.name, cls)
     return cls
-
-
-def check_class(name: str) -> type[Check]:
-    load_builtin_checks()
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown check {name!r}; known checks: {', '.join(sorted(REGISTRY))}") from None
-
-
-def known_checks() -> dict[str, type[Check]]:
-    load_builtin_checks()
-    return dict(sorted(REGISTRY.items()))
-
-
-def load_builtin_checks() -> None:
-    import hpresilience.health.checks  # noqa: F401 - registers the built-in checks on import
 
 
 def read_text(path: Path, default: str | None = None) -> str | None:

@@ -12,11 +12,11 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, ClassVar
 
 from pydantic import Field
 
-from hpresilience.controller.providers import ProviderContext, parse_options
+from hpresilience.controller.providers import ProviderContext
 from hpresilience.errors import ExternalError
 from hpresilience.log import get_logger
 from hpresilience.settings_base import Section
@@ -99,6 +99,7 @@ def _tail(f: IO[bytes]) -> str:
 
 class ScriptProvider:
     name = "script"
+    Options: ClassVar[type[ScriptOptions]] = ScriptOptions
 
     def __init__(self, options: ScriptOptions, context: ProviderContext) -> None:
         self.options = options
@@ -109,10 +110,6 @@ class ScriptProvider:
             from hpresilience.errors import ConfigError
 
             raise ConfigError(f"controller node group {self.group!r}, provider 'script': command: {err}") from None
-
-    @classmethod
-    def create(cls, options: Mapping[str, Any], context: ProviderContext) -> ScriptProvider:
-        return cls(parse_options(ScriptOptions, options, cls.name, context.group), context)
 
     def act(self, node: Node, action: str) -> str:
         argv = render(self.options.command, {"node": node.name, "action": action, "address": node.address,

@@ -71,10 +71,10 @@ def prepare(name: str, client: Any, work: str) -> Any:
     if name == "full":
         return client.nodes
     if name.startswith("agent"):
+        from hpresilience.agent.collector import HealthCollector
         from hpresilience.agent.daemon import Agent
         from hpresilience.agent.settings import AgentSettings
         from hpresilience.config import load_config
-        from hpresilience.health.api import HealthCollector
         from hpresilience.testing.fakenode import FakeNode
 
         node = FakeNode.make(Path(work) / f"fake-{name}", "p5.48xlarge")

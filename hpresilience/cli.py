@@ -16,23 +16,22 @@ from hpresilience import __version__
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import config_as_dict
 from hpresilience.errors import EXIT_USAGE, HPResilienceError
+from hpresilience.registry import Registry
 
 
 class LazyGroup(click.Group):
     """Subcommands imported on first use, so `hpresilience --help` and the srun hand-over start fast."""
 
-    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lazy: Registry[click.Command] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.lazy = lazy or {}
+        self.lazy: Registry[click.Command] = lazy or Registry("command")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy.names()))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy:
-            module_name, attr = self.lazy[cmd_name].split(":")
-            module = __import__(module_name, fromlist=[attr])
-            cmd: click.Command = getattr(module, attr)
+            cmd = self.lazy.get(cmd_name)
         else:
             found = super().get_command(ctx, cmd_name)
             if found is None:
@@ -73,7 +72,7 @@ def accept_global_options(cmd: click.Command) -> None:
             accept_global_options(sub)
 
 
-LAZY_COMMANDS = {
+LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "devcluster": "hpresilience.commands.devcluster:devcluster",
     "demo": "hpresilience.commands.demo:demo",
     "nodes": "hpresilience.commands.nodes:nodes",
@@ -84,7 +83,7 @@ LAZY_COMMANDS = {
     "status": "hpresilience.commands.controller:status",
     "srun": "hpresilience.commands.srun:srun",
     "install": "hpresilience.commands.install:install",
-}
+})
 
 
 @click.group(cls=LazyGroup, lazy=LAZY_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

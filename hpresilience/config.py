@@ -20,7 +20,7 @@ from hpresilience.errors import ConfigError
 from hpresilience.fileio import read_yaml
 from hpresilience.health.settings import HealthSettings
 from hpresilience.log import LoggingSettings
-from hpresilience.settings_base import Section
+from hpresilience.settings_base import Section, format_validation_error
 from hpresilience.slurm.settings import SlurmSettings
 from hpresilience.testing.settings import DevclusterSettings
 
@@ -36,24 +36,6 @@ class Config(Section):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     autoresume: AutoResumeSettings = Field(default_factory=AutoResumeSettings)
-
-
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def format_validation_error(source: str, err: ValidationError) -> str:
-    """One line per problem: `source: key.path: what was expected`."""
-    lines = []
-    for e in err.errors():
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{source}: {_key_path(tuple(e['loc']))}: {msg}")
-    return "\n".join(lines)
 
 
 def config_from_mapping(data: Any, source: str = "<config>") -> Config:

@@ -17,8 +17,29 @@ from enum import Enum
 
 
 class Action(str, Enum):
-    REPLACE = "Replace"
-    REBOOT = "Reboot"
+    """What a fault asks of the node, from a check's result to the Slurm reason: the one scale of severity.
+
+    The value is the lower-case word of `hpresilience check --json` and of the controller's ladder; the
+    Slurm reason spells it capitalised (`reason_word`), as HyperPod's operators type it.
+    """
+
+    NONE = "none"
+    REBOOT = "reboot"
+    REPLACE = "replace"
+
+    @property
+    def rank(self) -> int:
+        """none < reboot < replace: every choice of the worst fault (verdict, a check's sub-results, the
+        agent's guard) orders by this and nothing else."""
+        return _RANK[self]
+
+    @property
+    def reason_word(self) -> str:
+        """The word after `Action:` in a Slurm reason ("Replace", "Reboot")."""
+        return self.value.capitalize()
+
+
+_RANK = {Action.NONE: 0, Action.REBOOT: 1, Action.REPLACE: 2}
 
 
 AGENT_TAG = "[hpr-agent]"
@@ -33,6 +54,7 @@ _OWNER = re.compile(r"^\s*(?:Action\s*:\s*(?:Replace|Reboot)\b\s*)?(\[hpr-agent\
 
 @dataclass(frozen=True)
 class ParsedReason:
+    # None when the reason has no `Action:` word; never Action.NONE (a str enum member is always truthy).
     action: Action | None
     owner: str | None  # "agent", "controller", or None for an operator / another tool
     detail: str
@@ -42,7 +64,7 @@ def parse_reason(reason: str) -> ParsedReason:
     """What a node's reason asks for and who wrote it. Case-insensitive on the action word."""
     text = reason or ""
     m = _ACTION.match(text)
-    action = Action(m.group(1).capitalize()) if m else None
+    action = Action(m.group(1).lower()) if m else None
     tag = _OWNER.match(text)
     owner = None if tag is None else "agent" if tag.group(1).lower() == AGENT_TAG else "controller"
     detail = text[tag.end():] if tag else text[m.end():] if m else text
@@ -52,11 +74,13 @@ def parse_reason(reason: str) -> ParsedReason:
 
 def agent_reason(action: Action, detail: str) -> str:
     """The reason the agent writes; Slurm keeps reasons short, so the detail is trimmed."""
-    return _clip(f"Action:{action.value} {AGENT_TAG} {detail}")
+    if action is Action.NONE:
+        raise ValueError("a reason the agent writes asks for an action")
+    return _clip(f"Action:{action.reason_word} {AGENT_TAG} {detail}")
 
 
 def controller_reason(detail: str, action: Action | None = None) -> str:
-    prefix = f"Action:{action.value} " if action else ""
+    prefix = f"Action:{action.reason_word} " if action not in (None, Action.NONE) else ""
     return _clip(f"{prefix}{CONTROLLER_TAG} {detail}")
 
 

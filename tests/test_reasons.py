@@ -33,3 +33,43 @@ def test_written_reasons_round_trip_and_stay_safe() -> None:
     assert p.action == Action.REBOOT and p.owner == "agent" and p.detail.startswith("xid=48")
     assert parse_reason(controller_reason("needs a person", Action.REPLACE)).owner == "controller"
     assert len(agent_reason(Action.REPLACE, "x" * 1000)) == 200
+
+
+def test_one_action_scale_and_both_spellings() -> None:
+    """The rank orders none < reboot < replace; the value is the word of `check --json` and the controller's
+    ladder, `reason_word` the one Slurm reasons carry."""
+    assert sorted(Action, key=lambda a: a.rank) == [Action.NONE, Action.REBOOT, Action.REPLACE]
+    assert [a.value for a in Action] == ["none", "reboot", "replace"]
+    assert (Action.REPLACE.reason_word, Action.REBOOT.reason_word) == ("Replace", "Reboot")
+    assert agent_reason(Action.REPLACE, "x").startswith("Action:Replace [hpr-agent] x")
+    assert controller_reason("y", Action.REBOOT) == "Action:Reboot [hpr-controller] y"
+    assert controller_reason("y", Action.NONE) == controller_reason("y") == "[hpr-controller] y"
+    assert parse_reason("ACTION:REPLACE now").action is Action.REPLACE
+    with pytest.raises(ValueError):
+        agent_reason(Action.NONE, "nothing to ask")
+
+
+def test_verdict_check_findings_and_the_guard_all_rank_by_action_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank, not three tables: with the rank reversed, the node verdict, a check's worst sub-finding and
+    the agent's guard all change their pick together (a private table in any of them would not)."""
+    from hpresilience.agent.guard import Memory, decide
+    from hpresilience.agent.settings import AgentSettings
+    from hpresilience.health.base import CheckResult, Kind, Status
+    from hpresilience.health.checks.common import report
+    from hpresilience.health.verdict import aggregate
+    from hpresilience.slurm.models import Node
+
+    reboot = CheckResult("a", "gpu", Kind.PASSIVE, Status.FAIL, Action.REBOOT, "r", key="a", certain=True)
+    replace = CheckResult("b", "gpu", Kind.PASSIVE, Status.FAIL, Action.REPLACE, "r", key="b", certain=True)
+    idle = Node(name="n1", address="", hostname="", states=frozenset({"IDLE"}))
+
+    def picks() -> list[str]:
+        verdict = aggregate([reboot, replace]).deciding
+        decision = decide(idle, [idle] * 10, [reboot, replace], Memory(), AgentSettings(), 0.0).finding
+        assert verdict is not None and decision is not None
+        return [verdict.check, report([reboot, replace], {}).check, decision.check]
+
+    assert picks() == ["b", "b", "b"]
+    order = [Action.REPLACE, Action.REBOOT, Action.NONE]
+    monkeypatch.setattr(Action, "rank", property(lambda a: order.index(a)))
+    assert picks() == ["a", "a", "a"]

@@ -21,18 +21,27 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hpresilience.agent.guard import CapView, Decision, Finding, Memory, cap_limit, decide, recently_marked_by_agents
+from hpresilience.agent.guard import (
+    CapView,
+    Decision,
+    DecisionKind,
+    Memory,
+    cap_limit,
+    decide,
+    fault_reason,
+    recently_marked_by_agents,
+)
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.agent.watchdog import WatchdogPinger
 from hpresilience.fileio import atomic_write_text
+from hpresilience.health.base import CheckResult
 from hpresilience.log import get_logger
-from hpresilience.reasons import parse_reason
+from hpresilience.reasons import Action, parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify
@@ -40,24 +49,12 @@ from hpresilience.systemd import notify
 log = get_logger("hpresilience.agent")
 
 
-@dataclass(frozen=True)
-class CheckOutcome:
-    """What the agent needs from one check run, whatever check framework produced it."""
-
-    check: str
-    status: str  # ok | warn | fail | unknown | not_applicable
-    duration_s: float
-    finding: Finding | None = None
-    # When the fault behind the finding was first observed (event time), for detection latency.
-    observed_at: float | None = None
-
-
 class Collector(Protocol):
-    """The agent's view of the health checks: passive and active runs, and fault events."""
+    """The agent's view of the health checks (agent/collector.py): passive and active runs, and fault events."""
 
-    def passive(self) -> Sequence[CheckOutcome]: ...
+    def passive(self) -> Sequence[CheckResult]: ...
 
-    def active(self) -> Sequence[CheckOutcome]: ...
+    def active(self) -> Sequence[CheckResult]: ...
 
     def wait_event(self, timeout: float) -> bool:
         """Block up to `timeout` s; True as soon as a fault event (XID, NVML event) arrived."""
@@ -66,6 +63,11 @@ class Collector(Protocol):
 
 def default_node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def action_label(d: Decision) -> str:
+    """The action as log lines and the decisions metric have always spelt it: "Replace", "Reboot", "none"."""
+    return d.action.reason_word if d.action is not None and d.action is not Action.NONE else "none"
 
 
 class AgentMetrics:
@@ -155,36 +157,37 @@ class Agent:
         return CapView(self.client.node_count(), self.client.nodes_out_of_service())
 
     def cycle(self, now: float | None = None) -> Decision:
-        outcomes = list(self.collector.passive())
+        results = list(self.collector.passive())
         t = time.time() if now is None else now
         me: Node | None = None
         if self.active_due():
             me = self.own_node()
             self.last_active_look = time.monotonic()
             if self.active_allowed(me):
-                outcomes += self.collector.active()
+                results += self.collector.active()
                 self.last_active = time.time()
-        for o in outcomes:
-            self.metrics.checks.labels(o.check, o.status).inc()
-            self.metrics.duration.labels(o.check).observe(o.duration_s)
-        findings = [o.finding for o in outcomes if o.finding is not None]
+        for r in results:
+            self.metrics.checks.labels(r.check, r.status.value).inc()
+            self.metrics.duration.labels(r.check).observe(r.duration_s)
+        findings = [r for r in results if r.asks_action]
         self.memory.observe(findings)
         # Nothing to report and no mark of ours to lift: nothing to ask Slurm.
         may_lift = self.settings.resume_when_clear and self.memory.marked is not False
         if me is None and (findings or may_lift):
             me = self.own_node()
         if me is None:
-            decision = Decision("none", "healthy")
-            self.metrics.decisions.labels(decision.kind, "none").inc()
+            decision = Decision(DecisionKind.NONE, "healthy")
+            self.metrics.decisions.labels(decision.kind.value, "none").inc()
         else:
             decision = decide(me, self.cap_view, findings, self.memory, self.settings, t)
-            self.apply(me, decision, outcomes)
-            if decision.kind == "mark" and not self.settings.dry_run and parse_reason(me.reason).owner != "agent":
+            self.apply(me, decision, results)
+            if (decision.kind is DecisionKind.MARK and not self.settings.dry_run
+                    and parse_reason(me.reason).owner != "agent"):
                 decision = self.verify_cap(decision)
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
-        log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind, checks=len(outcomes))
+        log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind.value, checks=len(results))
         return decision
 
     def verify_cap(self, d: Decision) -> Decision:
@@ -203,35 +206,34 @@ class Agent:
             why = (f"cluster cap reached: {len(names)} agent marks within {self.settings.cap_window_s:g} s, "
                    f"limit {limit}; this node's mark came after {', '.join(names[:limit])}")
             log.warning("node_mark_rolled_back", node=self.node_name, why=why)
-            self.metrics.decisions.labels("rolled_back", d.action.value if d.action else "none").inc()
-            return Decision("hold", why, d.action, finding=d.finding)
+            self.metrics.decisions.labels("rolled_back", action_label(d)).inc()
+            return Decision(DecisionKind.HOLD, why, d.action, finding=d.finding)
         return d
 
-    def apply(self, node: Node, d: Decision, outcomes: Sequence[CheckOutcome]) -> None:
-        action = d.action.value if d.action else "none"
-        self.metrics.decisions.labels(d.kind, action).inc()
-        evidence = {"checks": {o.check: o.status for o in outcomes},
-                    "finding": d.finding.reason if d.finding else None,
+    def apply(self, node: Node, d: Decision, results: Sequence[CheckResult]) -> None:
+        action = action_label(d)
+        self.metrics.decisions.labels(d.kind.value, action).inc()
+        evidence = {"checks": {r.check: r.status.value for r in results},
+                    "finding": fault_reason(d.finding) if d.finding else None,
                     "check": d.finding.check if d.finding else None}
-        if d.kind == "mark":
+        if d.kind is DecisionKind.MARK:
             if self.settings.dry_run:
                 log.warning("node_would_be_marked_fail", node=node.name, reason=d.reason, why=d.why, dry_run=True,
                             **evidence)
                 return
             self.client.set_node_state([node.name], "fail", d.reason)
             self.memory.marked = True
-            observed = [o.observed_at for o in outcomes if o.finding is d.finding and o.observed_at]
-            if observed:
-                self.metrics.latency.observe(max(0.0, time.time() - observed[0]))
+            if d.finding is not None and d.finding.observed_at:
+                self.metrics.latency.observe(max(0.0, time.time() - d.finding.observed_at))
             log.warning("node_marked_fail", node=node.name, reason=d.reason, why=d.why, **evidence)
-        elif d.kind == "resume":
+        elif d.kind is DecisionKind.RESUME:
             if self.settings.dry_run:
                 log.info("node_would_be_resumed", node=node.name, why=d.why, dry_run=True)
                 return
             self.client.set_node_state([node.name], "resume")
             self.memory.marked = False
             log.info("node_resumed", node=node.name, why=d.why, previous_reason=node.reason)
-        elif d.kind == "hold":
+        elif d.kind is DecisionKind.HOLD:
             log.info("verdict_held", node=node.name, why=d.why, action=action, **evidence)
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -252,7 +254,7 @@ class Agent:
                     watchdog.cycle_started()
                     try:
                         d = self.cycle()
-                        notify(f"STATUS=last verdict: {d.kind} ({d.why})")
+                        notify(f"STATUS=last verdict: {d.kind.value} ({d.why})")
                     except Exception as err:  # noqa: BLE001 - never let one bad cycle end the daemon
                         self.metrics.cycle_errors.inc()
                         log.error("agent_cycle_failed", node=self.node_name, error=str(err), kind=type(err).__name__)

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from hpresilience.autoresume.regex import compile_rule_pattern
 from hpresilience.errors import ConfigError
 from hpresilience.fileio import read_yaml
-from hpresilience.settings_base import Section
+from hpresilience.settings_base import Section, format_validation_error
 
 Operator = Literal["gt", "gteq", "lt", "lteq", "eq"]
 
@@ -155,18 +155,6 @@ class AutoResumeSettings(Section):
         return name
 
 
-def _format(source: str, err: ValidationError, prefix: str, skip: str | None = None) -> str:
-    lines = []
-    for e in err.errors():
-        loc = prefix
-        parts = e["loc"][1:] if skip is not None and e["loc"][:1] == (skip,) else e["loc"]
-        for part in parts:
-            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
-
-
 def rules_from_data(data: Any, base: RunPolicySettings, source: str = "<rules>") -> RunPolicySettings:
     """A rules document in any of the three shapes `--auto-resume-rules` accepts, applied over `base`.
 
@@ -193,7 +181,7 @@ def rules_from_data(data: Any, base: RunPolicySettings, source: str = "<rules>")
     except ValidationError as err:
         # The list shape is the rules themselves: errors are placed as `[i].key`, as the file reads.
         skip = "logMonitoringConfiguration" if isinstance(data, list) else None
-        raise ConfigError(_format(source, err, "", skip)) from None
+        raise ConfigError(format_validation_error(source, err, skip=skip)) from None
     keys = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
     raise ConfigError(f"{source}: expected a list of rules, or a mapping with logMonitoringConfiguration or "
                       f"runPolicy (and nothing else), got {keys}")

@@ -24,8 +24,8 @@ from hpresilience.commands.context import Ctx, pass_ctx
 def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str | None, interval: float | None,
           metrics_address: str | None, sysfs: str | None, procfs: str | None, dev: str | None) -> None:
     """Run health checks on this node and mark it in Slurm when a fault is confirmed."""
+    from hpresilience.agent.collector import HealthCollector
     from hpresilience.agent.daemon import Agent
-    from hpresilience.health.api import HealthCollector
     from hpresilience.metrics import start_metrics_server
     from hpresilience.slurm.client import SlurmClient
 
@@ -46,8 +46,8 @@ def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str
     daemon = Agent(settings, SlurmClient.from_settings(cfg.slurm), collector)
     if once:
         d = daemon.cycle()
-        c.emit({"node": daemon.node_name, "decision": d.kind, "why": d.why, "reason": d.reason},
-               f"{daemon.node_name}: {d.kind} ({d.why}){' -> ' + d.reason if d.reason else ''}")
+        c.emit({"node": daemon.node_name, "decision": d.kind.value, "why": d.why, "reason": d.reason},
+               f"{daemon.node_name}: {d.kind.value} ({d.why}){' -> ' + d.reason if d.reason else ''}")
         return
     server = None
     if settings.metrics_address:

@@ -98,7 +98,7 @@ def replace(c: Ctx, node: str, reboot: bool, force: bool) -> None:
             click.echo(f"{node} runs jobs: it is set FAIL now and forced DOWN after "
                        f"{c.config.controller.forced_down_after_s:g} s if they have not ended", err=True)
     action = Action.REBOOT if reboot else Action.REPLACE
-    reason = f"Action:{action.value} requested by {_user()} with hpresilience replace"
+    reason = f"Action:{action.reason_word} requested by {_user()} with hpresilience replace"
     client.set_node_state([node], "down" if force else "fail", reason)
     c.emit({"node": node, "action": action.value, "state": "down" if force else "fail", "reason": reason},
            f"{node}: {'down' if force else 'fail'} with reason {reason!r}; the controller takes it from here")

@@ -123,13 +123,14 @@ def _supervise(c: Ctx, parsed: Any, given: dict[str, Any]) -> int:
     if updates:
         from pydantic import ValidationError
 
+        from hpresilience.settings_base import validation_problems
+
         try:
             settings = type(settings).model_validate({**settings.model_dump(), **updates})
         except ValidationError as err:
-            first = err.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else ""
-            option = _OPTION_OF_FIELD.get(field, "--auto-resume-*")
-            raise ConfigError(f"{option}: {first['msg']}") from None
+            # The settings' own checks, told in the command line's words: the option, not the key path.
+            path, message = validation_problems(err)[0]
+            raise ConfigError(f"{_OPTION_OF_FIELD.get(path, '--auto-resume-*')}: {message}") from None
     policy = load_rules_file(given["rules"], settings.run_policy) if given["rules"] else None
     try:
         opts = options_from(

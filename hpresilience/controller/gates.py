@@ -15,6 +15,7 @@ from typing import Protocol
 from hpresilience.controller.settings import GateSettings
 from hpresilience.controller.templates import render, run_site_command
 from hpresilience.errors import ConfigError, HPResilienceError
+from hpresilience.registry import Registry
 from hpresilience.slurm.models import Node
 
 
@@ -71,10 +72,12 @@ class CommandGate:
         return GateResult(rc == 0, detail, time.monotonic() - started, time.time())
 
 
-GATES: dict[str, Callable[[GateSettings], Gate]] = {"command": CommandGate, "none": NoGate}
+GATES: Registry[Callable[[GateSettings], Gate]] = Registry("gate", {"command": CommandGate, "none": NoGate})
 
 
 def create_gate(settings: GateSettings) -> Gate:
-    if settings.kind not in GATES:
-        raise ConfigError(f"controller.gate.kind: unknown gate {settings.kind!r}; known: {', '.join(sorted(GATES))}")
-    return GATES[settings.kind](settings)
+    try:
+        factory = GATES.get(settings.kind)
+    except ConfigError as err:
+        raise ConfigError(f"controller.gate.kind: {err}") from None
+    return factory(settings)

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from hpresilience.controller.gates import Gate, GateResult, create_gate
 from hpresilience.controller.metrics import ControllerMetrics
-from hpresilience.controller.providers import Provider, ProviderContext, create_provider
+from hpresilience.controller.providers import Provider, ProviderContext, create_provider, provider_registry
 from hpresilience.controller.selection import OUT_OF_SERVICE, first_rung, group_for, requested
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.controller.state import ACTIVE_STEPS, STEPS, RepairRecord, StateStore
@@ -51,10 +51,11 @@ class Controller:
         self.store = StateStore(settings.state_dir, persist=not settings.dry_run)
         self.gate = gate or create_gate(settings.gate)
         # Built up front so a bad provider name or option stops the daemon at start, not mid-repair.
+        known = provider_registry(settings.providers)
         self.providers: dict[str, Provider] = {DEFAULT_GROUP: create_provider(
-            settings.default_provider, settings.default_options, ProviderContext(client, DEFAULT_GROUP))}
+            settings.default_provider, settings.default_options, ProviderContext(client, DEFAULT_GROUP), known)}
         for g in settings.groups:
-            self.providers[g.name] = create_provider(g.provider, g.options, ProviderContext(client, g.name))
+            self.providers[g.name] = create_provider(g.provider, g.options, ProviderContext(client, g.name), known)
         self.records: dict[str, RepairRecord] = {}
         self.inflight: dict[str, Future[Any]] = {}
         self.down_seen: dict[str, float] = {}

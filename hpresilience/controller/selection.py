@@ -41,8 +41,8 @@ def requested(node: Node, settings: ControllerSettings) -> Request | None:
     parsed = parse_reason(node.reason)
     if parsed.action is not None:
         who = parsed.owner or "operator"
-        return Request("replace" if parsed.action is Action.REPLACE else "reboot", f"Action:{parsed.action.value} "
-                       f"set by {who} ({node.reason_set_by or 'unknown user'})")
+        return Request("replace" if parsed.action is Action.REPLACE else "reboot",
+                       f"Action:{parsed.action.reason_word} set by {who} ({node.reason_set_by or 'unknown user'})")
     if parsed.owner is not None:
         return None  # our own or the agent's reason without an action: nothing asked of us
     low = node.reason.strip().lower()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from hpresilience.errors import SlurmParseError
-from hpresilience.settings_base import Section
+from hpresilience.errors import ConfigError, SlurmParseError
+from hpresilience.settings_base import Problems, Section, reference_error
 from hpresilience.slurm.hostlist import expand
 
 RepairAction = Literal["reboot", "replace"]
@@ -20,7 +20,7 @@ class NodeGroup(Section):
     name: str = Field(min_length=1)
     nodes: list[str] = Field(min_length=1)
     provider: str = "reboot"
-    # Provider-specific settings; each provider validates its own (unknown keys are errors there too).
+    # Provider-specific settings, validated at load against the provider's Options model (unknown keys are errors).
     options: dict[str, Any] = Field(default_factory=dict)
     # Seconds a repaired node has to register again with slurmd; None: `come_back_timeout_s`.
     come_back_timeout_s: float | None = Field(default=None, gt=0)
@@ -51,6 +51,15 @@ class GateSettings(Section):
         "/opt/hpresilience/venv/bin/hpresilience", "check", "--active"])
     timeout_s: float = Field(default=900.0, gt=0)
 
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        from hpresilience.controller.gates import GATES
+
+        if kind not in GATES:
+            raise reference_error(f"unknown gate {kind!r}; known: {', '.join(GATES.names())}")
+        return kind
+
 
 class ControllerSettings(Section):
     """Settings for the head-node replacement controller. Every field has a default that works with no file."""
@@ -76,6 +85,8 @@ class ControllerSettings(Section):
     down_grace_s: float = Field(default=300.0, ge=0)
     default_provider: str = "reboot"
     default_options: dict[str, Any] = Field(default_factory=dict)
+    # Site providers: name -> "module:callable", imported when the file is loaded (docs/controller.md).
+    providers: dict[str, str] = Field(default_factory=dict)
     groups: list[NodeGroup] = Field(default_factory=list)
     gate: GateSettings = Field(default_factory=GateSettings)
     # Log every decision but change nothing (no Slurm writes, no provider calls, no state files).
@@ -104,3 +115,39 @@ class ControllerSettings(Section):
                 raise ValueError(f"node group name {g.name!r} is used twice")
             seen.add(g.name)
         return self
+
+    @model_validator(mode="after")
+    def _providers_known(self) -> ControllerSettings:
+        # A provider typo or a bad option must fail `config show`, not the controller's start; all at once.
+        if not self.model_fields_set & {"providers", "groups", "default_provider", "default_options"}:
+            return self  # the defaults are known good; every config load would import the providers otherwise
+        from hpresilience.controller.providers import parse_options, provider_registry
+
+        problems = Problems("ControllerSettings")
+        known = provider_registry(self.providers)
+        broken: set[str] = set()
+        for name in self.providers:
+            try:
+                known.get(name)
+            except ConfigError as err:
+                problems.add(("providers", name), str(err), self.providers[name])
+                broken.add(name)
+        uses: list[tuple[tuple[str | int, ...], tuple[str | int, ...], str, dict[str, Any]]] = [
+            (("default_provider",), ("default_options",), self.default_provider, self.default_options)]
+        uses += [(("groups", i, "provider"), ("groups", i, "options"), g.provider, g.options)
+                 for i, g in enumerate(self.groups)]
+        for name_loc, options_loc, name, options in uses:
+            if name in broken:
+                continue
+            try:
+                factory = known.get(name)
+            except ConfigError as err:
+                problems.add(name_loc, str(err), name)
+                continue
+            try:
+                parse_options(factory, options)
+            except ValidationError as err:
+                problems.add_nested(options_loc, err)
+        problems.raise_if_any()
+        return self
+

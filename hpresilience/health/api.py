@@ -1,30 +1,15 @@
-"""The health package's entry points for the CLI and the agent.
+"""The health package's entry point for `hpresilience check`: run a profile, aggregate a Verdict.
 
-- `run_profile(settings, ...)`: load the profile, build its checks, run them, aggregate a Verdict.
-- `HealthCollector`: the agent's Collector (passive(), active(), wait_event()), over the same
-  checks and the XID event sources, returning the agent's CheckOutcome/Finding objects.
+The agent runs the same checks through its own collector (agent/collector.py); nothing here knows the agent.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-from hpresilience.health.base import Check, CheckResult, Kind, Status, SuggestedAction
-from hpresilience.health.events import KernelLogFollower, NvmlXidSource, XidEventSource
+from hpresilience.health.base import CheckResult, Kind
 from hpresilience.health.profiles import Profile, build_checks, load_profile, make_context
 from hpresilience.health.runner import run_checks
 from hpresilience.health.settings import HealthSettings
 from hpresilience.health.verdict import Verdict, aggregate
-from hpresilience.health.xid import FaultEvent
-from hpresilience.log import get_logger
-
-if TYPE_CHECKING:
-    from hpresilience.agent.daemon import CheckOutcome
-
-log = get_logger("hpresilience.health")
 
 
 def run_profile(
@@ -37,115 +22,3 @@ def run_profile(
     checks = build_checks(prof, make_context(settings, prof), kinds, only)
     results = run_checks(checks)
     return prof, results, aggregate(results)
-
-
-def open_event_sources(settings: HealthSettings) -> list[XidEventSource]:
-    """Kernel log (kmsg or the configured file) and, where the driver is there, NVML XID events."""
-    sources: list[XidEventSource] = []
-    path = settings.kernel_log or f"{settings.path.dev.rstrip('/')}/kmsg"
-    try:
-        sources.append(KernelLogFollower(path))
-    except OSError as err:
-        log.warning("kernel_log_not_followed", path=path, error=str(err))
-    if settings.nvml in ("auto", "pynvml"):
-        try:
-            sources.append(NvmlXidSource())
-        except Exception as err:  # noqa: BLE001 - no driver / no GPU: the kernel log still works
-            log.info("nvml_events_unavailable", error=str(err))
-    return sources
-
-
-def to_outcome(r: CheckResult) -> CheckOutcome:
-    """A CheckResult in the agent's terms; a finding only for a failure that asks for an action."""
-    from hpresilience.agent.daemon import CheckOutcome
-    from hpresilience.agent.guard import Finding
-    from hpresilience.reasons import Action
-
-    finding = None
-    if r.status == Status.FAIL and r.action != SuggestedAction.NONE:
-        action = Action.REPLACE if r.action == SuggestedAction.REPLACE else Action.REBOOT
-        finding = Finding(
-            key=r.key or r.check,
-            action=action,
-            reason=f"{r.check}: {r.reason}",
-            certain=r.certain,
-            check=r.check,
-        )
-    return CheckOutcome(r.check, r.status.value, r.duration_s, finding, r.observed_at)
-
-
-class HealthCollector:
-    """Implements the agent's Collector protocol over a profile's checks and the XID event sources."""
-
-    def __init__(
-        self,
-        settings: HealthSettings,
-        profile: str | None = None,
-        sources: Sequence[XidEventSource] | None = None,
-    ) -> None:
-        self.settings = settings
-        self.ctx = make_context(settings)
-        self.profile = load_profile(settings, profile, self.ctx.paths)
-        self.ctx = make_context(settings, self.profile)
-        self.passive_checks: list[Check] = build_checks(self.profile, self.ctx, (Kind.PASSIVE,))
-        self.active_checks: list[Check] = [
-            c for c in build_checks(self.profile, self.ctx, (Kind.ACTIVE,)) if c.kind == Kind.ACTIVE
-        ]
-        self.sources = list(sources) if sources is not None else open_event_sources(settings)
-        self.last_events: list[FaultEvent] = []
-        self.last_event_at: float | None = None
-        self.stopping = threading.Event()
-
-    def cancel(self) -> None:
-        """Kill the checks in flight and run no more: the daemon is stopping."""
-        self.stopping.set()
-
-    def _run(self, checks: list[Check]) -> list[CheckOutcome]:
-        self.ctx.clear_cache()
-        results = run_checks(checks, stop=self.stopping)
-        out = []
-        for r in results:
-            o = to_outcome(r)
-            if o.finding is not None and r.check == "xid" and self.last_event_at is not None:
-                o = type(o)(o.check, o.status, o.duration_s, o.finding, self.last_event_at)
-            out.append(o)
-        return out
-
-    def passive(self) -> Sequence[CheckOutcome]:
-        return self._run(self.passive_checks)
-
-    def active(self) -> Sequence[CheckOutcome]:
-        return self._run(self.active_checks)
-
-    def wait_event(self, timeout: float) -> bool:
-        if not self.sources:
-            time.sleep(max(0.0, timeout))
-            return False
-        deadline = time.monotonic() + max(0.0, timeout)
-        share = 0.05 if len(self.sources) > 1 else None
-        while True:
-            for s in self.sources:
-                left = deadline - time.monotonic()
-                try:
-                    events = s.poll(min(left, share) if share is not None else left)
-                except Exception as err:  # noqa: BLE001 - a broken source must not stop the agent
-                    log.warning("event_source_failed", source=type(s).__name__, error=str(err))
-                    events = []
-                if events:
-                    self.last_events, self.last_event_at = events, time.time()
-                    log.info("fault_event_seen", events=[e.key for e in events])
-                    return True
-            if time.monotonic() >= deadline:
-                return False
-
-    def close(self) -> None:
-        for s in self.sources:
-            s.close()
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "profile": self.profile.name,
-            "passive": [c.name for c in self.passive_checks],
-            "active": [c.name for c in self.active_checks],
-            "sources": [type(s).__name__ for s in self.sources],
-        }

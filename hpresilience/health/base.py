@@ -1,4 +1,4 @@
-"""The check framework's vocabulary: results, the Check base class, the registry, and hardware paths.
+"""The check framework's vocabulary: results, the Check base class, the check registry, and hardware paths.
 
 A check is a small object with a name, a family, a kind (passive: cheap and safe while jobs run;
 active: stresses hardware, only on idle or drained nodes), a timeout and `run()`. Every run ends in a
@@ -18,7 +18,8 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 from pydantic import Field
 
-from hpresilience.errors import ConfigError
+from hpresilience.reasons import Action
+from hpresilience.registry import Registry
 from hpresilience.settings_base import Section
 
 
@@ -28,15 +29,6 @@ class Status(str, enum.Enum):
     FAIL = "fail"
     UNKNOWN = "unknown"
     NOT_APPLICABLE = "not_applicable"
-
-
-class SuggestedAction(str, enum.Enum):
-    NONE = "none"
-    REBOOT = "reboot"
-    REPLACE = "replace"
-
-
-ACTION_RANK = {SuggestedAction.NONE: 0, SuggestedAction.REBOOT: 1, SuggestedAction.REPLACE: 2}
 
 
 class Kind(str, enum.Enum):
@@ -52,7 +44,7 @@ class CheckResult:
     family: str
     kind: Kind
     status: Status
-    action: SuggestedAction = SuggestedAction.NONE
+    action: Action = Action.NONE
     reason: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
     # Identifies the fault across runs and reboots ("xid:79:0000:53:00.0"); empty when there is none.
@@ -77,6 +69,11 @@ class CheckResult:
             "duration_s": round(self.duration_s, 4),
             "observed_at": self.observed_at,
         }
+
+    @property
+    def asks_action(self) -> bool:
+        """A failure that asks the node to be rebooted or replaced: what the agent's guard acts on."""
+        return self.status == Status.FAIL and self.action != Action.NONE
 
 
 class NotApplicable(Exception):
@@ -204,7 +201,7 @@ class Check:
         self,
         status: Status,
         reason: str,
-        action: SuggestedAction = SuggestedAction.NONE,
+        action: Action = Action.NONE,
         key: str = "",
         certain: bool = False,
         evidence: dict[str, Any] | None = None,
@@ -233,13 +230,21 @@ class Check:
     def fail(
         self,
         reason: str,
-        action: SuggestedAction,
+        action: Action,
         key: str,
         certain: bool,
         evidence: dict[str, Any] | None = None,
         **more: Any,
     ) -> CheckResult:
         return self.result(Status.FAIL, reason, action, key, certain, evidence=evidence, **more)
+
+    def finding(
+        self, what: str, action: Action, key: str, certain: bool, detail: dict[str, Any] | None = None
+    ) -> CheckResult:
+        """One thing wrong inside a run, as a result of its own: a failure when it asks for an action, else a
+        warning. A check that finds several reports the worst (checks.common.report) and lists them all."""
+        status = Status.FAIL if action != Action.NONE else Status.WARN
+        return self.result(status, what, action, key, certain, evidence=detail)
 
     def absent(self, what: str) -> NoReturn:
         """The device or tool is absent: not applicable, unless the profile requires it (then a failure)."""
@@ -248,34 +253,17 @@ class Check:
         raise NotApplicable(what)
 
 
-REGISTRY: dict[str, type[Check]] = {}
+# Every check by name. Filled by the check modules' @register as they are imported; importing
+# `hpresilience.health.checks` imports the built-in ones (this module does not: the checks build on it).
+CHECKS: Registry[type[Check]] = Registry("check")
 
 
 def register(cls: type[Check]) -> type[Check]:
     """Class decorator: make a check available to profiles by its name."""
     if not cls.name or not cls.family:
         raise TypeError(f"{cls.__name__} must set name and family")
-    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
-        raise TypeError(f"check name {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls
+    CHECKS.register(cls.name, cls)
     return cls
-
-
-def check_class(name: str) -> type[Check]:
-    load_builtin_checks()
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown check {name!r}; known checks: {', '.join(sorted(REGISTRY))}") from None
-
-
-def known_checks() -> dict[str, type[Check]]:
-    load_builtin_checks()
-    return dict(sorted(REGISTRY.items()))
-
-
-def load_builtin_checks() -> None:
-    import hpresilience.health.checks  # noqa: F401 - registers the built-in checks on import
 
 
 def read_text(path: Path, default: str | None = None) -> str | None:

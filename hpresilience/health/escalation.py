@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from hpresilience.fileio import atomic_write_text
-from hpresilience.health.base import SuggestedAction
 from hpresilience.log import get_logger
+from hpresilience.reasons import Action
 
 log = get_logger("hpresilience.health")
 _lock = threading.Lock()
@@ -65,10 +65,10 @@ class EscalationStore:
     def boots_seen(self, key: str) -> int:
         return len(self._load().get(key, {}))
 
-    def escalate(self, key: str, boot_id: str, now: float | None = None) -> tuple[SuggestedAction, int]:
+    def escalate(self, key: str, boot_id: str, now: float | None = None) -> tuple[Action, int]:
         """Record a reboot-then-replace fault; reboot until it has come back after N reboots, then replace."""
         boots = self.record(key, boot_id, now)
         reboots_since_first = boots - 1
         if reboots_since_first >= self.reboots_before_replace:
-            return SuggestedAction.REPLACE, boots
-        return SuggestedAction.REBOOT, boots
+            return Action.REPLACE, boots
+        return Action.REBOOT, boots

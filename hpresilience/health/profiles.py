@@ -32,11 +32,11 @@ from hpresilience.health.base import (
     CheckOptions,
     HostPaths,
     Kind,
-    check_class,
     read_text,
 )
+from hpresilience.health.checks import CHECKS
 from hpresilience.health.settings import HealthSettings
-from hpresilience.settings_base import Section
+from hpresilience.settings_base import Section, format_validation_error
 
 DATA_DIR = Path(__file__).parent / "data"
 NOT_PROFILES = {"xid-catalog"}
@@ -65,16 +65,6 @@ class Profile:
 
     def enabled(self) -> list[str]:
         return [n for n, o in self.options.items() if o.enabled]
-
-
-def _errors(source: str, prefix: str, err: ValidationError) -> str:
-    """One line per problem: `file: checks.gpu.memory.max_remaps: unknown key`."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
 
 
 def search_dirs(settings: HealthSettings) -> list[Path]:
@@ -113,7 +103,7 @@ def _load_file(path: Path) -> ProfileFile:
     try:
         return ProfileFile.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_errors(str(path), "", err)) from None
+        raise ConfigError(format_validation_error(str(path), err)) from None
 
 
 def _merge_chain(
@@ -148,7 +138,7 @@ def load_profile(
     try:
         expect = Expect.model_validate(merged["expect"])
     except ValidationError as err:
-        raise ConfigError(_errors(sources[-1], "expect", err)) from None
+        raise ConfigError(format_validation_error(sources[-1], err, "expect")) from None
     checks: dict[str, dict[str, Any]] = merged["checks"]
     for cname, over in settings.checks.items():
         checks[cname] = {**checks.get(cname, {}), **over, "__source__": "config health.checks"}
@@ -156,13 +146,13 @@ def load_profile(
     for cname, raw in checks.items():
         source = raw.pop("__source__", sources[-1])
         try:
-            cls = check_class(cname)
+            cls = CHECKS.get(cname)
         except ConfigError as err:
             raise ConfigError(f"{source}: checks.{cname}: {err}") from None
         try:
             options[cname] = cls.Options.model_validate(raw)
         except ValidationError as err:
-            raise ConfigError(_errors(source, f"checks.{cname}", err)) from None
+            raise ConfigError(format_validation_error(source, err, f"checks.{cname}")) from None
     return Profile(wanted, sources, expect, options)
 
 
@@ -192,7 +182,7 @@ def build_checks(
     out: list[Check] = []
     names = only if only else profile.enabled()
     for n in names:
-        cls = check_class(n)
+        cls = CHECKS.get(n)
         opts = profile.options.get(n) or cls.Options()
         if only:
             opts = opts.model_copy(update={"enabled": True})

@@ -21,10 +21,10 @@ from hpresilience.health.base import (
     NotApplicable,
     RequiredMissing,
     Status,
-    SuggestedAction,
 )
 from hpresilience.log import get_logger
 from hpresilience.proc import ProcessTracker, bind_tracker
+from hpresilience.reasons import Action
 
 log = get_logger("hpresilience.health")
 
@@ -51,7 +51,7 @@ class _Run:
 
 def _unknown(check: Check, reason: str, **evidence: object) -> CheckResult:
     return CheckResult(
-        check.name, check.family, check.kind, Status.UNKNOWN, SuggestedAction.NONE, reason, dict(evidence)
+        check.name, check.family, check.kind, Status.UNKNOWN, Action.NONE, reason, dict(evidence)
     )
 
 
@@ -59,10 +59,10 @@ def sanitize(check: Check, res: CheckResult) -> CheckResult:
     """Enforce the invariants a check cannot be trusted with."""
     if res.check != check.name:
         res = replace(res, check=check.name, family=check.family, kind=check.kind)
-    if res.status != Status.FAIL and (res.action != SuggestedAction.NONE or res.certain):
+    if res.status != Status.FAIL and (res.action != Action.NONE or res.certain):
         # Only a failure asks for an action; not knowing in particular is no evidence against the hardware.
-        res = replace(res, action=SuggestedAction.NONE, certain=False)
-    if res.status == Status.FAIL and res.action == SuggestedAction.NONE and res.certain:
+        res = replace(res, action=Action.NONE, certain=False)
+    if res.status == Status.FAIL and res.action == Action.NONE and res.certain:
         res = replace(res, certain=False)
     return res
 
@@ -83,7 +83,7 @@ def run_one(check: Check) -> CheckResult:
             check.family,
             check.kind,
             Status.FAIL,
-            SuggestedAction.REBOOT,
+            Action.REBOOT,
             f"required but absent: {rm}",
             {},
             f"{check.name}:absent",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from hpresilience.settings_base import Section
+from hpresilience.errors import ConfigError
+from hpresilience.settings_base import Problems, Section
 
 XidActionName = Literal["none", "warn", "reboot", "replace", "reboot_then_replace"]
 
@@ -70,3 +71,24 @@ class HealthSettings(Section):
         if problem is not None:
             raise ValueError(problem)
         return v
+
+    @field_validator("checks")
+    @classmethod
+    def _checks_known(cls, checks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        # An option typo must fail `config show`, not the agent's first cycle. Each entry tunes a profile's
+        # check, so it is validated alone: a model's required keys may come from the profile (none do today).
+        from hpresilience.health.checks import CHECKS
+
+        problems = Problems("HealthSettings.checks")
+        for name, options in checks.items():
+            try:
+                check = CHECKS.get(name)
+            except ConfigError as err:
+                problems.add((name,), str(err), name)
+                continue
+            try:
+                check.Options.model_validate(options)
+            except ValidationError as err:
+                problems.add_nested((name,), err, ignore=("missing",))
+        problems.raise_if_any()
+        return checks

@@ -11,19 +11,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpresilience.health.base import ACTION_RANK, CheckResult, Status, SuggestedAction
+from hpresilience.health.base import CheckResult, Status
+from hpresilience.reasons import Action
 
 STATUS_RANK = {Status.NOT_APPLICABLE: 0, Status.OK: 1, Status.WARN: 2, Status.UNKNOWN: 3, Status.FAIL: 4}
 
 
 def severity(r: CheckResult) -> tuple[int, int, int]:
-    return (STATUS_RANK[r.status], ACTION_RANK[r.action], int(r.certain))
+    return (STATUS_RANK[r.status], r.action.rank, int(r.certain))
+
+
+def worst(results: Sequence[CheckResult]) -> CheckResult:
+    """The result that decides: a node verdict, a check's sub-results, the agent's guard all pick with this."""
+    return max(results, key=severity)
 
 
 @dataclass(frozen=True)
 class Verdict:
     status: Status
-    action: SuggestedAction
+    action: Action
     # True: act on this run alone; False: the deciding fault should be seen again before acting.
     certain: bool
     reason: str
@@ -32,7 +38,7 @@ class Verdict:
 
     @property
     def needs_repeat(self) -> bool:
-        return self.action != SuggestedAction.NONE and not self.certain
+        return self.action != Action.NONE and not self.certain
 
     @property
     def failed(self) -> bool:
@@ -63,19 +69,19 @@ class Verdict:
 
 def aggregate(results: Sequence[CheckResult]) -> Verdict:
     if not results:
-        return Verdict(Status.NOT_APPLICABLE, SuggestedAction.NONE, False, "no checks ran", None, ())
-    worst = max(results, key=severity)
-    if worst.status in (Status.OK, Status.NOT_APPLICABLE):
+        return Verdict(Status.NOT_APPLICABLE, Action.NONE, False, "no checks ran", None, ())
+    deciding = worst(results)
+    if deciding.status in (Status.OK, Status.NOT_APPLICABLE):
         applicable = sum(1 for r in results if r.status == Status.OK)
         return Verdict(
-            worst.status, SuggestedAction.NONE, False, f"{applicable} check(s) passed", None, tuple(results)
+            deciding.status, Action.NONE, False, f"{applicable} check(s) passed", None, tuple(results)
         )
-    action = worst.action if worst.status == Status.FAIL else SuggestedAction.NONE
+    action = deciding.action if deciding.status == Status.FAIL else Action.NONE
     return Verdict(
-        worst.status,
+        deciding.status,
         action,
-        worst.certain and action != SuggestedAction.NONE,
-        f"{worst.check}: {worst.reason}",
-        worst,
+        deciding.certain and action != Action.NONE,
+        f"{deciding.check}: {deciding.reason}",
+        deciding,
         tuple(results),
     )

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from hpresilience.agent.collector import HealthCollector
 from hpresilience.agent.daemon import Agent
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.config import load_config
-from hpresilience.health.api import HealthCollector
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster

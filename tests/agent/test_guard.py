@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from hpresilience.agent.guard import Decision, Finding, Memory, cap_limit, decide
+import pytest
+
+from hpresilience.agent.guard import Decision, DecisionKind, Memory, cap_limit, decide
 from hpresilience.agent.settings import AgentSettings
+from hpresilience.health.base import CheckResult, Kind, Status
 from hpresilience.reasons import Action, agent_reason
 from hpresilience.slurm.models import Node
 
@@ -15,12 +18,16 @@ def node(name: str, states: set[str] | None = None, reason: str = "", changed: f
                 reason_changed_at=int(changed) if changed else None)
 
 
-XID79 = Finding("xid:79", Action.REPLACE, "xid=79 GPU fell off the bus", certain=True, check="xid")
-ECC = Finding("nvml.ecc", Action.REPLACE, "uncorrected ECC 3", certain=False, check="nvml")
-PENDING = Finding("nvml.remap", Action.REBOOT, "row remap pending", certain=True, check="nvml")
+def fault(check: str, action: Action, reason: str, key: str = "", certain: bool = False) -> CheckResult:
+    return CheckResult(check, "gpu", Kind.PASSIVE, Status.FAIL, action, reason, key=key, certain=certain)
 
 
-def run(n: Node, findings: list[Finding], cluster: list[Node] | None = None, memory: Memory | None = None,
+XID79 = fault("xid", Action.REPLACE, "xid=79 GPU fell off the bus", "xid:79", certain=True)
+ECC = fault("gpu.memory", Action.REPLACE, "uncorrected ECC 3", "gpu.ecc")
+PENDING = fault("gpu.memory", Action.REBOOT, "row remap pending", "gpu.remap", certain=True)
+
+
+def run(n: Node, findings: list[CheckResult], cluster: list[Node] | None = None, memory: Memory | None = None,
         **kw: object) -> Decision:
     mem = memory or Memory()
     mem.observe(findings)
@@ -31,7 +38,8 @@ def run(n: Node, findings: list[Finding], cluster: list[Node] | None = None, mem
 def test_certain_fault_marks_at_once_with_reason_naming_it() -> None:
     d = run(node("n1"), [XID79])
     assert d.kind == "mark" and d.action == Action.REPLACE
-    assert d.reason.startswith("Action:Replace [hpr-agent] xid=79")
+    assert d.reason.startswith("Action:Replace [hpr-agent] xid: xid=79")
+    assert d.finding is XID79
 
 
 def test_uncertain_fault_needs_repeats() -> None:
@@ -93,3 +101,33 @@ def test_operator_reason_quoting_the_agent_tag_is_not_resumed() -> None:
         theirs = node("n1", {"IDLE", "DRAIN"}, reason, NOW - 5)
         assert run(theirs, []).kind == "none", reason
         assert run(theirs, [XID79]).kind == "hold", reason  # and never overwritten either
+
+
+def test_results_that_ask_for_no_action_are_not_faults() -> None:
+    """decide() takes a cycle's CheckResults as they come: a warning, an unknown, or a failure without an
+    action neither marks nor counts toward a streak."""
+    quiet = [CheckResult("gpu.pcie", "gpu", Kind.PASSIVE, Status.WARN, reason="x8"),
+             CheckResult("ib.ports", "infiniband", Kind.PASSIVE, Status.UNKNOWN, reason="timed out"),
+             fault("efa.count", Action.NONE, "2 of 4 EFA devices")]
+    mem = Memory()
+    assert run(node("n1"), quiet, memory=mem).kind is DecisionKind.NONE and mem.streaks == {}
+
+
+def test_streaks_count_by_key_and_fall_back_to_the_check_name() -> None:
+    mem = Memory()
+    mem.observe([XID79, fault("gpu.count", Action.REBOOT, "7 GPUs")])
+    assert mem.streaks == {"xid:79": 1, "gpu.count": 1}
+
+
+def test_the_worst_fault_by_action_rank_decides_and_certainty_breaks_ties() -> None:
+    d = run(node("n1"), [PENDING, XID79])
+    assert (d.kind, d.action, d.finding) == (DecisionKind.MARK, Action.REPLACE, XID79)
+    sure = fault("gpu.memory", Action.REPLACE, "remap failure", "gpu.remap_failure", certain=True)
+    assert run(node("n1"), [ECC, sure]).finding is sure
+
+
+@pytest.mark.parametrize("kind,text", [(DecisionKind.MARK, "mark"), (DecisionKind.RESUME, "resume"),
+                                       (DecisionKind.HOLD, "hold"), (DecisionKind.NONE, "none")])
+def test_decision_kinds_keep_the_text_of_logs_and_metric_labels(kind: DecisionKind, text: str) -> None:
+    assert kind.value == text and DecisionKind(text) is kind
+    assert len(DecisionKind) == 4

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.agent.daemon import Agent, CheckOutcome
+from hpresilience.agent.daemon import Agent
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.agent.watchdog import WatchdogPinger
+from hpresilience.health.base import CheckResult, Kind, Status
 from hpresilience.slurm.client import SlurmClient
 
 
@@ -24,14 +25,14 @@ class Collector:
         self.active_s = active_s
         self.active_runs: list[tuple[float, float]] = []
 
-    def passive(self) -> Sequence[CheckOutcome]:
-        return [CheckOutcome("passive_ok", "ok", 0.0)]
+    def passive(self) -> Sequence[CheckResult]:
+        return [CheckResult("passive_ok", "system", Kind.PASSIVE, Status.OK)]
 
-    def active(self) -> Sequence[CheckOutcome]:
+    def active(self) -> Sequence[CheckResult]:
         start = time.monotonic()
         time.sleep(self.active_s)
         self.active_runs.append((start, time.monotonic()))
-        return [CheckOutcome("stress", "ok", self.active_s)]
+        return [CheckResult("stress", "system", Kind.ACTIVE, Status.OK, duration_s=self.active_s)]
 
     def wait_event(self, timeout: float) -> bool:
         time.sleep(timeout)

@@ -44,6 +44,24 @@ def test_table_output_and_exit_1_on_a_faulty_fake_node(
     assert "fail" in line and "replace" in line and "FAIL (action replace)" in out
 
 
+def test_json_spells_actions_in_lower_case_and_lists_each_finding(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The JSON shape scripts read: "action" is "none"/"reboot"/"replace", at the verdict, per result and per
+    finding in a result's evidence ({"what", "action", "key", ...details})."""
+    node = FakeNode.make(tmp_path / "n1", "p5.48xlarge")
+    node.inject("remap_failure:0")
+    rc, out = run(capsys, "--json", "--config", str(node.root / "config.yaml"), "check")
+    data = json.loads(out)
+    assert rc == 1 and data["verdict"]["action"] == "replace"
+    mem = next(r for r in data["results"] if r["check"] == "gpu.memory")
+    assert (mem["status"], mem["action"]) == ("fail", "replace")
+    [finding] = mem["evidence"]["findings"]
+    assert finding["action"] == "replace" and finding["gpu"] == 0
+    assert finding["what"] == mem["reason"] and finding["key"] == mem["key"]
+    assert {r["action"] for r in data["results"] if r["check"] != "gpu.memory"} <= {"none"}
+
+
 def test_path_flags_redirect_hardware_reads(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     node = FakeNode.make(tmp_path / "trn", "trn1.32xlarge")
     rc, out = run(

@@ -47,7 +47,7 @@ def test_replace_looks_up_node_id_across_pages_and_calls_batch_replace(sm: tuple
                       {"ClusterName": CLUSTER, "NextToken": "page2"})
     stub.add_response("batch_replace_cluster_nodes", {"Successful": ["i-0aaaaaaaaaaaaaaaa"]},
                       {"ClusterName": CLUSTER, "NodeIds": ["i-0aaaaaaaaaaaaaaaa"]})
-    p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER), client)
+    p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER), sagemaker=client)
     assert p.act(node("ip-10-1-2-3"), "replace") == "hyperpod replace of i-0aaaaaaaaaaaaaaaa accepted"
 
 
@@ -55,7 +55,8 @@ def test_reboot_with_explicit_node_id_calls_batch_reboot(sm: tuple[Any, Stubber]
     client, stub = sm
     stub.add_response("batch_reboot_cluster_nodes", {"Successful": ["i-0bbbbbbbbbbbbbbbb"]},
                       {"ClusterName": CLUSTER, "NodeIds": ["i-0bbbbbbbbbbbbbbbb"]})
-    p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER, node_ids={"gpu-1": "i-0bbbbbbbbbbbbbbbb"}), client)
+    options = HyperPodOptions(cluster_name=CLUSTER, node_ids={"gpu-1": "i-0bbbbbbbbbbbbbbbb"})
+    p = HyperPodProvider(options, sagemaker=client)
     assert p.act(node("gpu-1"), "reboot") == "hyperpod reboot of i-0bbbbbbbbbbbbbbbb accepted"
 
 
@@ -65,7 +66,8 @@ def test_refused_node_is_an_external_error_with_hyperpods_code(sm: tuple[Any, St
                       {"Failed": [{"NodeId": "i-0bbbbbbbbbbbbbbbb", "ErrorCode": "InvalidNodeStatus",
                                                      "Message": "node is already being replaced"}]},
                       {"ClusterName": CLUSTER, "NodeIds": ["i-0bbbbbbbbbbbbbbbb"]})
-    p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER, node_ids={"gpu-1": "i-0bbbbbbbbbbbbbbbb"}), client)
+    options = HyperPodOptions(cluster_name=CLUSTER, node_ids={"gpu-1": "i-0bbbbbbbbbbbbbbbb"})
+    p = HyperPodProvider(options, sagemaker=client)
     with pytest.raises(ExternalError, match="refused: InvalidNodeStatus: node is already being replaced"):
         p.act(node("gpu-1"), "reboot")
 
@@ -75,7 +77,7 @@ def test_api_error_and_unknown_node_are_clear_errors(sm: tuple[Any, Stubber]) ->
     stub.add_client_error("list_cluster_nodes", "ResourceNotFound", "Cluster ml-cluster not found",
                           expected_params={"ClusterName": CLUSTER})
     stub.add_response("list_cluster_nodes", {"ClusterNodeSummaries": []}, {"ClusterName": CLUSTER})
-    p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER), client)
+    p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER), sagemaker=client)
     with pytest.raises(ExternalError, match="hyperpod replace of gpu-9: ResourceNotFound: Cluster ml-cluster"):
         p.act(node("gpu-9"), "replace")
     with pytest.raises(ExternalError, match=r"no HyperPod node .* \(set node_ids"):

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from hpresilience.config import config_from_mapping
 from hpresilience.controller.gates import create_gate
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.providers import ProviderContext, create_provider
-from hpresilience.controller.settings import ControllerSettings, GateSettings
+from hpresilience.controller.settings import ControllerSettings, GateSettings, NodeGroup
 from hpresilience.controller.state import ControllerLocked, RepairRecord, StateStore
 from hpresilience.errors import ConfigError
 from hpresilience.slurm.client import SlurmClient
@@ -80,15 +81,22 @@ def test_node_names_that_could_escape_the_state_dir_are_refused(tmp_path: Path) 
 def test_unknown_provider_and_gate_list_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script"):
         create_provider("ipmi", {}, ProviderContext(SlurmClient(), "default"))
+    with pytest.raises(ValidationError, match="unknown gate 'nhc'; known: command, none"):
+        GateSettings(kind="nhc")  # refused when the settings load (issue 11 defect 3) ...
     with pytest.raises(ConfigError, match="unknown gate 'nhc'; known: command, none"):
-        create_gate(GateSettings(kind="nhc"))
+        create_gate(GateSettings.model_construct(kind="nhc"))  # ... and still when a gate is made
     with pytest.raises(ConfigError, match="unknown placeholder"):
         create_gate(GateSettings(command=["ssh", "{nodename}"]))
 
 
-def test_controller_refuses_a_bad_group_at_start(tmp_path: Path) -> None:
-    s = ControllerSettings(state_dir=str(tmp_path), groups=[{"name": "gpu", "nodes": ["gpu-*"],  # type: ignore[list-item]
-                                                             "provider": "script", "options": {"timeout_s": 5}}])
+def test_a_bad_group_is_refused_at_load_and_at_start(tmp_path: Path) -> None:
+    group = {"name": "gpu", "nodes": ["gpu-*"], "provider": "script", "options": {"timeout_s": 5}}
+    with pytest.raises(ValidationError) as err:
+        ControllerSettings(state_dir=str(tmp_path), groups=[group])  # type: ignore[list-item]
+    assert [(e["loc"], e["msg"]) for e in err.value.errors()] == [
+        (("groups", 0, "options", "command"), "Field required")]
+    # Settings made without validation still cannot start a controller with it.
+    s = ControllerSettings.model_construct(state_dir=str(tmp_path), groups=[NodeGroup.model_validate(group)])
     with pytest.raises(ConfigError, match="group 'gpu', provider 'script': command: Field required"):
         Controller(s, SlurmClient())
 

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from hpresilience.health.api import run_profile
-from hpresilience.health.base import CheckResult, Status, SuggestedAction
+from hpresilience.health.base import CheckResult, Status
 from hpresilience.health.settings import HealthSettings
+from hpresilience.reasons import Action
 
 REPO = Path(__file__).resolve().parents[2]
 FIELD = REPO.parent / "shared" / "data" / "field"
@@ -30,10 +31,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 OK, WARN, FAIL, UNKNOWN, NA = Status.OK, Status.WARN, Status.FAIL, Status.UNKNOWN, Status.NOT_APPLICABLE
-NONE, REBOOT, REPLACE = SuggestedAction.NONE, SuggestedAction.REBOOT, SuggestedAction.REPLACE
+NONE, REBOOT, REPLACE = Action.NONE, Action.REBOOT, Action.REPLACE
 
 # kmsg/<file>: the `xid` check's (status, action, key of the worst finding).
-KMSG: dict[str, tuple[Status, SuggestedAction, str]] = {
+KMSG: dict[str, tuple[Status, Action, str]] = {
     "akash244-dmesg-T-xid43-31-94.txt": (OK, NONE, ""),  # application XIDs only
     "gpud-dmesg-T-xid119-gsp.log": (FAIL, REBOOT, "nvidia:119:0000:9b:00"),
     "gpud-dmesg-decode-iso-xid13-storm.log": (OK, NONE, ""),

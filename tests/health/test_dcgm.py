@@ -6,9 +6,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from hpresilience.health.base import CheckContext, CheckOptions, Status, SuggestedAction
+from hpresilience.health.base import CheckContext, CheckOptions, Status
 from hpresilience.health.checks.dcgm import DcgmDiag, DcgmDiagOptions, DcgmHealth, parse_diag
 from hpresilience.health.runner import run_one
+from hpresilience.reasons import Action
 
 DIAG = {
     "DCGM GPU Diagnostic": {
@@ -91,11 +92,11 @@ def test_diag_failure_reboots_then_isolate_level_replaces(
 ) -> None:
     ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, DIAG, rc=226)})
     r = run_one(DcgmDiag(DcgmDiagOptions(level=2), ctx))
-    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT) and "memory failed" in r.reason
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT) and "memory failed" in r.reason
     assert (tmp_path / "args").read_text().split() == ["diag", "-r", "2", "-j"]
     DIAG["DCGM GPU Diagnostic"]["test_categories"][1]["tests"][0]["results"][1]["warning_level"] = 3  # type: ignore[index]
     ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, DIAG, rc=226)})
-    assert run_one(DcgmDiag(DcgmDiagOptions(level=2), ctx)).action == SuggestedAction.REPLACE
+    assert run_one(DcgmDiag(DcgmDiagOptions(level=2), ctx)).action == Action.REPLACE
 
 
 def test_diag_pass_and_non_json(
@@ -114,7 +115,7 @@ def test_diag_pass_and_non_json(
         "dcgmi-garbage", 'echo "Error: unable to establish a connection to the specified host"; exit 1'
     )
     r = run_one(DcgmDiag(DcgmDiagOptions(), ctx_factory(commands={"dcgmi": garbage})))
-    assert (r.status, r.action) == (Status.UNKNOWN, SuggestedAction.NONE) and "connection" in r.reason
+    assert (r.status, r.action) == (Status.UNKNOWN, Action.NONE) and "connection" in r.reason
 
 
 def test_health_watch_results(
@@ -147,7 +148,7 @@ def test_diag_whose_every_test_is_skipped_is_unknown_not_passed(
     }
     ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, skipped)})
     r = run_one(DcgmDiag(DcgmDiagOptions(level=3), ctx))
-    assert (r.status, r.action) == (Status.UNKNOWN, SuggestedAction.NONE) and "nothing was tested" in r.reason
+    assert (r.status, r.action) == (Status.UNKNOWN, Action.NONE) and "nothing was tested" in r.reason
     skipped["DCGM GPU Diagnostic"]["test_categories"][0]["tests"][0]["results"][0]["status"] = "Pass"  # type: ignore[index]
     ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, skipped)})
     r = run_one(DcgmDiag(DcgmDiagOptions(level=3), ctx))

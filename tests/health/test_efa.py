@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from hpresilience.health.base import CheckContext, CheckOptions, Status, SuggestedAction
+from hpresilience.health.base import CheckContext, CheckOptions, Status
 from hpresilience.health.checks.efa import (
     EfaCounters,
     EfaCountersOptions,
@@ -17,6 +17,7 @@ from hpresilience.health.checks.efa import (
     EfaLoopbackOptions,
 )
 from hpresilience.health.runner import run_one
+from hpresilience.reasons import Action
 
 PORT = "class/infiniband/rdmap16s0/ports/1"
 
@@ -50,7 +51,7 @@ def test_devices_ports_and_uverbs_from_a_recorded_tree(
         and r.evidence["uverbs"] == 2
     )
     r = run_one(EfaDevices(EfaDevicesOptions(expected=4), ctx))
-    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT) and "expects 4" in r.reason
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT) and "expects 4" in r.reason
     ctx.paths.sys(PORT, "state").write_text("1: DOWN\n")
     r = run_one(EfaDevices(EfaDevicesOptions(expected=2), ctx))
     assert r.status == Status.FAIL and "rdmap16s0 port 1 state '1: DOWN'" in r.reason
@@ -79,7 +80,7 @@ def test_counter_rates_use_deltas_against_the_previous_sample(
     state.write_text(json.dumps(data))
     ctx.paths.sys(PORT, "hw_counters", "rdma_read_wr_err").write_text("50\n")  # 5/s > 1/s
     r = run_one(EfaCounters(opts, ctx))
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+    assert (r.status, r.action) == (Status.WARN, Action.NONE)
     assert "rdmap16s0/port1/rdma_read_wr_err +50" in r.reason
 
 

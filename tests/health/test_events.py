@@ -1,4 +1,4 @@
-"""Fault event sources and the agent-facing collector."""
+"""Fault event sources: the kernel log follower, the dmesg fallback."""
 
 from __future__ import annotations
 
@@ -6,12 +6,8 @@ import threading
 import time
 from pathlib import Path
 
-from hpresilience.health.api import HealthCollector, to_outcome
-from hpresilience.health.base import CheckResult, Kind, Status, SuggestedAction
 from hpresilience.health.events import KernelLogFollower, read_kernel_log
-from hpresilience.reasons import Action
-from hpresilience.testing.fakenode import FakeNode
-from tests.health.conftest import FIXTURES, node_settings
+from tests.health.conftest import FIXTURES
 
 
 def test_follower_returns_only_new_fault_lines_and_waits_for_complete_lines(tmp_path: Path) -> None:
@@ -55,36 +51,6 @@ def test_follower_starts_over_when_the_file_is_truncated(tmp_path: Path) -> None
 def test_read_kernel_log_falls_back_to_dmesg_command(tmp_path: Path) -> None:
     lines, source = read_kernel_log(str(tmp_path / "no-kmsg"), dmesg="echo")
     assert source == "echo" and lines == [""]
-
-
-def test_to_outcome_maps_actions_and_only_failures_carry_findings() -> None:
-    fail = CheckResult(
-        "xid", "xid", Kind.PASSIVE, Status.FAIL, SuggestedAction.REPLACE, "XID 64", {}, "k", True
-    )
-    o = to_outcome(fail)
-    assert o.finding is not None and (o.finding.action, o.finding.certain, o.finding.key) == (
-        Action.REPLACE,
-        True,
-        "k",
-    )
-    warn = CheckResult("gpu.pcie", "gpu", Kind.PASSIVE, Status.WARN, reason="x8")
-    assert to_outcome(warn).finding is None and to_outcome(warn).status == "warn"
-
-
-def test_collector_runs_profile_checks_and_wakes_on_injected_faults(tmp_path: Path) -> None:
-    node = FakeNode.make(tmp_path / "n", "p5.48xlarge")
-    col = HealthCollector(node_settings(node), sources=[KernelLogFollower(str(node.kmsg))])
-    try:
-        assert "xid" in col.describe()["passive"] and "system.stress" in col.describe()["active"]
-        assert all(o.finding is None for o in col.passive())
-        assert col.wait_event(0.1) is False
-        node.inject("xid:79:0")
-        assert col.wait_event(2) is True
-        found = [o for o in col.passive() if o.finding is not None]
-        assert [o.check for o in found] == ["xid"] and found[0].finding is not None
-        assert found[0].finding.action == Action.REBOOT and found[0].observed_at is not None
-    finally:
-        col.close()
 
 
 def test_follower_joins_the_off_bus_report_across_polls_and_ignores_audit_lines(tmp_path: Path) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from hpresilience.errors import ConfigError
-from hpresilience.health.base import HostPaths, Status, SuggestedAction
+from hpresilience.health.base import HostPaths, Status
 from hpresilience.health.nvml import NvmlUnavailable, PynvmlReader, parse_nvidia_smi_xml
 from hpresilience.health.settings import HealthSettings
+from hpresilience.reasons import Action
 from hpresilience.testing.fakenode import FakeNode
 from tests.health.conftest import FIXTURES, node_settings, run_node
 
@@ -74,7 +75,7 @@ def test_healthy_p5_passes_every_gpu_check(p5: FakeNode) -> None:
 def test_remap_failure_asks_for_replace_at_once(p5: FakeNode) -> None:
     p5.inject("remap_failure:3")
     r = run_node(p5, ["gpu.memory"])[0]["gpu.memory"]
-    assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REPLACE, True)
+    assert (r.status, r.action, r.certain) == (Status.FAIL, Action.REPLACE, True)
     assert r.key == "gpu.remap_failure:0000:86:00"
 
 
@@ -84,7 +85,7 @@ def test_remap_pending_reboots_then_replaces_when_it_survives_reboots(p5: FakeNo
         p5.inject("remap_pending:1")
         seen.append(run_node(p5, ["gpu.memory"])[0]["gpu.memory"].action)
         p5.reboot()
-    assert seen == [SuggestedAction.REBOOT, SuggestedAction.REBOOT, SuggestedAction.REPLACE]
+    assert seen == [Action.REBOOT, Action.REBOOT, Action.REPLACE]
 
 
 @pytest.mark.parametrize(
@@ -95,7 +96,7 @@ def test_uncorrectable_remap_threshold(p5: FakeNode, unc: int, limit: int, statu
     r = run_node(p5, ["gpu.memory"], **{"gpu.memory": {"max_uncorrectable_remaps": limit}})[0]["gpu.memory"]
     assert r.status == status
     if status == Status.FAIL:
-        assert r.action == SuggestedAction.REPLACE
+        assert r.action == Action.REPLACE
 
 
 @pytest.mark.parametrize(
@@ -106,20 +107,20 @@ def test_volatile_uncorrected_ecc_threshold(p5: FakeNode, vol: int, limit: int, 
     r = run_node(p5, ["gpu.memory"], **{"gpu.memory": {"max_volatile_uncorrected": limit}})[0]["gpu.memory"]
     assert r.status == status
     if status == Status.FAIL:
-        assert r.action == SuggestedAction.REBOOT and r.evidence["findings"][0]["value"] == vol
+        assert r.action == Action.REBOOT and r.evidence["findings"][0]["value"] == vol
 
 
 def test_aggregate_ecc_judged_only_when_a_limit_is_set(p5: FakeNode) -> None:
     p5.set_gpu(0, ecc_aggregate_uncorrected=40)
     assert run_node(p5, ["gpu.memory"])[0]["gpu.memory"].status == Status.OK
     r = run_node(p5, ["gpu.memory"], **{"gpu.memory": {"max_aggregate_uncorrected": 10}})[0]["gpu.memory"]
-    assert r.action == SuggestedAction.REPLACE
+    assert r.action == Action.REPLACE
 
 
 def test_retired_pages_at_the_limit_replace(p5: FakeNode) -> None:
     p5.set_gpu(4, retired_pages_sbe=40, retired_pages_dbe=20, retired_pages_pending=False)
     r = run_node(p5, ["gpu.memory"])[0]["gpu.memory"]
-    assert r.action == SuggestedAction.REPLACE and "60 retired pages" in r.reason
+    assert r.action == Action.REPLACE and "60 retired pages" in r.reason
 
 
 def test_pcie_width_below_max_warns_and_generation_only_when_asked(p5: FakeNode) -> None:
@@ -131,7 +132,7 @@ def test_pcie_width_below_max_warns_and_generation_only_when_asked(p5: FakeNode)
     )
     p5.set_gpu(5, pcie_gen_current=5, pcie_width_current=8)
     r = run_node(p5, ["gpu.pcie"])[0]["gpu.pcie"]
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "x8, max x16" in r.reason
+    assert (r.status, r.action) == (Status.WARN, Action.NONE) and "x8, max x16" in r.reason
 
 
 def test_hw_thermal_and_power_brake_slowdown_warn_sw_power_cap_does_not(p5: FakeNode) -> None:
@@ -145,15 +146,15 @@ def test_hw_thermal_and_power_brake_slowdown_warn_sw_power_cap_does_not(p5: Fake
 @pytest.mark.parametrize(
     ("value", "status", "action"),
     [
-        (0, Status.OK, SuggestedAction.NONE),
-        (2, Status.FAIL, SuggestedAction.REBOOT),
-        (4, Status.FAIL, SuggestedAction.REBOOT),
-        (5, Status.WARN, SuggestedAction.NONE),
-        (None, Status.OK, SuggestedAction.NONE),
+        (0, Status.OK, Action.NONE),
+        (2, Status.FAIL, Action.REBOOT),
+        (4, Status.FAIL, Action.REBOOT),
+        (5, Status.WARN, Action.NONE),
+        (None, Status.OK, Action.NONE),
     ],
 )
 def test_driver_recovery_action_field(
-    p5: FakeNode, value: int | None, status: Status, action: SuggestedAction
+    p5: FakeNode, value: int | None, status: Status, action: Action
 ) -> None:
     p5.set_gpu(6, recovery_action=value)
     r = run_node(p5, ["gpu.recovery"])[0]["gpu.recovery"]
@@ -172,14 +173,14 @@ def test_lost_gpu_fails_count_and_shares_the_xid79_ladder(p5: FakeNode) -> None:
 def test_missing_gpu_is_a_reboot_that_needs_a_repeat(p5: FakeNode) -> None:
     p5.inject("gpu_missing")
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
-    assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REBOOT, False)
+    assert (r.status, r.action, r.certain) == (Status.FAIL, Action.REBOOT, False)
 
 
 def test_nvml_unusable_with_gpus_on_pci_fails_count_and_is_unknown_elsewhere(p5: FakeNode) -> None:
     p5.write_nvml({"unavailable": "NVML init failed: Driver Not Loaded"})
     res = run_node(p5, ["gpu.count", "gpu.memory"])[0]
     assert res["gpu.count"].status == Status.FAIL and "8 NVIDIA GPU(s) on PCI" in res["gpu.count"].reason
-    assert res["gpu.memory"].status == Status.UNKNOWN and res["gpu.memory"].action == SuggestedAction.NONE
+    assert res["gpu.memory"].status == Status.UNKNOWN and res["gpu.memory"].action == Action.NONE
 
 
 def test_no_gpus_anywhere_is_not_applicable(tmp_path: Path) -> None:
@@ -227,7 +228,7 @@ def test_fewer_gpus_in_nvml_than_on_pci_is_reported(p5: FakeNode) -> None:
     p5.inject("gpu_missing")
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
     whats = [f["what"] for f in r.evidence["findings"]]
-    assert "8 NVIDIA GPUs on PCI, NVML sees 7" in whats and r.action == SuggestedAction.REBOOT
+    assert "8 NVIDIA GPUs on PCI, NVML sees 7" in whats and r.action == Action.REBOOT
 
 
 # -- issue 13: what real recordings showed ----------------------------------------------------------------
@@ -262,10 +263,10 @@ def test_recovery_reset_from_nvidia_smi_fails_and_an_unknown_word_is_unknown(
 
     s = _smi_settings(p5, fake_tool, B200.replace("<gpu_recovery_action>None", "<gpu_recovery_action>Reset", 1))
     r = run_profile(s, only=["gpu.recovery"])[1][0]
-    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT) and "gpu_reset" in r.reason
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT) and "gpu_reset" in r.reason
     s = _smi_settings(p5, fake_tool, B200.replace("<gpu_recovery_action>None", "<gpu_recovery_action>Zap", 1))
     r = run_profile(s, only=["gpu.recovery"])[1][0]
-    assert (r.status, r.action) == (Status.UNKNOWN, SuggestedAction.NONE) and "'Zap'" in r.reason
+    assert (r.status, r.action) == (Status.UNKNOWN, Action.NONE) and "'Zap'" in r.reason
 
 
 def test_schema_v13_memory_repair_flags_are_read_and_judged(
@@ -280,9 +281,9 @@ def test_schema_v13_memory_repair_flags_are_read_and_judged(
         False,
     )
     cases = [
-        ("channel_repair_pending", SuggestedAction.REBOOT, "gpu.channel_repair_pending:0000:1b:00"),
-        ("tpc_repair_pending", SuggestedAction.REBOOT, "gpu.tpc_repair_pending:0000:1b:00"),
-        ("unrepairable_memory", SuggestedAction.REPLACE, "gpu.unrepairable_memory:0000:1b:00"),
+        ("channel_repair_pending", Action.REBOOT, "gpu.channel_repair_pending:0000:1b:00"),
+        ("tpc_repair_pending", Action.REBOOT, "gpu.tpc_repair_pending:0000:1b:00"),
+        ("unrepairable_memory", Action.REPLACE, "gpu.unrepairable_memory:0000:1b:00"),
     ]
     for tag, action, key in cases:
         xml = B200.replace(f"<{tag}>No", f"<{tag}>Yes", 1)
@@ -292,7 +293,7 @@ def test_schema_v13_memory_repair_flags_are_read_and_judged(
     s = _smi_settings(p5, fake_tool, xml)
     s = s.model_copy(update={"checks": {**s.checks, "gpu.memory": {"repair_pending_action": "warn"}}})
     r = run_profile(s, only=["gpu.memory"])[1][0]
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+    assert (r.status, r.action) == (Status.WARN, Action.NONE)
 
 
 def test_pcie_expectation_is_a_profile_setting(p5: FakeNode) -> None:
@@ -324,13 +325,13 @@ def test_gpu_missing_shortly_after_boot_only_warns_until_the_grace_period_passes
     p5.inject("gpu_missing")
     (p5.proc / "uptime").write_text("45.20 80.11\n")
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "booted 45 s ago" in r.reason
+    assert (r.status, r.action) == (Status.WARN, Action.NONE) and "booted 45 s ago" in r.reason
     p5.write_nvml({"unavailable": "NVML init failed: Driver/library version mismatch"})
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+    assert (r.status, r.action) == (Status.WARN, Action.NONE)
     (p5.proc / "uptime").write_text("4000.00 8000.00\n")
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
-    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT)
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT)
 
 
 def test_gpu_missing_right_after_a_driver_change_only_warns(p5: FakeNode) -> None:
@@ -340,19 +341,19 @@ def test_gpu_missing_right_after_a_driver_change_only_warns(p5: FakeNode) -> Non
     version.write_text("550.127.05\n")
     assert run_node(p5, ["gpu.count"])[0]["gpu.count"].status == Status.OK  # first version seen: no change
     p5.inject("gpu_missing")
-    assert run_node(p5, ["gpu.count"])[0]["gpu.count"].action == SuggestedAction.REBOOT
+    assert run_node(p5, ["gpu.count"])[0]["gpu.count"].action == Action.REBOOT
     version.write_text("570.158.01\n")
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "driver changed" in r.reason
+    assert (r.status, r.action) == (Status.WARN, Action.NONE) and "driver changed" in r.reason
     r = run_node(p5, ["gpu.count"], **{"gpu.count": {"grace_s": 0}})[0]["gpu.count"]
-    assert r.action == SuggestedAction.REBOOT
+    assert r.action == Action.REBOOT
 
 
 def test_lost_gpu_is_still_acted_on_inside_the_grace_period(p5: FakeNode) -> None:
     (p5.proc / "uptime").write_text("30.0 1.0\n")
     p5.inject("gpu_lost:1")
     r = run_node(p5, ["gpu.count"])[0]["gpu.count"]
-    assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REBOOT, True)
+    assert (r.status, r.action, r.certain) == (Status.FAIL, Action.REBOOT, True)
 
 
 class _NVMLError(Exception):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpresilience.errors import ConfigError
-from hpresilience.health.base import CheckContext, Status, SuggestedAction
+from hpresilience.health.base import CheckContext, Status
 from hpresilience.health.checks.efa import EfaDevices, EfaDevicesOptions, efa_devices
 from hpresilience.health.checks.infiniband import (
     IbCounters,
@@ -18,6 +18,7 @@ from hpresilience.health.checks.infiniband import (
     ib_ports,
 )
 from hpresilience.health.runner import run_one
+from hpresilience.reasons import Action
 
 
 @pytest.fixture()
@@ -50,12 +51,12 @@ def test_port_down_reboots_unless_the_profile_says_warn(ctx: CheckContext) -> No
     r = run_one(IbPorts(IbPortsOptions(), ctx))
     assert (r.status, r.action, r.key, r.certain) == (
         Status.FAIL,
-        SuggestedAction.REBOOT,
+        Action.REBOOT,
         "ib.port_down:mlx5_1/1",
         False,
     )
     r = run_one(IbPorts(IbPortsOptions(down_action="warn"), ctx))
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+    assert (r.status, r.action) == (Status.WARN, Action.NONE)
 
 
 def test_port_stuck_in_polling_is_down(ctx: CheckContext) -> None:
@@ -68,13 +69,13 @@ def test_port_stuck_in_polling_is_down(ctx: CheckContext) -> None:
 def test_rate_below_the_profile_warns(ctx: CheckContext) -> None:
     (port(ctx, "mlx5_0") / "rate").write_text("200 Gb/sec (4X HDR)\n")
     r = run_one(IbPorts(IbPortsOptions(min_rate_gbps=400), ctx))
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "200 Gb/s" in r.reason
+    assert (r.status, r.action) == (Status.WARN, Action.NONE) and "200 Gb/s" in r.reason
     assert run_one(IbPorts(IbPortsOptions(), ctx)).status == Status.OK  # no rate in the profile: not judged
 
 
 def test_fewer_ports_than_the_profile_expects_fails(ctx: CheckContext) -> None:
     r = run_one(IbPorts(IbPortsOptions(expected=8), ctx))
-    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT) and "expects 8" in r.reason
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT) and "expects 8" in r.reason
 
 
 def test_no_infiniband_is_not_applicable(ctx_factory: Callable[..., CheckContext]) -> None:
@@ -92,7 +93,7 @@ def test_counter_growth_between_runs_warns_a_standing_count_does_not(ctx: CheckC
     (port(ctx, "mlx5_1") / "counters" / "link_downed").write_text("18\n")
     (port(ctx, "mlx5_0") / "counters" / "port_rcv_errors").write_text("9\n")  # +6, under the 10 allowed
     r = run_one(IbCounters(IbCountersOptions(), ctx))
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+    assert (r.status, r.action) == (Status.WARN, Action.NONE)
     assert r.evidence["over"] == ["mlx5_1/1/link_downed +1 (limit 0)"]
     assert r.evidence["deltas"] == {"mlx5_1/1/link_downed": 1, "mlx5_0/1/port_rcv_errors": 6}
 

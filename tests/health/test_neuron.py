@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.health.base import CheckContext, Status, SuggestedAction
+from hpresilience.health.base import CheckContext, Status
 from hpresilience.health.checks.neuron import (
     NeuronCount,
     NeuronCounters,
@@ -16,6 +16,7 @@ from hpresilience.health.checks.neuron import (
     find_counters,
 )
 from hpresilience.health.runner import run_one
+from hpresilience.reasons import Action
 
 LAYOUTS = {
     "sysfs-neuron-pre231": {
@@ -76,16 +77,16 @@ def test_counters_are_found_by_name_in_both_layouts(
 @pytest.mark.parametrize(
     ("counter", "action"),
     [
-        ("ecc", SuggestedAction.REPLACE),
-        ("repairable", SuggestedAction.REBOOT),
-        ("hw_error", SuggestedAction.REBOOT),
-        ("reset", SuggestedAction.REBOOT),
+        ("ecc", Action.REPLACE),
+        ("repairable", Action.REBOOT),
+        ("hw_error", Action.REBOOT),
+        ("reset", Action.REBOOT),
     ],
 )
 def test_counter_increase_leads_to_its_action(
     layout: str,
     counter: str,
-    action: SuggestedAction,
+    action: Action,
     tree: Callable[..., Path],
     ctx_factory: Callable[..., CheckContext],
 ) -> None:
@@ -105,8 +106,8 @@ def test_baseline_is_kept_on_disk_and_a_fault_stays_reported_until_reboot(
     tree("sysfs-neuron-pre231")
     ctx = ctx_factory()
     bump(dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["ecc"])
-    assert counters(ctx).action == SuggestedAction.REPLACE
-    assert counters(ctx).action == SuggestedAction.REPLACE  # not absorbed into the baseline
+    assert counters(ctx).action == Action.REPLACE
+    assert counters(ctx).action == Action.REPLACE  # not absorbed into the baseline
     assert (ctx.state_dir / "neuron-baseline.json").exists()
     # New boot: the driver starts its counters from zero again.
     (dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["ecc"]).write_text("0\n")
@@ -161,7 +162,7 @@ def test_device_count_against_the_profile(
     tree("sysfs-neuron-pre231")
     assert run_one(NeuronCount(NeuronCountOptions(), ctx)).status == Status.OK
     r = run_one(NeuronCount(NeuronCountOptions(expected=16), ctx))
-    assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REBOOT, False)
+    assert (r.status, r.action, r.certain) == (Status.FAIL, Action.REBOOT, False)
     assert "2 Neuron device(s), profile expects 16" in r.reason
 
 
@@ -169,17 +170,17 @@ def test_device_count_against_the_profile(
 @pytest.mark.parametrize(
     ("counter", "action"),
     [
-        ("hw_hbm_ue_error", SuggestedAction.REPLACE),
-        ("hw_nc_ue_error", SuggestedAction.REPLACE),
-        ("hw_dma_abort_error", SuggestedAction.REBOOT),
-        ("hw_collectives_error", SuggestedAction.REBOOT),
-        ("hw_repairable_hbm_ue_error", SuggestedAction.REBOOT),
+        ("hw_hbm_ue_error", Action.REPLACE),
+        ("hw_nc_ue_error", Action.REPLACE),
+        ("hw_dma_abort_error", Action.REBOOT),
+        ("hw_collectives_error", Action.REBOOT),
+        ("hw_repairable_hbm_ue_error", Action.REBOOT),
     ],
 )
 def test_per_core_hardware_counter_increase_leads_to_its_action(
     layout: str,
     counter: str,
-    action: SuggestedAction,
+    action: Action,
     tree: Callable[..., Path],
     ctx_factory: Callable[..., CheckContext],
 ) -> None:
@@ -200,10 +201,10 @@ def test_per_core_counter_action_is_a_profile_setting(tmp_path: Path) -> None:
     node = FakeNode.make(tmp_path / "trn1", "trn1.32xlarge", efa=1)
     node.inject("neuron_core_error:hw_collectives_error:3:1")
     r = run_node(node, ["neuron.counters"])[0]["neuron.counters"]
-    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT) and "neuron_core1" in r.reason
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT) and "neuron_core1" in r.reason
     opts = {"neuron.counters": {"actions": {"hw_collectives_error": "warn"}}}
     r = run_node(node, ["neuron.counters"], **opts)[0]["neuron.counters"]
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE)
+    assert (r.status, r.action) == (Status.WARN, Action.NONE)
 
 
 def test_unknown_counter_in_actions_is_a_config_error(tmp_path: Path) -> None:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.health.base import CheckContext, Status, SuggestedAction
+from hpresilience.health.base import CheckContext, Status
 from hpresilience.health.checks.common import nvswitch_pci_devices
 from hpresilience.health.checks.nvswitch import FabricManager, FabricManagerOptions
 from hpresilience.health.runner import run_one
+from hpresilience.reasons import Action
 from tests.health.conftest import FIXTURES
 
 
@@ -42,10 +43,10 @@ def test_switches_are_found_and_gpus_are_not_switches(ctx_factory: Callable[...,
 @pytest.mark.parametrize(
     ("state", "rc", "status", "action"),
     [
-        ("active", 0, Status.OK, SuggestedAction.NONE),
-        ("inactive", 3, Status.FAIL, SuggestedAction.REBOOT),
-        ("failed", 3, Status.FAIL, SuggestedAction.REBOOT),
-        ("activating", 3, Status.WARN, SuggestedAction.NONE),
+        ("active", 0, Status.OK, Action.NONE),
+        ("inactive", 3, Status.FAIL, Action.REBOOT),
+        ("failed", 3, Status.FAIL, Action.REBOOT),
+        ("activating", 3, Status.WARN, Action.NONE),
     ],
 )
 def test_fabric_manager_state_decides(
@@ -55,7 +56,7 @@ def test_fabric_manager_state_decides(
     state: str,
     rc: int,
     status: Status,
-    action: SuggestedAction,
+    action: Action,
 ) -> None:
     ctx = ctx_factory(commands={"systemctl": systemctl(fake_tool, tmp_path, state, rc)})
     with_nvswitches(ctx)
@@ -72,14 +73,14 @@ def test_no_nvswitch_is_not_applicable_unless_required(
     ctx = ctx_factory(commands={"systemctl": systemctl(fake_tool, tmp_path, "inactive", 3)})
     assert run_one(FabricManager(FabricManagerOptions(log_path=""), ctx)).status == Status.NOT_APPLICABLE
     r = run_one(FabricManager(FabricManagerOptions(required=True, log_path=""), ctx))
-    assert (r.status, r.action) == (Status.FAIL, SuggestedAction.REBOOT)
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT)
 
 
 def test_missing_systemctl_is_unknown(ctx_factory: Callable[..., CheckContext]) -> None:
     ctx = ctx_factory(commands={"systemctl": "/nonexistent/systemctl"})
     with_nvswitches(ctx)
     r = run_one(FabricManager(FabricManagerOptions(), ctx))
-    assert (r.status, r.action) == (Status.UNKNOWN, SuggestedAction.NONE)
+    assert (r.status, r.action) == (Status.UNKNOWN, Action.NONE)
 
 
 def test_service_name_that_could_be_an_option_is_refused() -> None:
@@ -102,7 +103,7 @@ def test_fatal_sxid_the_fabric_manager_logged_this_boot_reboots(
     r = run_one(FabricManager(FabricManagerOptions(log_path=str(FIXTURES / "fabricmanager.log")), ctx))
     assert (r.status, r.action, r.key, r.certain) == (
         Status.FAIL,
-        SuggestedAction.REBOOT,
+        Action.REBOOT,
         "nvswitch:20034:0000:c6:00",  # the same key as the kernel's SXid line for this switch
         True,
     )
@@ -121,7 +122,7 @@ def test_non_fatal_sxid_in_the_log_warns(
     lines = (FIXTURES / "fabricmanager.log").read_text().splitlines(True)
     log.write_text("".join(ln for ln in lines if "13:02:58" not in ln))
     r = run_one(FabricManager(FabricManagerOptions(log_path=str(log)), ctx))
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "SXid 12028 nonfatal" in r.reason
+    assert (r.status, r.action) == (Status.WARN, Action.NONE) and "SXid 12028 nonfatal" in r.reason
     booted_at(ctx, "Mar 03 2026 12:00:00")
     assert run_one(FabricManager(FabricManagerOptions(log_path=str(log)), ctx)).status == Status.OK
 

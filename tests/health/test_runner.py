@@ -14,10 +14,10 @@ from hpresilience.health.base import (
     CheckResult,
     Kind,
     Status,
-    SuggestedAction,
 )
 from hpresilience.health.runner import run_checks, run_one
 from hpresilience.proc import run as run_command
+from hpresilience.reasons import Action
 
 
 class Fn(Check):
@@ -51,21 +51,21 @@ def test_exception_becomes_unknown_with_no_action() -> None:
         raise RuntimeError("sysfs exploded")
 
     r = run_one(Fn("boom", boom))
-    assert (r.status, r.action) == (Status.UNKNOWN, SuggestedAction.NONE) and "sysfs exploded" in r.reason
+    assert (r.status, r.action) == (Status.UNKNOWN, Action.NONE) and "sysfs exploded" in r.reason
 
 
 def test_unknown_or_warn_claiming_replace_is_stripped_of_the_action() -> None:
     for status in (Status.UNKNOWN, Status.WARN, Status.OK, Status.NOT_APPLICABLE):
 
         def liar(c: Check, s: Status = status) -> CheckResult:
-            return c.result(s, "x", SuggestedAction.REPLACE, "k", True)
+            return c.result(s, "x", Action.REPLACE, "k", True)
 
         r = run_one(Fn("liar", liar))
-        assert r.action == SuggestedAction.NONE and not r.certain
+        assert r.action == Action.NONE and not r.certain
 
 
 def test_fail_without_action_cannot_be_certain() -> None:
-    r = run_one(Fn("f", lambda c: c.result(Status.FAIL, "x", SuggestedAction.NONE, "k", True)))
+    r = run_one(Fn("f", lambda c: c.result(Status.FAIL, "x", Action.NONE, "k", True)))
     assert r.status == Status.FAIL and not r.certain
 
 
@@ -88,7 +88,7 @@ def test_timeout_kills_the_whole_process_group_and_returns_unknown(tmp_path: Pat
     [r] = run_checks([Fn("hang", hang, timeout=1.0)])
     assert time.monotonic() - t0 < 30  # not the 60 s the command would take
     assert (
-        r.status == Status.UNKNOWN and r.action == SuggestedAction.NONE and "timed out after 1 s" in r.reason
+        r.status == Status.UNKNOWN and r.action == Action.NONE and "timed out after 1 s" in r.reason
     )
     assert r.evidence["killed_process_groups"] == 1
     pids = [int(p) for p in pidfile.read_text().split()]

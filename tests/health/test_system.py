@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.health.base import CheckContext, Status, SuggestedAction
+from hpresilience.health.base import CheckContext, Status
 from hpresilience.health.checks.system import (
     Cpu,
     CpuOptions,
@@ -23,6 +23,7 @@ from hpresilience.health.checks.system import (
     parse_cpu_list,
 )
 from hpresilience.health.runner import run_one
+from hpresilience.reasons import Action
 
 
 @pytest.mark.parametrize(("text", "n"), [("0-95\n", 96), ("0-3,8,10-11", 7), ("0", 1), ("", 0)])
@@ -38,7 +39,7 @@ def test_offline_cpus_fail_against_the_profile(ctx_factory: Callable[..., CheckC
     r = run_one(Cpu(CpuOptions(expected=96), ctx))
     assert (r.status, r.action, r.certain) == (
         Status.FAIL,
-        SuggestedAction.REBOOT,
+        Action.REBOOT,
         False,
     ) and "95 CPUs" in r.reason
 
@@ -58,7 +59,7 @@ def test_disk_space_warns_when_low(tmp_path: Path, ctx_factory: Callable[..., Ch
     ctx = ctx_factory()
     assert run_one(Disk(DiskOptions(paths=[str(tmp_path)], min_free_gib=0), ctx)).status == Status.OK
     r = run_one(Disk(DiskOptions(paths=[str(tmp_path)], min_free_gib=10**9), ctx))
-    assert r.status == Status.WARN and r.action == SuggestedAction.NONE
+    assert r.status == Status.WARN and r.action == Action.NONE
     assert run_one(Disk(DiskOptions(paths=[str(tmp_path / "missing")]), ctx)).status == Status.WARN
 
 
@@ -87,7 +88,7 @@ def test_stress_ng_exit_codes_map_to_fail_and_unknown(
 ) -> None:
     failing = fake_tool("stress-ng", 'echo "stress-ng: fail: [42] cpu: verification failed" >&2; exit 2')
     r = run_one(Stress(StressOptions(duration_s=1), ctx_factory(commands={"stress_ng": failing})))
-    assert (r.status, r.action, r.certain) == (Status.FAIL, SuggestedAction.REBOOT, False)
+    assert (r.status, r.action, r.certain) == (Status.FAIL, Action.REBOOT, False)
     short = fake_tool("stress-ng2", "exit 3")
     assert (
         run_one(Stress(StressOptions(duration_s=1), ctx_factory(commands={"stress_ng": short}))).status

@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from hpresilience.errors import ConfigError
-from hpresilience.health.base import Status, SuggestedAction
+from hpresilience.health.base import Status
 from hpresilience.health.escalation import EscalationStore
 from hpresilience.health.xid import CATALOG_PATH, FaultEvent, load_catalog, parse_line, parse_lines
+from hpresilience.reasons import Action
 from hpresilience.testing.fakenode import FakeNode
 from tests.health.conftest import FIXTURES, run_node
 
@@ -124,7 +125,7 @@ def test_xid_check_reads_recorded_kmsg_ignores_app_xids_and_acts_on_the_worst(p5
     r = res["xid"]
     assert r.status == Status.FAIL and r.certain
     # SRAM uncorrectable on a Neuron device is a replace; XID 48 alone would be a reboot.
-    assert r.action == SuggestedAction.REPLACE and "NEURON_HW_ERR=SRAM" in r.reason
+    assert r.action == Action.REPLACE and "NEURON_HW_ERR=SRAM" in r.reason
     whats = {f["key"]: f["catalog_action"] for f in r.evidence["findings"]}
     assert whats["nvidia:13:0000:53:00"] == "none" and whats["nvidia:48:0000:97:00"] == "reboot_then_replace"
 
@@ -132,7 +133,7 @@ def test_xid_check_reads_recorded_kmsg_ignores_app_xids_and_acts_on_the_worst(p5
 def test_xid_check_reads_dmesg_format_and_counts_fallen_off_bus_once(p5: FakeNode) -> None:
     p5.kmsg.write_text((FIXTURES / "dmesg-fallen-off-bus.txt").read_text())
     r = run_node(p5, ["xid"])[0]["xid"]
-    assert r.status == Status.FAIL and r.action == SuggestedAction.REBOOT
+    assert r.status == Status.FAIL and r.action == Action.REBOOT
     assert [f["key"] for f in r.evidence["findings"]] == ["nvidia:79:0000:b9:00"]
 
 
@@ -146,7 +147,7 @@ def test_only_application_xids_pass_with_a_note(p5: FakeNode) -> None:
 def test_warn_xid_warns_without_action(p5: FakeNode) -> None:
     p5.inject("xid:92:0")
     r = run_node(p5, ["xid"])[0]["xid"]
-    assert r.status == Status.WARN and r.action == SuggestedAction.NONE
+    assert r.status == Status.WARN and r.action == Action.NONE
 
 
 def test_xid_override_from_config_changes_the_verdict(p5: FakeNode) -> None:
@@ -156,7 +157,7 @@ def test_xid_override_from_config_changes_the_verdict(p5: FakeNode) -> None:
     p5.inject("xid:13:0")
     s = node_settings(p5).model_copy(update={"xid_overrides": {13: "replace"}})
     _, results, verdict = run_profile(s, only=["xid"])
-    assert verdict.action == SuggestedAction.REPLACE and results[0].status == Status.FAIL
+    assert verdict.action == Action.REPLACE and results[0].status == Status.FAIL
 
 
 def test_same_xid_returning_after_two_reboots_escalates_to_replace(p5: FakeNode) -> None:
@@ -168,23 +169,23 @@ def test_same_xid_returning_after_two_reboots_escalates_to_replace(p5: FakeNode)
         # Seen again in the same boot: still counted once.
         assert run_node(p5, ["xid"])[0]["xid"].action == r.action
         p5.reboot()
-    assert actions == [(SuggestedAction.REBOOT, 1), (SuggestedAction.REBOOT, 2), (SuggestedAction.REPLACE, 3)]
+    assert actions == [(Action.REBOOT, 1), (Action.REBOOT, 2), (Action.REPLACE, 3)]
     # A clean boot reports nothing.
     assert run_node(p5, ["xid"])[0]["xid"].status == Status.OK
 
 
 def test_escalation_is_per_device_and_forgets_outside_the_window(tmp_path: Path) -> None:
     store = EscalationStore(tmp_path / "e.json", reboots_before_replace=1, window_s=100)
-    assert store.escalate("a", "boot1", now=0)[0] == SuggestedAction.REBOOT
-    assert store.escalate("b", "boot2", now=10)[0] == SuggestedAction.REBOOT
-    assert store.escalate("a", "boot2", now=10)[0] == SuggestedAction.REPLACE
-    assert store.escalate("b", "boot3", now=500)[0] == SuggestedAction.REBOOT  # boot2 sighting expired
+    assert store.escalate("a", "boot1", now=0)[0] == Action.REBOOT
+    assert store.escalate("b", "boot2", now=10)[0] == Action.REBOOT
+    assert store.escalate("a", "boot2", now=10)[0] == Action.REPLACE
+    assert store.escalate("b", "boot3", now=500)[0] == Action.REBOOT  # boot2 sighting expired
 
 
 def test_corrupt_escalation_file_is_treated_as_empty(tmp_path: Path) -> None:
     p = tmp_path / "e.json"
     p.write_text("{not json")
-    assert EscalationStore(p).escalate("k", "b1") == (SuggestedAction.REBOOT, 1)
+    assert EscalationStore(p).escalate("k", "b1") == (Action.REBOOT, 1)
 
 
 # -- issue 13: what real recordings showed ----------------------------------------------------------------
@@ -193,7 +194,7 @@ def test_fallen_off_bus_split_over_three_records_without_an_xid_is_xid79(p5: Fak
     """Driver 570 prints 'The NVIDIA GPU <pci>' / '... installed in this system has' / 'fallen off the bus'."""
     p5.kmsg.write_text((FIXTURES / fixture).read_text())
     r = run_node(p5, ["xid"])[0]["xid"]
-    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REBOOT, "nvidia:79:0000:c4:00")
+    assert (r.status, r.action, r.key) == (Status.FAIL, Action.REBOOT, "nvidia:79:0000:c4:00")
 
 
 def test_fallen_off_bus_in_one_kmsg_record_with_escaped_newlines_is_xid79() -> None:
@@ -212,10 +213,10 @@ def test_off_bus_tail_without_its_head_is_not_a_fault() -> None:
 def test_nvlink5_nonfatal_xids_warn_and_a_fatal_one_follows_the_catalogue(p5: FakeNode) -> None:
     p5.kmsg.write_text((FIXTURES / "kmsg-nvlink5-sxid.txt").read_text().splitlines()[0] + "\n")
     r = run_node(p5, ["xid"])[0]["xid"]
-    assert (r.status, r.action) == (Status.WARN, SuggestedAction.NONE) and "144 nonfatal" in r.reason
+    assert (r.status, r.action) == (Status.WARN, Action.NONE) and "144 nonfatal" in r.reason
     p5.kmsg.write_text("".join((FIXTURES / "kmsg-nvlink5-sxid.txt").read_text().splitlines(True)[:3]))
     r = run_node(p5, ["xid"])[0]["xid"]
-    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REBOOT, "nvidia:149:000a:01:00")
+    assert (r.status, r.action, r.key) == (Status.FAIL, Action.REBOOT, "nvidia:149:000a:01:00")
     levels = {f["key"]: f["catalog_action"] for f in r.evidence["findings"]}
     assert levels["nvidia:145:0009:01:00:nonfatal"] == "warn"
 
@@ -233,7 +234,7 @@ def test_sxid_lines_parse_with_their_severity() -> None:
 def test_fatal_sxid_fails_the_xid_check_with_a_reboot(p5: FakeNode) -> None:
     p5.kmsg.write_text((FIXTURES / "kmsg-nvlink5-sxid.txt").read_text().splitlines()[4] + "\n")
     r = run_node(p5, ["xid"])[0]["xid"]
-    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REBOOT, "nvswitch:20034:0000:c5:00")
+    assert (r.status, r.action, r.key) == (Status.FAIL, Action.REBOOT, "nvswitch:20034:0000:c5:00")
     assert "SXid 20034 fatal" in r.reason
 
 
@@ -255,10 +256,10 @@ def test_hostile_kernel_log_leaves_a_trainium_node_healthy(tmp_path: Path) -> No
     node = FakeNode.make(tmp_path / "trn1", "trn1.32xlarge", efa=1)
     node.kmsg.write_text((FIXTURES / "kmsg-hostile.txt").read_text())
     r = run_node(node, ["xid"])[0]["xid"]
-    assert (r.status, r.action) == (Status.OK, SuggestedAction.NONE), r.reason
+    assert (r.status, r.action) == (Status.OK, Action.NONE), r.reason
     node.inject("neuron_hw_err:SRAM_UNCORRECTABLE_ERROR:2")  # the driver's own line still counts
     r = run_node(node, ["xid"])[0]["xid"]
-    assert (r.status, r.action, r.key) == (Status.FAIL, SuggestedAction.REPLACE, "neuron:SRAM_UNCORRECTABLE_ERROR:nd2")
+    assert (r.status, r.action, r.key) == (Status.FAIL, Action.REPLACE, "neuron:SRAM_UNCORRECTABLE_ERROR:nd2")
 
 
 @pytest.mark.parametrize(

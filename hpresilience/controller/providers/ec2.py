@@ -9,18 +9,16 @@ After a replacement runs, Slurm is pointed at its new private address (same node
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field, model_validator
 
-from hpresilience.controller.providers import ProviderContext, parse_options
+from hpresilience.controller.providers import ProviderContext
 from hpresilience.controller.providers.aws import aws_client, error_text
 from hpresilience.errors import ExternalError
 from hpresilience.log import get_logger
 from hpresilience.settings_base import Section
-from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 
 log = get_logger("hpresilience.controller")
@@ -50,15 +48,12 @@ class Ec2Options(Section):
 
 class Ec2Provider:
     name = "ec2"
+    Options: ClassVar[type[Ec2Options]] = Ec2Options
 
-    def __init__(self, options: Ec2Options, client: SlurmClient, ec2: Any = None) -> None:
+    def __init__(self, options: Ec2Options, context: ProviderContext, ec2: Any = None) -> None:
         self.options = options
-        self.slurm = client
+        self.slurm = context.client
         self.ec2 = ec2 if ec2 is not None else aws_client("ec2", options.region, options.endpoint_url)
-
-    @classmethod
-    def create(cls, options: Mapping[str, Any], context: ProviderContext) -> Ec2Provider:
-        return cls(parse_options(Ec2Options, options, cls.name, context.group), context.client)
 
     def find_instance(self, node: Node) -> dict[str, Any]:
         o = self.options

@@ -7,13 +7,12 @@ after the instance's private DNS host name (`ip-10-1-2-3`), or `node_ids` maps n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field
 
-from hpresilience.controller.providers import ProviderContext, parse_options
+from hpresilience.controller.providers import ProviderContext
 from hpresilience.controller.providers.aws import aws_client, error_text
 from hpresilience.errors import ExternalError
 from hpresilience.settings_base import Section
@@ -30,15 +29,13 @@ class HyperPodOptions(Section):
 
 class HyperPodProvider:
     name = "hyperpod"
+    Options: ClassVar[type[HyperPodOptions]] = HyperPodOptions
 
-    def __init__(self, options: HyperPodOptions, sagemaker: Any = None) -> None:
+    def __init__(self, options: HyperPodOptions, context: ProviderContext | None = None,
+                 sagemaker: Any = None) -> None:
         self.options = options
         self.sm = sagemaker if sagemaker is not None else aws_client("sagemaker", options.region,
                                                                      options.endpoint_url)
-
-    @classmethod
-    def create(cls, options: Mapping[str, Any], context: ProviderContext) -> HyperPodProvider:
-        return cls(parse_options(HyperPodOptions, options, cls.name, context.group))
 
     def node_id(self, node: Node) -> str:
         if node.name in self.options.node_ids:

@@ -7,10 +7,9 @@ set before acting and the node waits for the health gate instead of going straig
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
-from hpresilience.controller.providers import ProviderContext, parse_options
+from hpresilience.controller.providers import ProviderContext
 from hpresilience.reasons import controller_reason
 from hpresilience.settings_base import Section
 from hpresilience.slurm.models import Node
@@ -23,14 +22,11 @@ class RebootOptions(Section):
 
 class RebootProvider:
     name = "reboot"
+    Options: ClassVar[type[RebootOptions]] = RebootOptions
 
     def __init__(self, options: RebootOptions, context: ProviderContext) -> None:
         self.options = options
         self.client = context.client
-
-    @classmethod
-    def create(cls, options: Mapping[str, Any], context: ProviderContext) -> RebootProvider:
-        return cls(parse_options(RebootOptions, options, cls.name, context.group), context)
 
     def act(self, node: Node, action: str) -> str:
         self.client.reboot_nodes([node.name], controller_reason(f"repair: {action} by scontrol reboot"),

@@ -7,12 +7,11 @@ and its output is logged (tail only: a chatty imaging tool must not flood the jo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import ClassVar
 
 from pydantic import Field
 
-from hpresilience.controller.providers import ProviderContext, parse_options
+from hpresilience.controller.providers import ProviderContext
 from hpresilience.controller.templates import render, run_site_command
 from hpresilience.errors import ExternalError
 from hpresilience.log import get_logger
@@ -30,6 +29,7 @@ class ScriptOptions(Section):
 
 class ScriptProvider:
     name = "script"
+    Options: ClassVar[type[ScriptOptions]] = ScriptOptions
 
     def __init__(self, options: ScriptOptions, context: ProviderContext) -> None:
         self.options = options
@@ -40,10 +40,6 @@ class ScriptProvider:
             from hpresilience.errors import ConfigError
 
             raise ConfigError(f"controller node group {self.group!r}, provider 'script': command: {err}") from None
-
-    @classmethod
-    def create(cls, options: Mapping[str, Any], context: ProviderContext) -> ScriptProvider:
-        return cls(parse_options(ScriptOptions, options, cls.name, context.group), context)
 
     def act(self, node: Node, action: str) -> str:
         argv = render(self.options.command, {"node": node.name, "action": action, "address": node.address,

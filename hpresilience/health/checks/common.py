@@ -1,39 +1,38 @@
-"""Helpers shared by the check families: device discovery, escalation, findings."""
+"""Helpers shared by the check families: device discovery, escalation, reporting the worst finding."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hpresilience.fileio import atomic_write_text
-from hpresilience.health.base import ACTION_RANK, CheckContext, HostPaths, SuggestedAction, read_text
+from hpresilience.health.base import CheckContext, CheckResult, HostPaths, Status, read_text
 from hpresilience.health.escalation import EscalationStore
+from hpresilience.health.verdict import worst
 from hpresilience.log import get_logger
+from hpresilience.reasons import Action
 
 log = get_logger("hpresilience.health")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One thing wrong inside a check's run; the check reports the worst and lists all as evidence."""
-
-    what: str
-    action: SuggestedAction
-    key: str
-    certain: bool
-    detail: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"what": self.what, "action": self.action.value, "key": self.key, **self.detail}
+def report(findings: Sequence[CheckResult], evidence: dict[str, Any]) -> CheckResult:
+    """A run that found something reports its worst finding (Check.finding): a failure when that asks for
+    an action, else a warning; `evidence` replaces the finding's own (it usually lists them all)."""
+    w = worst(findings)
+    if w.action == Action.NONE:
+        return replace(w, status=Status.WARN, certain=False, evidence=evidence)
+    return replace(w, status=Status.FAIL, evidence=evidence)
 
 
-def worst(findings: list[Finding]) -> Finding:
-    return max(findings, key=lambda f: (ACTION_RANK[f.action], f.certain))
+def finding_dict(r: CheckResult) -> dict[str, Any]:
+    """A finding as the evidence lists it: what, action, key, then its own details."""
+    return {"what": r.reason, "action": r.action.value, "key": r.key, **r.evidence}
 
 
-def ladder(ctx: CheckContext, key: str) -> tuple[SuggestedAction, int]:
+def ladder(ctx: CheckContext, key: str) -> tuple[Action, int]:
     """Reboot-then-replace for `key`, counted in distinct boots on disk."""
     store = EscalationStore(
         ctx.state_path("escalation.json"), ctx.reboots_before_replace, ctx.escalation_window_s
@@ -41,13 +40,11 @@ def ladder(ctx: CheckContext, key: str) -> tuple[SuggestedAction, int]:
     return store.escalate(key, ctx.boot_id())
 
 
-def resolve_action(ctx: CheckContext, name: str, key: str) -> tuple[SuggestedAction, int]:
+def resolve_action(ctx: CheckContext, name: str, key: str) -> tuple[Action, int]:
     """Turn a catalogue action name into a suggested action (running the ladder where asked)."""
     if name == "reboot_then_replace":
         return ladder(ctx, key)
-    return {"reboot": SuggestedAction.REBOOT, "replace": SuggestedAction.REPLACE}.get(
-        name, SuggestedAction.NONE
-    ), 0
+    return {"reboot": Action.REBOOT, "replace": Action.REPLACE}.get(name, Action.NONE), 0
 
 
 def nvidia_pci_devices(paths: HostPaths) -> list[str]:

@@ -8,9 +8,10 @@ from typing import Any
 from pydantic import Field
 
 from hpresilience import proc
-from hpresilience.health.base import Check, CheckOptions, CheckResult, Kind, Status, SuggestedAction, register
+from hpresilience.health.base import Check, CheckOptions, CheckResult, Kind, Status, register
 from hpresilience.health.checks.common import ladder
 from hpresilience.proc import resolve
+from hpresilience.reasons import Action
 
 # Diag durations per level (DCGM docs): r1 seconds, r2 ~2 min, r3 ~15-30 min, r4 up to hours.
 LEVEL_TIMEOUT_S = {1: 120.0, 2: 600.0, 3: 2700.0, 4: 9000.0}
@@ -99,7 +100,7 @@ class DcgmHealth(Check):
         if overall.lower() in ("failure", "fail"):
             return self.fail(
                 f"DCGM health: {overall}: {'; '.join(messages)[:200]}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "dcgm.health",
                 False,
                 messages=messages,
@@ -149,7 +150,7 @@ class DcgmDiag(Check):
             if any(t.get("warning_level") == 3 for t in failed):
                 return self.fail(
                     f"DCGM diag r{self.options.level} {first['test']} failed (isolate): {first['detail']}",
-                    SuggestedAction.REPLACE,
+                    Action.REPLACE,
                     key,
                     True,
                     evidence=ev,

@@ -16,13 +16,13 @@ from hpresilience.health.base import (
     CheckResult,
     Kind,
     Status,
-    SuggestedAction,
     read_int,
     read_text,
     register,
 )
 from hpresilience.health.checks.common import load_json, save_json
 from hpresilience.proc import resolve
+from hpresilience.reasons import Action
 
 AMAZON_VENDOR = "0x1d0f"
 # Per-second limits (EKS node monitoring agent's token buckets); the event counters matter, bytes do not.
@@ -87,7 +87,7 @@ class EfaDevices(Check):
         if expected is not None and len(devs) < expected:
             return self.fail(
                 f"{len(devs)} EFA device(s), profile expects {expected}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "efa.count",
                 False,
                 evidence=ev,
@@ -96,7 +96,7 @@ class EfaDevices(Check):
             problems.append(f"{len(uverbs)} /dev/infiniband/uverbs* node(s) for {len(devs)} device(s)")
         if problems:
             return self.fail(
-                "; ".join(problems)[:300], SuggestedAction.REBOOT, "efa.devices", False, evidence=ev
+                "; ".join(problems)[:300], Action.REBOOT, "efa.devices", False, evidence=ev
             )
         return self.ok(f"{len(devs)} EFA device(s), ports active", evidence=ev)
 
@@ -120,7 +120,7 @@ class EfaFiInfo(Check):
         if not res.ok or "provider: efa" not in res.stdout:
             return self.fail(
                 f"libfabric does not offer the EFA provider: {res.describe()}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "efa.fi_info",
                 False,
                 stdout=res.stdout[-500:],
@@ -227,7 +227,7 @@ class EfaLoopback(Check):
         if failed:
             return self.fail(
                 "EFA loopback failed: " + "; ".join(failed)[:300],
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "efa.loopback",
                 False,
                 failed=failed,

@@ -16,13 +16,20 @@ from hpresilience.health.base import (
     CheckResult,
     HostPaths,
     Status,
-    SuggestedAction,
     read_text,
     register,
 )
-from hpresilience.health.checks.common import Finding, ladder, load_json, nvidia_pci_devices, save_json, worst
+from hpresilience.health.checks.common import (
+    finding_dict,
+    ladder,
+    load_json,
+    nvidia_pci_devices,
+    report,
+    save_json,
+)
 from hpresilience.health.nvml import CLOCK_REASONS, GpuInfo, GpuSnapshot, NvmlUnavailable, open_reader
 from hpresilience.health.xid import normalize_pci
+from hpresilience.reasons import Action
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230) values.
 RECOVERY_ACTIONS = {
@@ -61,14 +68,10 @@ class GpuCheck(Check):
     def gpus(self) -> list[GpuInfo]:
         return [g for g in self.snapshot().gpus if not g.lost]
 
-    def summarize(self, findings: list[Finding], ok_reason: str, **evidence: object) -> CheckResult:
+    def summarize(self, findings: list[CheckResult], ok_reason: str, **evidence: object) -> CheckResult:
         if not findings:
             return self.ok(ok_reason, evidence=evidence)
-        w = worst(findings)
-        ev = {"findings": [f.to_dict() for f in findings], **evidence}
-        if w.action == SuggestedAction.NONE:
-            return self.result(Status.WARN, w.what, key=w.key, evidence=ev)
-        return self.fail(w.what, w.action, w.key, w.certain, evidence=ev)
+        return report(findings, {"findings": [finding_dict(f) for f in findings], **evidence})
 
 
 class GpuCountOptions(CheckOptions):
@@ -117,7 +120,7 @@ class GpuCount(GpuCheck):
             what = f"{len(pci)} NVIDIA GPU(s) on PCI but NVML unusable: {err}"
             if grace:
                 return self.warn(f"{what} ({grace})", key="gpu.nvml_unavailable", pci_devices=pci)
-            return self.fail(what, SuggestedAction.REBOOT, "gpu.nvml_unavailable", False, pci_devices=pci)
+            return self.fail(what, Action.REBOOT, "gpu.nvml_unavailable", False, pci_devices=pci)
         expected = self.options.expected if self.options.expected is not None else self.ctx.expect.get("gpus")
         findings = []
         for g in snap.gpus:
@@ -126,7 +129,7 @@ class GpuCount(GpuCheck):
                 key = f"nvidia:79:{normalize_pci(g.pci_bus_id) if g.pci_bus_id else g.index}"
                 action, boots = ladder(self.ctx, key)
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"GPU {g.index} {g.pci_bus_id} lost by the driver: {g.error}",
                         action,
                         key,
@@ -137,9 +140,9 @@ class GpuCount(GpuCheck):
         healthy = sum(1 for g in snap.gpus if not g.lost)
         if expected is not None and healthy < expected:
             findings.append(
-                Finding(
+                self.finding(
                     f"{healthy} usable GPU(s), profile expects {expected}",
-                    SuggestedAction.REBOOT,
+                    Action.REBOOT,
                     "gpu.count",
                     False,
                     {"found": healthy, "expected": expected},
@@ -147,9 +150,9 @@ class GpuCount(GpuCheck):
             )
         elif expected is not None and snap.count > expected:
             findings.append(
-                Finding(
+                self.finding(
                     f"{snap.count} GPUs, more than the {expected} the profile expects (wrong profile?)",
-                    SuggestedAction.NONE,
+                    Action.NONE,
                     "gpu.count_high",
                     False,
                     {},
@@ -157,9 +160,9 @@ class GpuCount(GpuCheck):
             )
         if len(pci) > snap.count:
             findings.append(
-                Finding(
+                self.finding(
                     f"{len(pci)} NVIDIA GPUs on PCI, NVML sees {snap.count}",
-                    SuggestedAction.REBOOT,
+                    Action.REBOOT,
                     "gpu.count_pci",
                     False,
                     {"pci_devices": pci},
@@ -168,7 +171,7 @@ class GpuCount(GpuCheck):
         if grace:
             held = {"gpu.count", "gpu.count_pci"}
             findings = [
-                Finding(f"{f.what} ({grace})", SuggestedAction.NONE, f.key, False, f.detail)
+                self.finding(f"{f.reason} ({grace})", Action.NONE, f.key, False, f.evidence)
                 if f.key in held
                 else f
                 for f in findings
@@ -227,14 +230,14 @@ class GpuPcie(GpuCheck):
             want = self.options.expected_width or g.pcie_width_max
             if g.pcie_width_current is not None and want and g.pcie_width_current < want:
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"GPU {g.index} {g.pci_bus_id}: PCIe link x{g.pcie_width_current}, "
                         + (
                             f"profile expects x{want}"
                             if self.options.expected_width
                             else f"max x{g.pcie_width_max}"
                         ),
-                        SuggestedAction.NONE,
+                        Action.NONE,
                         f"gpu.pcie_width:{g.pci_bus_id}",
                         False,
                         {"gpu": g.index},
@@ -247,10 +250,10 @@ class GpuPcie(GpuCheck):
                 and g.pcie_gen_current < g.pcie_gen_max
             ):
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"GPU {g.index} {g.pci_bus_id}: PCIe gen{g.pcie_gen_current}, max "
                         f"gen{g.pcie_gen_max}",
-                        SuggestedAction.NONE,
+                        Action.NONE,
                         f"gpu.pcie_gen:{g.pci_bus_id}",
                         False,
                         {"gpu": g.index},
@@ -287,9 +290,9 @@ class GpuClocks(GpuCheck):
             active = [r for r in self.options.reasons if g.clock_event_reasons & CLOCK_REASONS[r]]
             if active:
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"GPU {g.index} {g.pci_bus_id}: clocks slowed by {', '.join(active)}",
-                        SuggestedAction.NONE,
+                        Action.NONE,
                         f"gpu.clocks:{g.pci_bus_id}",
                         False,
                         {"gpu": g.index, "mask": hex(g.clock_event_reasons)},
@@ -323,9 +326,9 @@ class GpuRecoveryAction(GpuCheck):
             key = f"gpu.recovery:{normalize_pci(g.pci_bus_id) if g.pci_bus_id else g.index}"
             if g.recovery_action == 5:
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"GPU {g.index}: driver asks to {name}",
-                        SuggestedAction.NONE,
+                        Action.NONE,
                         key,
                         False,
                         {"gpu": g.index, "recovery_action": name},
@@ -334,7 +337,7 @@ class GpuRecoveryAction(GpuCheck):
                 continue
             action, boots = ladder(self.ctx, key)
             findings.append(
-                Finding(
+                self.finding(
                     f"GPU {g.index} {g.pci_bus_id}: driver asks for {name}",
                     action,
                     key,
@@ -342,12 +345,12 @@ class GpuRecoveryAction(GpuCheck):
                     {"gpu": g.index, "recovery_action": name, "boots_seen": boots},
                 )
             )
-        if unrecognised and not any(f.action != SuggestedAction.NONE for f in findings):
+        if unrecognised and not any(f.action != Action.NONE for f in findings):
             return self.result(
                 Status.UNKNOWN,
                 "unrecognised recovery action: " + "; ".join(unrecognised)[:250],
                 unrecognised=unrecognised,
-                findings=[f.to_dict() for f in findings],
+                findings=[finding_dict(f) for f in findings],
             )
         ok = "driver reports no recovery action" if reported else "driver does not report a recovery action"
         return self.summarize(findings, ok, gpus_reporting=reported)

@@ -6,10 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpresilience.health.base import CheckOptions, CheckResult, SuggestedAction, register
-from hpresilience.health.checks.common import Finding, ladder
+from hpresilience.health.base import CheckOptions, CheckResult, register
+from hpresilience.health.checks.common import ladder
 from hpresilience.health.checks.gpu import GpuCheck
 from hpresilience.health.xid import normalize_pci
+from hpresilience.reasons import Action
 
 
 class GpuMemoryOptions(CheckOptions):
@@ -36,15 +37,15 @@ class GpuMemory(GpuCheck):
     def run(self) -> CheckResult:
         o = self.options
         assert isinstance(o, GpuMemoryOptions)
-        findings: list[Finding] = []
+        findings: list[CheckResult] = []
         for g in self.gpus():
             at = f"GPU {g.index} {g.pci_bus_id}"
             dev = normalize_pci(g.pci_bus_id) if g.pci_bus_id else str(g.index)
             if g.remap_failure:
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{at}: row remapping failed",
-                        SuggestedAction.REPLACE,
+                        Action.REPLACE,
                         f"gpu.remap_failure:{dev}",
                         True,
                         {"gpu": g.index},
@@ -55,10 +56,10 @@ class GpuMemory(GpuCheck):
                 and g.remapped_rows_uncorrected >= o.max_uncorrectable_remaps
             ):
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{at}: {g.remapped_rows_uncorrected} rows remapped for uncorrectable "
                         f"errors (limit {o.max_uncorrectable_remaps})",
-                        SuggestedAction.REPLACE,
+                        Action.REPLACE,
                         f"gpu.remaps_exhausted:{dev}",
                         True,
                         {"gpu": g.index, "value": g.remapped_rows_uncorrected},
@@ -66,9 +67,9 @@ class GpuMemory(GpuCheck):
                 )
             if g.sram_threshold_exceeded:
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{at}: SRAM uncorrectable error threshold exceeded",
-                        SuggestedAction.REPLACE,
+                        Action.REPLACE,
                         f"gpu.sram_threshold:{dev}",
                         True,
                         {"gpu": g.index},
@@ -80,10 +81,10 @@ class GpuMemory(GpuCheck):
                 and g.ecc_aggregate_uncorrected > o.max_aggregate_uncorrected
             ):
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{at}: {g.ecc_aggregate_uncorrected} lifetime uncorrected ECC errors (limit "
                         f"{o.max_aggregate_uncorrected})",
-                        SuggestedAction.REPLACE,
+                        Action.REPLACE,
                         f"gpu.ecc_aggregate:{dev}",
                         True,
                         {"gpu": g.index, "value": g.ecc_aggregate_uncorrected},
@@ -92,9 +93,9 @@ class GpuMemory(GpuCheck):
             retired = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
             if retired >= o.max_retired_pages and g.retired_pages_sbe is not None:
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{at}: {retired} retired pages (limit {o.max_retired_pages})",
-                        SuggestedAction.REPLACE,
+                        Action.REPLACE,
                         f"gpu.retired_pages:{dev}",
                         True,
                         {"gpu": g.index, "value": retired},
@@ -126,7 +127,7 @@ class GpuMemory(GpuCheck):
                 if flag:
                     action, boots = ladder(self.ctx, f"{key}:{dev}")
                     findings.append(
-                        Finding(
+                        self.finding(
                             f"{at}: {what} (needs a reboot)",
                             action,
                             f"{key}:{dev}",
@@ -140,7 +141,7 @@ class GpuMemory(GpuCheck):
             ):
                 action, boots = ladder(self.ctx, f"gpu.ecc_volatile:{dev}")
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{at}: {g.ecc_volatile_uncorrected} uncorrected ECC errors since driver load",
                         action,
                         f"gpu.ecc_volatile:{dev}",
@@ -150,12 +151,12 @@ class GpuMemory(GpuCheck):
                 )
         return self.summarize(findings, "no ECC, row-remap, page-retirement or memory-repair faults")
 
-    def _flag_finding(self, how: str, what: str, key: str, index: int) -> Finding:
+    def _flag_finding(self, how: str, what: str, key: str, index: int) -> CheckResult:
         if how == "warn":
-            return Finding(what, SuggestedAction.NONE, key, False, {"gpu": index})
+            return self.finding(what, Action.NONE, key, False, {"gpu": index})
         if how == "replace":
-            return Finding(what, SuggestedAction.REPLACE, key, True, {"gpu": index})
+            return self.finding(what, Action.REPLACE, key, True, {"gpu": index})
         if how == "reboot":
-            return Finding(what, SuggestedAction.REBOOT, key, True, {"gpu": index})
+            return self.finding(what, Action.REBOOT, key, True, {"gpu": index})
         action, boots = ladder(self.ctx, key)
-        return Finding(what, action, key, True, {"gpu": index, "boots_seen": boots})
+        return self.finding(what, action, key, True, {"gpu": index, "boots_seen": boots})

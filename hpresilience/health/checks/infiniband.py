@@ -18,13 +18,13 @@ from hpresilience.health.base import (
     CheckContext,
     CheckOptions,
     CheckResult,
-    SuggestedAction,
     read_int,
     read_text,
     register,
 )
-from hpresilience.health.checks.common import Finding, load_json, save_json, worst
+from hpresilience.health.checks.common import finding_dict, load_json, report, save_json
 from hpresilience.health.checks.efa import efa_devices
+from hpresilience.reasons import Action
 
 # The port error counters (IBA PortCounters) whose growth means a sick link: the link went down, bit
 # errors on the wire, bad packets received, or the link had to retrain.
@@ -78,9 +78,9 @@ class IbPorts(Check):
         judged = [(n, p) for n, p in ports if link_layer(p) in o.link_layers]
         if not judged and not o.expected:
             return self.absent("no InfiniBand ports")
-        findings: list[Finding] = []
+        findings: list[CheckResult] = []
         seen = {}
-        down_action = SuggestedAction.REBOOT if o.down_action == "reboot" else SuggestedAction.NONE
+        down_action = Action.REBOOT if o.down_action == "reboot" else Action.NONE
         for name, port in judged:
             state = read_text(port / "state") or "?"
             phys = read_text(port / "phys_state") or "?"
@@ -88,7 +88,7 @@ class IbPorts(Check):
             seen[name] = {"state": state, "phys_state": phys, "rate_gbps": rate}
             if "ACTIVE" not in state or ("LinkUp" not in phys and phys != "?"):
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{name} state {state!r}, phys_state {phys!r}",
                         down_action,
                         f"ib.port_down:{name}",
@@ -98,9 +98,9 @@ class IbPorts(Check):
                 )
             elif o.min_rate_gbps is not None and rate is not None and rate < o.min_rate_gbps:
                 findings.append(
-                    Finding(
+                    self.finding(
                         f"{name} at {rate:g} Gb/s, profile expects at least {o.min_rate_gbps:g}",
-                        SuggestedAction.NONE,
+                        Action.NONE,
                         f"ib.port_rate:{name}",
                         False,
                         {"port": name, "rate_gbps": rate},
@@ -108,9 +108,9 @@ class IbPorts(Check):
                 )
         if o.expected is not None and len(judged) < o.expected:
             findings.append(
-                Finding(
+                self.finding(
                     f"{len(judged)} InfiniBand port(s), profile expects {o.expected}",
-                    SuggestedAction.REBOOT,
+                    Action.REBOOT,
                     "ib.count",
                     False,
                     {"found": len(judged), "expected": o.expected},
@@ -120,11 +120,8 @@ class IbPorts(Check):
         ev = {"ports": seen, "not_judged": others}
         if not findings:
             return self.ok(f"{len(judged)} InfiniBand port(s) active", evidence=ev)
-        w = worst(findings)
-        ev["findings"] = [f.to_dict() for f in findings]
-        if w.action == SuggestedAction.NONE:
-            return self.warn(w.what, key=w.key, evidence=ev)
-        return self.fail(w.what, w.action, w.key, w.certain, evidence=ev)
+        ev["findings"] = [finding_dict(f) for f in findings]
+        return report(findings, ev)
 
 
 class IbCountersOptions(CheckOptions):

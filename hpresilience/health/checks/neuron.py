@@ -19,18 +19,18 @@ from hpresilience.health.base import (
     CheckOptions,
     CheckResult,
     Status,
-    SuggestedAction,
     read_int,
     register,
 )
 from hpresilience.health.checks.common import (
-    Finding,
+    finding_dict,
     load_json,
     neuron_devices,
+    report,
     resolve_action,
     save_json,
-    worst,
 )
+from hpresilience.reasons import Action
 
 # Counter name -> what an increase asks for (uncorrectable ECC: TERMINATE_INSTANCE in AWS's NPD config).
 # Device level (`stats/hardware/*`, plain files) and per NeuronCore (`neuron_core<M>/stats/status/<name>/total`
@@ -102,7 +102,7 @@ class NeuronCount(Check):
         if expected is not None and len(devs) < expected:
             return self.fail(
                 f"{len(devs)} Neuron device(s), profile expects {expected}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "neuron.count",
                 False,
                 evidence=ev,
@@ -175,7 +175,7 @@ class NeuronCounters(Check):
             action, boots = resolve_action(self.ctx, how, key)
             core = next((part for part in Path(k).parts if part.startswith("neuron_core")), "")
             findings.append(
-                Finding(
+                self.finding(
                     f"{k} rose by {delta}",
                     action,
                     key,
@@ -194,9 +194,4 @@ class NeuronCounters(Check):
         ev = {"counters": len(now), "devices": len(devs)}
         if not findings:
             return self.ok(f"{len(now)} error counters on {len(devs)} device(s) unchanged", evidence=ev)
-        w = worst(findings)
-        if w.action == SuggestedAction.NONE:
-            return self.warn(w.what, key=w.key, findings=[f.to_dict() for f in findings], evidence=ev)
-        return self.fail(
-            w.what, w.action, w.key, w.certain, findings=[f.to_dict() for f in findings], evidence=ev
-        )
+        return report(findings, {**ev, "findings": [finding_dict(f) for f in findings]})

@@ -24,12 +24,12 @@ from hpresilience.health.base import (
     CheckOptions,
     CheckResult,
     Status,
-    SuggestedAction,
     register,
 )
-from hpresilience.health.checks.common import Finding, nvswitch_pci_devices, resolve_action, worst
+from hpresilience.health.checks.common import finding_dict, nvswitch_pci_devices, report, resolve_action
 from hpresilience.health.xid import FaultEvent, load_catalog, normalize_pci
 from hpresilience.proc import resolve
+from hpresilience.reasons import Action
 
 # `systemctl is-active` words: "active" is the only good one; "activating"/"reloading" are transient.
 TRANSIENT = {"activating", "reloading", "deactivating"}
@@ -135,19 +135,19 @@ class FabricManager(Check):
             "state": state,
             "nvswitches": switches,
             "log": self.options.log_path,
-            "findings": [f.to_dict() for f in findings],
+            "findings": [finding_dict(f) for f in findings],
         }
         if state in TRANSIENT:
             findings.append(
-                Finding(f"{self.options.service} is {state}", SuggestedAction.NONE, "nvswitch.fabricmanager", False, {})
+                self.finding(f"{self.options.service} is {state}", Action.NONE, "nvswitch.fabricmanager", False, {})
             )
         elif state != "active":
             # EKS node monitoring agent: FabricManagerNotRunning is fatal; the AWS suite resets. A restart
             # of the service is what a reboot does; not certain, so the agent confirms it on the next cycle.
             findings.append(
-                Finding(
+                self.finding(
                     f"{self.options.service} is {state} on a node with {len(switches)} NVSwitch(es)",
-                    SuggestedAction.REBOOT,
+                    Action.REBOOT,
                     "nvswitch.fabricmanager",
                     False,
                     {},
@@ -155,33 +155,30 @@ class FabricManager(Check):
             )
         if not findings:
             return self.ok(f"{self.options.service} active ({len(switches)} NVSwitch(es))", evidence=ev)
-        w = worst(findings)
-        if w.action == SuggestedAction.NONE:
-            return self.warn(w.what, key=w.key, evidence=ev)
-        return self.fail(w.what, w.action, w.key, w.certain, evidence=ev)
+        return report(findings, ev)
 
-    def _log_findings(self) -> list[Finding]:
+    def _log_findings(self) -> list[CheckResult]:
         """This boot's SXids and multicast-team failures from the fabric manager's log."""
         assert isinstance(self.options, FabricManagerOptions)
         if not self.options.log_path:
             return []
         events, team_failures = read_fm_log(Path(self.options.log_path), _boot_time(self.ctx))
         catalog = load_catalog(self.ctx.xid_overrides)
-        out: dict[str, Finding] = {}
+        out: dict[str, CheckResult] = {}
         for e in events:
             if e.key in out:
                 continue
             c = catalog.classify(e)
             what = f"fabric manager: SXid {e.code} {e.severity} ({c.entry.name}) on {e.device}"
             if c.action in ("none", "warn"):
-                out[e.key] = Finding(what, SuggestedAction.NONE, e.key, False, {"catalog_action": c.action})
+                out[e.key] = self.finding(what, Action.NONE, e.key, False, {"catalog_action": c.action})
                 continue
             action, boots = resolve_action(self.ctx, c.action, e.key)
-            out[e.key] = Finding(what, action, e.key, True, {"catalog_action": c.action, "boots_seen": boots})
+            out[e.key] = self.finding(what, action, e.key, True, {"catalog_action": c.action, "boots_seen": boots})
         if team_failures:
-            out["nvswitch.multicast"] = Finding(
+            out["nvswitch.multicast"] = self.finding(
                 f"fabric manager: {team_failures} multicast team setup failure(s) (NVLink)",
-                SuggestedAction.NONE,
+                Action.NONE,
                 "nvswitch.multicast",
                 False,
                 {"count": team_failures},

@@ -14,11 +14,11 @@ from hpresilience.health.base import (
     CheckResult,
     Kind,
     Status,
-    SuggestedAction,
     read_text,
     register,
 )
 from hpresilience.proc import resolve
+from hpresilience.reasons import Action
 
 
 def parse_cpu_list(text: str) -> int:
@@ -54,7 +54,7 @@ class Cpu(Check):
         if exp is not None and online < exp:
             return self.fail(
                 f"{online} CPUs online, profile expects {exp}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "system.cpu",
                 False,
                 online=online,
@@ -102,7 +102,7 @@ class Memory(Check):
         if self.options.min_total_gib is not None and gib < self.options.min_total_gib:
             return self.fail(
                 f"{gib:.1f} GiB of memory, profile expects at least {self.options.min_total_gib:g}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "system.memory_total",
                 False,
                 evidence=ev,
@@ -171,7 +171,7 @@ class Mounts(Check):
         if missing:
             return self.fail(
                 f"not mounted: {', '.join(missing)}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "system.mounts",
                 False,
                 missing=missing,
@@ -233,7 +233,7 @@ class Stress(Check):
         if res.returncode == 2:  # a stressor failed, which with --verify means a wrong result
             return self.fail(
                 f"stress-ng verification failed: {res.describe()}",
-                SuggestedAction.REBOOT,
+                Action.REBOOT,
                 "system.stress",
                 False,
                 output=tail,

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from hpresilience.health.base import Check, CheckOptions, CheckResult, Status, SuggestedAction, register
+from hpresilience.health.base import Check, CheckOptions, CheckResult, Status, register
 from hpresilience.health.checks.common import (
-    Finding,
+    finding_dict,
     neuron_devices,
     nvidia_pci_devices,
     nvswitch_pci_devices,
+    report,
     resolve_action,
-    worst,
 )
 from hpresilience.health.events import KernelLogUnavailable, read_kernel_log
 from hpresilience.health.xid import KernelLogParser, load_catalog
+from hpresilience.reasons import Action
 
 
 class XidOptions(CheckOptions):
@@ -49,7 +50,7 @@ class XidCheck(Check):
         except KernelLogUnavailable as err:
             return self.result(Status.UNKNOWN, f"kernel log unreadable: {err}")
         parser = KernelLogParser(catalog.aliases, source)
-        seen: dict[str, Finding] = {}
+        seen: dict[str, CheckResult] = {}
         matched: list[str] = []
         for ev in (e for line in lines for e in parser.feed(line)):
             if len(matched) < self.options.max_evidence_lines:
@@ -64,16 +65,16 @@ class XidCheck(Check):
                 label += f" {ev.severity}"
             where = f" on {ev.device}" if ev.device else ""
             if c.action in ("none", "warn"):
-                seen[ev.key] = Finding(
+                seen[ev.key] = self.finding(
                     f"{label} ({c.entry.name}){where}",
-                    SuggestedAction.NONE,
+                    Action.NONE,
                     ev.key,
                     False,
                     {"catalog_action": c.action},
                 )
                 continue
             action, boots = resolve_action(self.ctx, c.action, ev.key)
-            seen[ev.key] = Finding(
+            seen[ev.key] = self.finding(
                 f"{label} ({c.entry.name}){where}",
                 action,
                 ev.key,
@@ -81,15 +82,14 @@ class XidCheck(Check):
                 {"catalog_action": c.action, "boots_seen": boots},
             )
         evidence = {"source": source, "catalog_version": catalog.version, "lines": matched}
-        actionable = [f for f in seen.values() if f.action != SuggestedAction.NONE]
-        warn_only = [f for f in seen.values() if f.detail.get("catalog_action") == "warn"]
-        findings = [f.to_dict() for f in seen.values()]
+        actionable = [f for f in seen.values() if f.asks_action]
+        warn_only = [f for f in seen.values() if f.evidence.get("catalog_action") == "warn"]
+        findings = [finding_dict(f) for f in seen.values()]
         if actionable:
-            w = worst(actionable)
-            return self.fail(w.what, w.action, w.key, w.certain, findings=findings, evidence=evidence)
+            return report(actionable, {**evidence, "findings": findings})
         if warn_only:
             return self.result(
-                Status.WARN, warn_only[0].what, key=warn_only[0].key, findings=findings, evidence=evidence
+                Status.WARN, warn_only[0].reason, key=warn_only[0].key, findings=findings, evidence=evidence
             )
         note = f"; {len(seen)} application-level XID(s) ignored" if seen else ""
         return self.ok(f"no hardware XIDs this boot{note}", findings=findings, evidence=evidence)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hpresilience.controller.settings import GateSettings
-from hpresilience.controller.templates import render, run_site_command
+from hpresilience.controller.templates import GATE_KEYS, render, run_site_command, template_problem
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.registry import Registry
 from hpresilience.slurm.models import Node
@@ -51,12 +51,9 @@ class CommandGate:
     name = "command"
 
     def __init__(self, settings: GateSettings) -> None:
-        if not settings.command:
-            raise ConfigError("controller.gate.command: the command gate needs a command")
-        try:
-            render(settings.command, {"node": "n", "address": "a", "hostname": "h"})
-        except (KeyError, ValueError, IndexError) as err:
-            raise ConfigError(f"controller.gate.command: {err} (known: {{node}}, {{address}}, {{hostname}})") from None
+        problem = template_problem(settings.command, GATE_KEYS)
+        if problem:  # settings built without validation (model_construct) still get the load-time check
+            raise ConfigError(f"controller.gate.command: {problem}")
         self.settings = settings
 
     def check(self, node: Node) -> GateResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hpresilience.errors import ConfigError, SlurmParseError
 from hpresilience.settings_base import Problems, Section, reference_error
@@ -59,6 +59,16 @@ class GateSettings(Section):
         if kind not in GATES:
             raise reference_error(f"unknown gate {kind!r}; known: {', '.join(GATES.names())}")
         return kind
+
+    @field_validator("command")
+    @classmethod
+    def _command_template(cls, command: list[str], info: ValidationInfo) -> list[str]:
+        from hpresilience.controller.templates import GATE_KEYS, template_problem
+
+        problem = template_problem(command, GATE_KEYS) if info.data.get("kind") == "command" else None
+        if problem:
+            raise reference_error(problem)
+        return command
 
 
 class ControllerSettings(Section):

@@ -14,6 +14,8 @@ from hpresilience import proc
 from hpresilience.errors import EnvironmentMissing, ExternalError
 
 _NODE_KEYS = frozenset({"node", "address", "hostname"})
+# What a health gate's command may name (it has no action: it checks, whatever repaired the node).
+GATE_KEYS = ("node", "address", "hostname")
 
 
 def check_node_value(key: str, value: str) -> str:
@@ -37,6 +39,19 @@ def render(template: list[str], values: Mapping[str, str]) -> list[str]:
     if not used:
         out += [values["node"], values["action"]] if "action" in values else [values["node"]]
     return out
+
+
+def template_problem(template: list[str], keys: tuple[str, ...]) -> str | None:
+    """What is wrong with a command template given the placeholders it may use, or None: checked when the
+    configuration loads, so a typo fails `config show` rather than the first repair at 3 a.m."""
+    if not template:
+        return "the command is empty"
+    try:
+        render(template, {k: k[0] for k in keys})
+    except (KeyError, ValueError, IndexError) as err:
+        known = ", ".join("{" + k + "}" for k in keys)
+        return f"{str(err).strip(chr(39))} (known: {known})"
+    return None
 
 
 class _Strict(dict[str, str]):

@@ -13,11 +13,11 @@ import os
 import secrets
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hpresilience import proc
 from hpresilience.errors import EnvironmentMissing, ExternalError
 from hpresilience.log import get_logger
 
@@ -138,9 +138,9 @@ class Accounting:
         self.datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
         argv = [_tool("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}", "--user=root",
                 "--auth-root-authentication-method=socket", "--skip-test-db"]
-        res = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, check=False)
-        if res.returncode != 0:
-            raise AccountingError(f"`{' '.join(argv)}` exited {res.returncode}: {res.stderr.strip()[-400:]}")
+        res = proc.run(argv, timeout)
+        if not res.ok:
+            raise AccountingError(f"{res.describe()}: {res.stderr.strip()[-400:]}")
 
     def _ensure_user(self, fresh: bool, timeout: float) -> str:
         if not fresh and self.password_file.exists():
@@ -150,10 +150,9 @@ class Accounting:
                f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
                f"GRANT ALL ON {DB_NAME}.* TO 'slurm'@'127.0.0.1';FLUSH PRIVILEGES;")
         argv = [_tool("mariadb"), "--no-defaults", f"--socket={self.socket_path}", "-u", "root"]
-        res = subprocess.run(argv, input=sql, capture_output=True, text=True, errors="replace", timeout=timeout,
-                             check=False)
-        if res.returncode != 0:
-            raise AccountingError(f"creating the slurm database user failed ({res.returncode}): "
+        res = proc.run(argv, timeout, input_text=sql)
+        if not res.ok:
+            raise AccountingError(f"creating the slurm database user failed ({res.describe()}): "
                                   f"{res.stderr.strip()[-400:]}")
         fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from hpresilience import proc
 from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError, HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
@@ -201,13 +202,13 @@ class DevCluster:
         of those (job scripts and tasks)."""
         me = str(self.state_dir)
         found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["pid"]):
+        for p in psutil.process_iter(["pid"]):
             try:
-                ours = proc.environ().get(MARKER) == me or (
-                    proc.name().startswith("slurmstepd") and _under(proc.cwd(), me))
+                ours = p.environ().get(MARKER) == me or (
+                    p.name().startswith("slurmstepd") and _under(p.cwd(), me))
                 if ours:
-                    found[proc.pid] = proc
-                    for child in proc.children(recursive=True):
+                    found[p.pid] = p
+                    for child in p.children(recursive=True):
                         found[child.pid] = child
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
@@ -241,9 +242,10 @@ class DevCluster:
                 subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True, cwd=self.state_dir)
             return
-        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
-        if res.returncode != 0:
-            raise DevclusterError(f"`{' '.join(argv)}` exited {res.returncode}: {res.stderr.strip()[-300:]}\n"
+        # Slurm's daemons fork and leave the group themselves; nothing left in it may be killed on exit either.
+        res = proc.run(argv, 30, env=env, kill_leftovers=False)
+        if not res.ok:
+            raise DevclusterError(f"{res.describe()}: {res.stderr.strip()[-300:]}\n"
                                   + self.log_tail())
 
     def start_node(self, name: str) -> None:
@@ -351,9 +353,9 @@ class DevCluster:
         """Cancel jobs, stop every process with our marker (TERM, then KILL), remove our directory."""
         if self.conf_path.exists() and "slurmctld" in self.daemon_pids():
             try:
-                subprocess.run([self._tool("scancel"), "--full", "--quiet", "--state=RUNNING,PENDING,SUSPENDED",
-                                "--user=root"], env=self.env(), capture_output=True, timeout=10, check=False)
-            except (subprocess.TimeoutExpired, EnvironmentMissing, OSError):
+                self.client(timeout=10, retries=0).runner.run(
+                    "scancel", "--full", "--quiet", "--state=RUNNING,PENDING,SUSPENDED", "--user=root", check=False)
+            except HPResilienceError:
                 pass
             else:
                 self._wait_jobs_gone(grace)

@@ -85,8 +85,10 @@ def test_unknown_provider_and_gate_list_the_known_ones() -> None:
         GateSettings(kind="nhc")  # refused when the settings load (issue 11 defect 3) ...
     with pytest.raises(ConfigError, match="unknown gate 'nhc'; known: command, none"):
         create_gate(GateSettings.model_construct(kind="nhc"))  # ... and still when a gate is made
+    with pytest.raises(ValidationError, match="unknown placeholder"):
+        GateSettings(command=["ssh", "{nodename}"])  # refused at load ...
     with pytest.raises(ConfigError, match="unknown placeholder"):
-        create_gate(GateSettings(command=["ssh", "{nodename}"]))
+        create_gate(GateSettings.model_construct(kind="command", command=["ssh", "{nodename}"]))  # ... and at start
 
 
 def test_a_bad_group_is_refused_at_load_and_at_start(tmp_path: Path) -> None:

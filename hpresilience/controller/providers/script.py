@@ -9,22 +9,31 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hpresilience.controller.providers import ProviderContext
-from hpresilience.controller.templates import render, run_site_command
-from hpresilience.errors import ExternalError
+from hpresilience.controller.templates import render, run_site_command, template_problem
+from hpresilience.errors import ConfigError, ExternalError
 from hpresilience.log import get_logger
-from hpresilience.settings_base import Section
+from hpresilience.settings_base import Section, reference_error
 from hpresilience.slurm.models import Node
 
 log = get_logger("hpresilience.controller")
+SCRIPT_KEYS = ("node", "action", "address", "hostname")
 
 
 class ScriptOptions(Section):
     command: list[str] = Field(min_length=1)
     timeout_s: float = Field(default=600.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command")
+    @classmethod
+    def _template(cls, command: list[str]) -> list[str]:
+        problem = template_problem(command, SCRIPT_KEYS)
+        if problem:
+            raise reference_error(problem)
+        return command
 
 
 class ScriptProvider:
@@ -34,12 +43,9 @@ class ScriptProvider:
     def __init__(self, options: ScriptOptions, context: ProviderContext) -> None:
         self.options = options
         self.group = context.group
-        try:
-            render(options.command, {"node": "n", "action": "reboot", "address": "a", "hostname": "h"})
-        except (KeyError, ValueError, IndexError) as err:
-            from hpresilience.errors import ConfigError
-
-            raise ConfigError(f"controller node group {self.group!r}, provider 'script': command: {err}") from None
+        problem = template_problem(options.command, SCRIPT_KEYS)
+        if problem:  # options built without validation (model_construct) still get the load-time check
+            raise ConfigError(f"controller node group {self.group!r}, provider 'script': command: {problem}")
 
     def act(self, node: Node, action: str) -> str:
         argv = render(self.options.command, {"node": node.name, "action": action, "address": node.address,

@@ -27,6 +27,7 @@ import click
 import yaml
 
 import hpresilience
+from hpresilience import proc
 from hpresilience.errors import EnvironmentMissing, JobFailed
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress
@@ -142,7 +143,8 @@ class Story:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
-                p.kill()
+                proc.kill_group(p.pid)  # started in a session of its own: its helpers go with it
+                p.wait()
 
 
 def run_story(story: Story, tl: Timeline, timeout: float) -> None:

@@ -29,11 +29,9 @@ from hpresilience.autoresume.prefilter import required_literal
 from hpresilience.autoresume.regex import RuleMatch, RulePattern
 from hpresilience.autoresume.settings import LogRuleSettings
 from hpresilience.log import get_logger
+from hpresilience.slurm.srun import strip_task_labels
 
 _log = get_logger("hpresilience.autoresume.rules")
-
-# `srun --label` puts "<task id>: " (padded) before every line.
-_TASK_LABEL = re.compile(r"^ *\d+: ", re.MULTILINE)
 
 _OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "gt": op.gt, "gteq": op.ge, "lt": op.lt, "lteq": op.le, "eq": op.eq,
@@ -337,7 +335,7 @@ class RuleSet:
         out: list[RuleTripped] = []
         if text:
             if self._strip_label:
-                text = _TASK_LABEL.sub("", text)
+                text = strip_task_labels(text)
             split: list[list[str]] = []
 
             def lines() -> list[str]:

@@ -15,9 +15,9 @@ from typing import IO
 
 from hpresilience.autoresume.rules import LineBuffer, RuleSet, RuleTripped
 from hpresilience.log import get_logger
+from hpresilience.slurm.srun import srun_error_lines
 
 log = get_logger("hpresilience.autoresume")
-SRUN_ERROR_PREFIX = "srun: error:"
 MAX_SRUN_ERRORS = 200
 
 
@@ -45,8 +45,8 @@ class RuleFeed:
             self.last_output = now
             if self.rules:
                 self.tripped.extend(self.rules.feed_text(text, now))
-            if SRUN_ERROR_PREFIX in text and len(self.srun_errors) < MAX_SRUN_ERRORS:
-                self.srun_errors.extend(ln for ln in text.splitlines() if ln.startswith(SRUN_ERROR_PREFIX))
+            if len(self.srun_errors) < MAX_SRUN_ERRORS:
+                self.srun_errors.extend(srun_error_lines(text))
 
     def tick(self) -> list[RuleTripped]:
         """Evaluate timers; returns (and forgets) every trip seen since the last call."""

@@ -18,9 +18,9 @@ from hpresilience.config import load_config
 from hpresilience.errors import ExternalError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.install.layout import Layout, Role, default_config, profile_script, render, template
-from hpresilience.install.slurmconf import merge_lines
 from hpresilience.install.venv import read_manifest
 from hpresilience.log import get_logger
+from hpresilience.slurm.conf import merge_lines
 
 log = get_logger("hpresilience.install")
 SLURM_CONF_CANDIDATES = ("/etc/slurm/slurm.conf", "/opt/slurm/etc/slurm.conf", "/etc/slurm-llnl/slurm.conf")

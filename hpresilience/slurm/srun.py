@@ -121,3 +121,21 @@ def application_exit_code(exit_code: int, srun_errors: Iterable[str]) -> int:
     first = next((m.group("what") for line in srun_errors for m in TASK_END_LINE.finditer(line)), None)
     exited = TASK_EXITED.match(first) if first is not None else None
     return int(exited.group("code")) if exited and int(exited.group("code")) else exit_code
+
+
+# srun prefixes its own complaints so; they are kept apart from the tasks' output for the classifier.
+SRUN_ERROR_PREFIX = "srun: error:"
+# `srun --label` puts "<task id>: " (padded) before every line of a task's output.
+_TASK_LABEL = re.compile(r"^ *\d+: ", re.MULTILINE)
+
+
+def srun_error_lines(text: str) -> list[str]:
+    """srun's own error lines in a block of the step's output."""
+    if SRUN_ERROR_PREFIX not in text:
+        return []
+    return [ln for ln in text.splitlines() if ln.startswith(SRUN_ERROR_PREFIX)]
+
+
+def strip_task_labels(text: str) -> str:
+    """A block of `srun --label` output without the task labels, as the task printed it."""
+    return _TASK_LABEL.sub("", text)

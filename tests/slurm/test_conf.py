@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpresilience.install.layout import Layout, render
-from hpresilience.install.slurmconf import merge_lines, parse_settings
+from hpresilience.slurm.conf import merge_lines, parse_settings
 
 
 def snippet() -> str:

@@ -230,6 +230,10 @@ class SlurmClient:
         args = [str(job_id)] + ([f"--signal={signal}"] if signal else [])
         self.runner.run("scancel", *args)
 
+    def cancel_jobs_of(self, user: str) -> None:
+        """Cancel every running, pending or suspended job of `user`, batch scripts and steps alike (--full)."""
+        self.runner.run("scancel", "--full", "--quiet", "--state=RUNNING,PENDING,SUSPENDED", f"--user={user}")
+
     def requeue(self, job_id: int) -> None:
         self.runner.run("scontrol", "requeue", str(job_id))
         log.info("job_requeued", job_id=job_id)

@@ -353,8 +353,7 @@ class DevCluster:
         """Cancel jobs, stop every process with our marker (TERM, then KILL), remove our directory."""
         if self.conf_path.exists() and "slurmctld" in self.daemon_pids():
             try:
-                self.client(timeout=10, retries=0).runner.run(
-                    "scancel", "--full", "--quiet", "--state=RUNNING,PENDING,SUSPENDED", "--user=root", check=False)
+                self.client(timeout=10, retries=0).cancel_jobs_of("root")
             except HPResilienceError:
                 pass
             else:

@@ -112,3 +112,9 @@ def test_a_hung_command_is_slurm_timeout_naming_it() -> None:
     with pytest.raises(SlurmTimeout, match="`sinfo -h -a -o %D` timed out after 30 s") as exc:
         SlurmClient(runner).node_count()
     assert exc.value.argv == ("sinfo", "-h", "-a", "-o", "%D") and len(runner.calls) == 2
+
+
+def test_cancel_jobs_of_a_user_cancels_scripts_and_steps_of_every_live_state() -> None:
+    runner = FakeRunner(NEW).answer("scancel")
+    SlurmClient(runner).cancel_jobs_of("alice")
+    assert runner.commands() == ["scancel --full --quiet --state=RUNNING,PENDING,SUSPENDED --user=alice"]

@@ -159,3 +159,52 @@ def test_the_checker_sees_upward_imports_cycles_and_imports_inside_functions(tmp
 def test_layer_table_names_only_units_that_exist(unit: str) -> None:
     """A unit in the table that no longer exists would hide a renamed module from the rule."""
     assert unit in _units() | {"__main__"}, f"{unit} is in LAYERS but not in the package"
+
+
+SLURM_TOOLS = frozenset({"scontrol", "sinfo", "squeue", "scancel", "sbatch", "salloc", "srun", "sacct", "sacctmgr"})
+
+
+# What starts a process: the package's seams, the standard library's and os.exec*.
+RUNNERS = frozenset({"run", "run_once", "execute", "background", "Popen", "check_output", "check_call", "call",
+                     "execv", "execvp", "execvpe"})
+
+
+def _callee(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def slurm_command_sites(root: Path = PACKAGE) -> list[str]:
+    """Places outside slurm/ (and the test tooling that fakes it) that run a Slurm command themselves: a call
+    whose first argument is a Slurm tool's name, or a reach into a client's command runner."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "slurm" or rel.as_posix() == "testing/fakerunner.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and _callee(node) in RUNNERS:
+                first = node.args[0] if node.args else None
+                if isinstance(first, (ast.List, ast.Tuple)) and first.elts:
+                    first = first.elts[0]
+                if isinstance(first, ast.Constant) and first.value in SLURM_TOOLS:
+                    out.append(f"{rel}:{node.lineno} runs {first.value}")
+            elif isinstance(node, ast.Attribute) and node.attr == "runner":
+                out.append(f"{rel}:{node.lineno} reaches into a client's runner")
+    return sorted(out, key=lambda s: (s.split(":")[0], int(s.split(":")[1].split()[0])))
+
+
+def test_only_the_slurm_package_runs_slurm_commands() -> None:
+    sites = slurm_command_sites()
+    assert not sites, "\n".join(sites)
+
+
+def test_the_slurm_command_scan_finds_a_planted_call(tmp_path: Path) -> None:
+    pkg = tmp_path / "hpresilience"
+    (pkg / "autoresume").mkdir(parents=True)
+    (pkg / "autoresume" / "x.py").write_text(
+        "def f(client, run, proc):\n    run('scontrol', 'show', 'job')\n    client.runner.run('x')\n"
+        "    proc.run(['squeue', '-h'], 5)\n    template('srun')\n")
+    assert slurm_command_sites(pkg) == ["autoresume/x.py:2 runs scontrol",
+                                        "autoresume/x.py:3 reaches into a client's runner",
+                                        "autoresume/x.py:4 runs squeue"]

@@ -208,3 +208,37 @@ def test_the_slurm_command_scan_finds_a_planted_call(tmp_path: Path) -> None:
     assert slurm_command_sites(pkg) == ["autoresume/x.py:2 runs scontrol",
                                         "autoresume/x.py:3 reaches into a client's runner",
                                         "autoresume/x.py:4 runs squeue"]
+
+
+# Long-lived processes that stream or outlive a call (an srun step, the devcluster's and the demo's daemons)
+# keep their own Popen; everything else starts commands through proc.py.
+SUBPROCESS_ALLOWED = frozenset({"proc.py", "slurm/srun.py", "testing/devcluster.py", "testing/demo.py"})
+
+
+def mechanism_sites(root: Path = PACKAGE) -> list[str]:
+    """Second copies of a one-of mechanism: subprocess outside the allowed modules, a process-group kill
+    outside proc.py (the one validation-error reader is pinned in tests/test_config.py)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if "subprocess" in names and rel not in SUBPROCESS_ALLOWED:
+                out.append(f"{rel}:{node.lineno} imports subprocess (use hpresilience.proc)")
+            if isinstance(node, ast.Attribute) and node.attr == "killpg" and rel != "proc.py":
+                out.append(f"{rel}:{node.lineno} kills a process group (use proc.kill_group)")
+    return out
+
+
+def test_one_process_seam_and_one_group_kill() -> None:
+    sites = mechanism_sites()
+    assert not sites, "\n".join(sites)
+
+
+def test_the_mechanism_scan_finds_planted_copies(tmp_path: Path) -> None:
+    pkg = tmp_path / "hpresilience"
+    (pkg / "health").mkdir(parents=True)
+    (pkg / "health" / "x.py").write_text("import os\nimport subprocess\n\ndef f(p):\n    os.killpg(p, 9)\n")
+    assert mechanism_sites(pkg) == ["health/x.py:2 imports subprocess (use hpresilience.proc)",
+                                    "health/x.py:5 kills a process group (use proc.kill_group)"]

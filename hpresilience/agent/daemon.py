@@ -169,17 +169,16 @@ class Agent:
         for r in results:
             self.metrics.checks.labels(r.check, r.status.value).inc()
             self.metrics.duration.labels(r.check).observe(r.duration_s)
-        findings = [r for r in results if r.asks_action]
-        self.memory.observe(findings)
+        self.memory.observe(results)
         # Nothing to report and no mark of ours to lift: nothing to ask Slurm.
         may_lift = self.settings.resume_when_clear and self.memory.marked is not False
-        if me is None and (findings or may_lift):
+        if me is None and (any(r.asks_action for r in results) or may_lift):
             me = self.own_node()
         if me is None:
             decision = Decision(DecisionKind.NONE, "healthy")
             self.metrics.decisions.labels(decision.kind.value, "none").inc()
         else:
-            decision = decide(me, self.cap_view, findings, self.memory, self.settings, t)
+            decision = decide(me, self.cap_view, results, self.memory, self.settings, t)
             self.apply(me, decision, results)
             if (decision.kind is DecisionKind.MARK and not self.settings.dry_run
                     and parse_reason(me.reason).owner != "agent"):

@@ -45,8 +45,9 @@ class Memory:
     streaks: dict[str, int] = field(default_factory=dict)
     marked: bool | None = None
 
-    def observe(self, findings: Sequence[CheckResult]) -> None:
-        seen = {fault_key(f) for f in findings if f.asks_action}
+    def observe(self, results: Sequence[CheckResult]) -> None:
+        """One cycle's results: a fault's streak grows when it is seen again, and ends when it is not."""
+        seen = {fault_key(r) for r in results if r.asks_action}
         self.streaks = {k: self.streaks.get(k, 0) + 1 for k in seen}
 
 

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 
 from hpresilience.controller.providers import ProviderContext
 from hpresilience.controller.templates import render, run_site_command, template_problem
-from hpresilience.errors import ConfigError, ExternalError
+from hpresilience.errors import ExternalError
 from hpresilience.log import get_logger
 from hpresilience.settings_base import Section, reference_error
 from hpresilience.slurm.models import Node
@@ -43,9 +43,6 @@ class ScriptProvider:
     def __init__(self, options: ScriptOptions, context: ProviderContext) -> None:
         self.options = options
         self.group = context.group
-        problem = template_problem(options.command, SCRIPT_KEYS)
-        if problem:  # options built without validation (model_construct) still get the load-time check
-            raise ConfigError(f"controller node group {self.group!r}, provider 'script': command: {problem}")
 
     def act(self, node: Node, action: str) -> str:
         argv = render(self.options.command, {"node": node.name, "action": action, "address": node.address,

@@ -51,12 +51,15 @@ class Result:
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
-    def describe(self) -> str:
+    def describe(self, tail: int = 0) -> str:
+        """`cmd` exited N: its last line of output (stderr first); with `tail`, its last `tail` characters
+        instead, for tools whose cause sits a few lines above the end (mariadb-install-db, slurmctld)."""
         cmd = " ".join(self.argv)
         if self.timed_out:
             return f"`{cmd}` timed out"
-        last = (self.stderr.strip() or self.stdout.strip()).splitlines()[-1:] or ["no output"]
-        return f"`{cmd}` exited {self.returncode}: {last[0][:200]}"
+        out = self.stderr.strip() or self.stdout.strip()
+        what = out[-tail:] if tail else (out.splitlines()[-1:] or [""])[0][:200]
+        return f"`{cmd}` exited {self.returncode}: {what or 'no output'}"
 
 
 def kill_group(pgid: int) -> None:

@@ -158,3 +158,11 @@ def test_resolve_finds_tools_on_path_or_by_path(tmp_path: Path) -> None:
     assert proc.resolve("sh") is not None
     assert proc.resolve(str(tmp_path / "nothing")) is None
     assert proc.resolve("no-such-tool-hpr") is None
+
+
+def test_describe_with_a_tail_keeps_the_lines_above_the_last() -> None:
+    """mariadb-install-db and slurmctld print the cause a few lines above their last line."""
+    res = proc.run(["sh", "-c", "echo 'cause: no space' >&2; echo 'giving up' >&2; exit 1"], 10)
+    assert res.describe() == "`sh -c echo 'cause: no space' >&2; echo 'giving up' >&2; exit 1` exited 1: giving up"
+    assert res.describe(tail=40).endswith("exited 1: cause: no space\ngiving up")
+    assert proc.run(["true"], 10).describe(tail=40) == "`true` exited 0: no output"

@@ -140,7 +140,7 @@ class Accounting:
                 "--auth-root-authentication-method=socket", "--skip-test-db"]
         res = proc.run(argv, timeout)
         if not res.ok:
-            raise AccountingError(f"{res.describe()}: {res.stderr.strip()[-400:]}")
+            raise AccountingError(res.describe(tail=400))
 
     def _ensure_user(self, fresh: bool, timeout: float) -> str:
         if not fresh and self.password_file.exists():
@@ -152,8 +152,7 @@ class Accounting:
         argv = [_tool("mariadb"), "--no-defaults", f"--socket={self.socket_path}", "-u", "root"]
         res = proc.run(argv, timeout, input_text=sql)
         if not res.ok:
-            raise AccountingError(f"creating the slurm database user failed ({res.describe()}): "
-                                  f"{res.stderr.strip()[-400:]}")
+            raise AccountingError(f"creating the slurm database user failed: {res.describe(tail=400)}")
         fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(password + "\n")

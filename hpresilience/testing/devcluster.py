@@ -245,8 +245,7 @@ class DevCluster:
         # Slurm's daemons fork and leave the group themselves; nothing left in it may be killed on exit either.
         res = proc.run(argv, 30, env=env, kill_leftovers=False)
         if not res.ok:
-            raise DevclusterError(f"{res.describe()}: {res.stderr.strip()[-300:]}\n"
-                                  + self.log_tail())
+            raise DevclusterError(f"{res.describe(tail=300)}\n" + self.log_tail())
 
     def start_node(self, name: str) -> None:
         (self.state_dir / "spool" / name).mkdir(parents=True, exist_ok=True)

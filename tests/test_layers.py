@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -174,24 +175,31 @@ def _callee(call: ast.Call) -> str:
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
 
 
+def _statements(root: Path) -> Iterator[tuple[str, ast.expr | ast.stmt]]:
+    """(path relative to the package, node) for every expression and statement, file by file in line order."""
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        nodes = [n for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, (ast.expr, ast.stmt))]
+        for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset)):
+            yield rel, node
+
+
 def slurm_command_sites(root: Path = PACKAGE) -> list[str]:
     """Places outside slurm/ (and the test tooling that fakes it) that run a Slurm command themselves: a call
     whose first argument is a Slurm tool's name, or a reach into a client's command runner."""
     out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if rel.parts[0] == "slurm" or rel.as_posix() == "testing/fakerunner.py":
+    for rel, node in _statements(root):
+        if rel.startswith("slurm/") or rel == "testing/fakerunner.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and _callee(node) in RUNNERS:
-                first = node.args[0] if node.args else None
-                if isinstance(first, (ast.List, ast.Tuple)) and first.elts:
-                    first = first.elts[0]
-                if isinstance(first, ast.Constant) and first.value in SLURM_TOOLS:
-                    out.append(f"{rel}:{node.lineno} runs {first.value}")
-            elif isinstance(node, ast.Attribute) and node.attr == "runner":
-                out.append(f"{rel}:{node.lineno} reaches into a client's runner")
-    return sorted(out, key=lambda s: (s.split(":")[0], int(s.split(":")[1].split()[0])))
+        if isinstance(node, ast.Call) and _callee(node) in RUNNERS:
+            first = node.args[0] if node.args else None
+            if isinstance(first, (ast.List, ast.Tuple)) and first.elts:
+                first = first.elts[0]
+            if isinstance(first, ast.Constant) and first.value in SLURM_TOOLS:
+                out.append(f"{rel}:{node.lineno} runs {first.value}")
+        elif isinstance(node, ast.Attribute) and node.attr == "runner":
+            out.append(f"{rel}:{node.lineno} reaches into a client's runner")
+    return out
 
 
 def test_only_the_slurm_package_runs_slurm_commands() -> None:
@@ -219,15 +227,13 @@ def mechanism_sites(root: Path = PACKAGE) -> list[str]:
     """Second copies of a one-of mechanism: subprocess outside the allowed modules, a process-group kill
     outside proc.py (the one validation-error reader is pinned in tests/test_config.py)."""
     out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            if "subprocess" in names and rel not in SUBPROCESS_ALLOWED:
-                out.append(f"{rel}:{node.lineno} imports subprocess (use hpresilience.proc)")
-            if isinstance(node, ast.Attribute) and node.attr == "killpg" and rel != "proc.py":
-                out.append(f"{rel}:{node.lineno} kills a process group (use proc.kill_group)")
+    for rel, node in _statements(root):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if "subprocess" in names and rel not in SUBPROCESS_ALLOWED:
+            out.append(f"{rel}:{node.lineno} imports subprocess (use hpresilience.proc)")
+        if isinstance(node, ast.Attribute) and node.attr == "killpg" and rel != "proc.py":
+            out.append(f"{rel}:{node.lineno} kills a process group (use proc.kill_group)")
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpresilience.fileio import atomic_write_text
-from hpresilience.health.base import CheckContext, CheckResult, HostPaths, Status, read_text
+from hpresilience.health.base import CheckContext, CheckResult, HostPaths, read_text
 from hpresilience.health.escalation import EscalationStore
 from hpresilience.health.verdict import worst
 from hpresilience.log import get_logger
@@ -22,9 +22,8 @@ def report(findings: Sequence[CheckResult], evidence: dict[str, Any]) -> CheckRe
     """A run that found something reports its worst finding (Check.finding): a failure when that asks for
     an action, else a warning; `evidence` replaces the finding's own (it usually lists them all)."""
     w = worst(findings)
-    if w.action == Action.NONE:
-        return replace(w, status=Status.WARN, certain=False, evidence=evidence)
-    return replace(w, status=Status.FAIL, evidence=evidence)
+    # Check.finding already chose fail or warn; only a failure may be acted on without a repeat.
+    return replace(w, certain=w.certain and w.asks_action, evidence=evidence)
 
 
 def finding_dict(r: CheckResult) -> dict[str, Any]:

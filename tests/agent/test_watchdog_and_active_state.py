@@ -109,6 +109,8 @@ def test_once_runs_do_not_repeat_active_checks_within_the_interval(slurm: SlurmC
     Agent(settings, slurm, first).cycle()
     Agent(settings, slurm, second).cycle()
     assert len(first.active_runs) == 1 and second.active_runs == []
-    # Once the interval has passed, they run again.
-    Agent(settings.model_copy(update={"active_interval_s": 0.001}), slurm, second).cycle()
+    # Once the interval has passed, they run again. A healthy cycle asks Slurm nothing, so the two cycles
+    # above can take well under a millisecond: wait the interval out rather than assume it has gone by.
+    time.sleep(0.06)
+    Agent(settings.model_copy(update={"active_interval_s": 0.05}), slurm, second).cycle()
     assert len(second.active_runs) == 1

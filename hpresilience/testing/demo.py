@@ -206,9 +206,12 @@ def run_story(story: Story, tl: Timeline, timeout: float) -> None:
                     "back" if node.is_idle and "failed" in tl.marks else None)
             tl.say(f"slurm: {victim} is {node.state_text}" + (f" reason={node.reason!r}" if node.reason else ""), mark)
             last_state = state
-        job = client.job(job_id)
-        if job.is_finished and "back" in tl.marks:
-            break
+        # The job is read only once the node is back: until then each poll reads the node alone, so the
+        # short window in which the marked node is still in the job (allocated+fail) is not polled past.
+        if "back" in tl.marks:
+            job = client.job(job_id)
+            if job.is_finished:
+                break
         time.sleep(0.2)
     else:
         raise JobFailed(f"the story did not finish within {timeout:g} s; logs in {story.work}")

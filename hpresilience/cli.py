@@ -81,6 +81,7 @@ LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "controller": "hpresilience.commands.controller:controller",
     "replace": "hpresilience.commands.controller:replace",
     "status": "hpresilience.commands.controller:status",
+    "events": "hpresilience.commands.events:events",
     "srun": "hpresilience.commands.srun:srun",
     "install": "hpresilience.commands.install:install",
 })

@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from hpresilience.controller.events import EventLog, Seen
 from hpresilience.controller.gates import Gate, GateResult, create_gate
 from hpresilience.controller.metrics import ControllerMetrics
 from hpresilience.controller.providers import Provider, ProviderContext, create_provider, provider_registry
@@ -51,6 +52,10 @@ class Controller:
         self.registry = registry or CollectorRegistry()
         self.metrics = ControllerMetrics(self.registry)
         self.store = StateStore(settings.state_dir, persist=not settings.dry_run)
+        # Every decision and every hpresilience reason seen, for `hpresilience events` on the head node.
+        self.events = EventLog(settings.state_dir, persist=not settings.dry_run)
+        # The hpresilience / Action: reason last seen per node out of service (with Slurm's time of it).
+        self.seen: Seen = {}
         self.gate = gate or create_gate(settings.gate)
         # Built up front so a bad provider name or option stops the daemon at start, not mid-repair.
         known = provider_registry(settings.providers)
@@ -69,6 +74,7 @@ class Controller:
 
     def load(self) -> None:
         self.records = self.store.load_all()
+        self.seen = self.events.last_marks()
         for rec in self.records.values():
             log.info("repair_record_loaded", node=rec.node, step=rec.step, attempt=rec.attempt, action=rec.action)
 
@@ -77,6 +83,11 @@ class Controller:
         getattr(log, level)(event, node=rec.node, step=rec.step, requested=rec.requested, action=rec.action or None,
                             attempt=rec.attempt, provider=rec.provider, why=rec.why,
                             dry_run=self.settings.dry_run or None, **extra)
+        self.events.record(event, rec.node, "controller", rec.why, step=rec.step, requested=rec.requested,
+                           action=rec.action or None, attempt=rec.attempt, provider=rec.provider, **extra)
+
+    def note_reasons(self, nodes: list[Node]) -> None:
+        self.seen = self.events.note_reasons(self.seen, nodes)
 
     def _group(self, node: str) -> str:
         g = group_for(node, self.settings.groups)
@@ -109,6 +120,7 @@ class Controller:
         """Pick up new requests and advance every repair, from one snapshot of the nodes in trouble (and those
         under repair): a node absent from it is in service, or gone from Slurm if a repair names it."""
         by_name = {n.name: n for n in nodes}
+        self.note_reasons(nodes)
         for n in nodes:
             if n.name not in self.records:
                 try:
@@ -274,6 +286,8 @@ class Controller:
         result = fut.result() if err is None else GateResult(False, f"gate error: {err}", 0.0, time.time())
         rec.last_health = result.to_json()
         self.metrics.gate.labels("pass" if result.passed else "fail").inc()
+        self.events.record("health_gate_passed" if result.passed else "health_gate_failed", rec.node, "controller",
+                           result.detail, attempt=rec.attempt, action=rec.action or None)
         if not result.passed:
             self._attempt_failed(rec, f"health gate failed: {result.detail}", "gate_failed", now)
             return
@@ -324,6 +338,8 @@ class Controller:
 
     def _finish(self, rec: RepairRecord, outcome: str) -> None:
         self.records.pop(rec.node, None)
+        if outcome == "repaired":
+            self.seen.pop(rec.node, None)  # resumed by us: recorded as node_resumed, not as back_in_service
         self.inflight.pop(rec.node, None)
         self.store.finish(rec, outcome)
         self.metrics.outcomes.labels(rec.provider, rec.requested, outcome).inc()

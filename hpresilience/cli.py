@@ -84,6 +84,7 @@ LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "events": "hpresilience.commands.events:events",
     "srun": "hpresilience.commands.srun:srun",
     "install": "hpresilience.commands.install:install",
+    "uninstall": "hpresilience.commands.install:uninstall",
 })
 
 

@@ -120,3 +120,33 @@ def _lay_out(c: Ctx, layout: Layout, role: Role, config: str | None, package_cha
             "systemd": rep.systemd, "systemd_ran": use_systemd, "slurm_conf": rep.slurm_conf,
             "slurm_conf_lines": rep.slurm_lines, "agent_mode": rep.agent_mode, "notes": rep.notes},
            "\n".join(lines))
+
+
+@click.command("uninstall")
+@click.option("--role", required=True, type=click.Choice(list(ROLES)), help="The role to remove from this node.")
+@click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False),
+              help="The root it was installed under.")
+@click.option("--prefix", default="/opt/hpresilience", show_default=True, help="The prefix it was installed with.")
+@click.option("--systemd/--no-systemd", "use_systemd", default=None,
+              help="Stop and disable the role's units (default: when ROOT is / and systemd runs).")
+@pass_ctx
+def uninstall(c: Ctx, role: str, root: str, prefix: str, use_systemd: bool | None) -> None:
+    """Remove what `install --role ROLE` laid out, as install-manifest.json lists it (edited files are kept)."""
+    from hpresilience.install.uninstall import uninstall as remove
+
+    setup_logging(level="debug" if c.verbose else "info")
+    layout = Layout(Path(root).resolve(), "/" + prefix.strip("/"))
+    if use_systemd is None:
+        use_systemd = str(layout.root) == "/" and Path("/run/systemd/system").is_dir()
+    rep = remove(layout, role, use_systemd)  # type: ignore[arg-type]
+    lines = [f"hpresilience {role}: {len(rep.removed)} path(s) removed, {len(rep.kept)} kept under {layout.root}"]
+    lines += [f"  removed {p}" for p in rep.removed] + [f"  kept {p}" for p in rep.kept]
+    if rep.systemd:
+        lines.append(("systemd: ran" if use_systemd else "systemd: not run here; on the node run") + ":")
+        lines += [f"  {cmd}" for cmd in rep.systemd]
+    if rep.left:
+        lines.append("left for you to remove if no longer wanted (the venv, repair records and events): "
+                     + " ".join(rep.left))
+    lines.append("slurm.conf: remove the lines install printed (HealthCheckProgram, ...) if no node needs them")
+    c.emit({"role": role, "root": str(layout.root), "removed": rep.removed, "kept": rep.kept,
+            "systemd": rep.systemd, "systemd_ran": use_systemd, "left": rep.left}, "\n".join(lines))

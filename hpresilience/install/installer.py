@@ -161,9 +161,15 @@ def write_manifest(layout: Layout, role: Role, report: Report) -> None:
     data = read_manifest(layout)
     roles = sorted({*(data.get("roles") or []), role})  # type: ignore[misc]
     files = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
-             for p in report.written + report.unchanged if Path(p).is_file()}
+             for p in report.written + report.unchanged if Path(p).is_file() and not Path(p).is_symlink()}
+    links = {p: os.readlink(p) for p in report.written + report.unchanged if Path(p).is_symlink()}
+    # Which role laid out which path: `uninstall --role R` removes only what no other installed role uses.
+    role_files = dict(data.get("role_files") or {})  # type: ignore[call-overload]
+    role_files[role] = sorted(set(report.written + report.unchanged))
     data.update({"version": __version__, "roles": roles, "prefix": layout.prefix, "root": str(layout.root),
-                 "files": {**dict(data.get("files") or {}), **files}})  # type: ignore[call-overload]
+                 "files": {**dict(data.get("files") or {}), **files},  # type: ignore[call-overload]
+                 "links": {**dict(data.get("links") or {}), **links},  # type: ignore[call-overload]
+                 "role_files": role_files})
     atomic_write_text(layout.manifest, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

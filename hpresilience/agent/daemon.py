@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -178,8 +179,12 @@ class Agent:
         return me
 
     def fleet_view(self, me: Node) -> FleetView:
-        """The node's partitions grouped by reason: one query, sized by the distinct reasons there."""
-        return FleetView(self.client.reason_groups(me.partitions))
+        """The node's partitions grouped by reason: one query, sized by the distinct reasons there. A node in
+        no partition is held to the ceiling of the whole cluster."""
+        groups = self.client.reason_groups(me.partitions)
+        if not me.partitions:
+            groups = [replace(g, partition="") for g in groups]
+        return FleetView(groups)
 
     def cycle(self, now: float | None = None) -> Decision:
         """One cycle under the state lock; another process's cycle in flight past `lock_wait_s`: skipped."""

@@ -6,7 +6,8 @@ and can keep it beside its own steps. What is recorded (`kind`):
 - `mark`: a node out of service with an hpresilience reason or an `Action:` request it had not seen before,
   by `agent`, `operator (<user>)` or `controller`, with the reason;
 - `back_in_service`: a node it had seen marked is in service again and the controller did not resume it
-  (the agent lifted its own mark, or a person resumed it);
+  (the agent lifted its own mark, or a person resumed it); `reason_replaced`: still out, but a person's
+  reason replaced ours;
 - the controller's own steps, under the event names of its log lines: `repair_detected`,
   `repair_waiting_for_jobs`, `repair_waiting_for_slot` (a hold), `repair_action_started`, `node_came_back`,
   `health_gate_passed` / `health_gate_failed` (with the gate's output), `repair_escalated`,

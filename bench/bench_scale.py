@@ -4,7 +4,7 @@ Starts a devcluster with N powered-down p5 nodes beside the 4 real ones and meas
 Python process so that peaks are its own:
 - full table: `SlurmClient.nodes()` (what the agent, the wrapper and the controller read every cycle before);
 - agent, healthy cycle (the steady state) and the reads of its other paths: its own node (active check due,
-  a finding to judge, a mark to lift) and the cap's view (only when a mark is about to be made);
+  a finding to judge, a mark to lift) and the fleet ceiling's view (only when a mark is about to be made);
 - wrapper poll of a 2-node and of a 64-node step (the step's nodes), and its per-attempt job read;
 - controller cycle with 50 nodes asking for a repair (dry run: the same reads, no writes).
 For each: Slurm commands run, bytes read, client wall time, client CPU and peak RSS including child
@@ -86,7 +86,7 @@ def prepare(name: str, client: Any, work: str) -> Any:
             return agent.cycle
         if name == "agent_own_node":
             return agent.own_node
-        return lambda: (agent.own_node(), agent.cap_view())
+        return lambda: agent.fleet_view(agent.own_node())
     if name == "wrapper_poll_2":
         return lambda: client.nodes(["n1", "n2"])
     if name == "wrapper_poll_64":
@@ -112,7 +112,7 @@ def prepare(name: str, client: Any, work: str) -> Any:
 ROWS = [("full", "full table: SlurmClient.nodes() (before)", 3),
         ("agent_cycle", "agent: healthy cycle", 0),
         ("agent_own_node", "agent: own node (active check due / finding)", 0),
-        ("agent_mark_reads", "agent: own node + cap view (mark about to be made)", 0),
+        ("agent_mark_reads", "agent: own node + ceiling view (mark about to be made)", 0),
         ("wrapper_poll_2", "wrapper poll: 2-node step", 0),
         ("wrapper_poll_64", "wrapper poll: 64-node step", 0),
         ("wrapper_job", "wrapper: job read (per attempt)", 0),

@@ -81,8 +81,10 @@ LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "controller": "hpresilience.commands.controller:controller",
     "replace": "hpresilience.commands.controller:replace",
     "status": "hpresilience.commands.controller:status",
+    "events": "hpresilience.commands.events:events",
     "srun": "hpresilience.commands.srun:srun",
     "install": "hpresilience.commands.install:install",
+    "uninstall": "hpresilience.commands.install:uninstall",
 })
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,40 @@ def atomic_write(path: Path | str, data: bytes | str, *, mode: int | None = None
 def atomic_write_text(path: Path | str, text: str, fsync: bool = False, mode: int | None = None) -> None:
     """`atomic_write` for text (UTF-8)."""
     atomic_write(path, text, mode=mode, fsync=fsync)
+
+
+@contextmanager
+def locked(path: Path | str, wait_s: float) -> Iterator[bool]:
+    """Hold an exclusive lock on `path` (created 0600 if absent) for the block; yields False when another
+    process held it for all of `wait_s` seconds (the block then runs unlocked: the caller decides to skip).
+
+    Two processes that read-modify-write the same state (the agent daemon and Slurm's HealthCheckProgram)
+    take the same lock around the whole cycle. The file is opened without following a link and must belong
+    to us: a lock file someone else planted in a shared directory is refused (OSError), not used."""
+    p = Path(path)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(f"{p} is not a regular file of this user: refused as a lock")
+        deadline = time.monotonic() + max(0.0, wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    got = False
+                    break
+                time.sleep(0.05)
+        try:
+            yield got
+        finally:
+            if got:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 # Limits on what a YAML file may hold. Configuration, rules and profiles are a few KiB; these are far above

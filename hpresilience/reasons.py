@@ -7,6 +7,8 @@ Anything after the action word is free text. Reasons that hpresilience itself wr
 tag, so that a part never overwrites or resumes a reason a person (or another tool) set:
     Action:Replace [hpr-agent] xid=79 GPU 0000:53:00.0 fell off the bus
     [hpr-controller] repairing: reboot (attempt 1)
+A node the controller leaves for a person (a lemon: repaired too often) starts with `hpr: needs a person`,
+which reads as the controller's: nothing of ours picks it up or resumes it, and it counts against the ceiling.
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ _RANK = {Action.NONE: 0, Action.REBOOT: 1, Action.REPLACE: 2}
 
 AGENT_TAG = "[hpr-agent]"
 CONTROLLER_TAG = "[hpr-controller]"
+PERSON_PREFIX = "hpr: needs a person"
 
 _ACTION = re.compile(r"^\s*Action\s*:\s*(Replace|Reboot)\b", re.IGNORECASE)
 # Where agent_reason/controller_reason put the tag: first, or right after the action word. A tag anywhere
 # else is someone's text (an operator quoting ours), and must not hand the node to one of our parts.
 _OWNER = re.compile(r"^\s*(?:Action\s*:\s*(?:Replace|Reboot)\b\s*)?(\[hpr-agent\]|\[hpr-controller\])",
                     re.IGNORECASE)
+_PERSON = re.compile(r"^\s*(hpr:)(?=\s*needs a person)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def parse_reason(reason: str) -> ParsedReason:
     text = reason or ""
     m = _ACTION.match(text)
     action = Action(m.group(1).lower()) if m else None
-    tag = _OWNER.match(text)
+    tag = _OWNER.match(text) or _PERSON.match(text)
     owner = None if tag is None else "agent" if tag.group(1).lower() == AGENT_TAG else "controller"
     detail = text[tag.end():] if tag else text[m.end():] if m else text
     detail = detail.strip(" :-")
@@ -82,6 +86,11 @@ def agent_reason(action: Action, detail: str) -> str:
 def controller_reason(detail: str, action: Action | None = None) -> str:
     prefix = f"Action:{action.reason_word} " if action not in (None, Action.NONE) else ""
     return _clip(f"{prefix}{CONTROLLER_TAG} {detail}")
+
+
+def person_reason(detail: str) -> str:
+    """The reason of a node left for a person: no Action word (nothing picks it up), the controller's."""
+    return _clip(f"{PERSON_PREFIX}: {detail}")
 
 
 def _clip(text: str, limit: int = 200) -> str:

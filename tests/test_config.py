@@ -89,10 +89,10 @@ def test_infinite_nan_and_huge_durations_are_refused(section: str, key: str, val
 
 def test_nan_or_infinite_numbers_are_refused_in_yaml_too(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
-    p.write_text("agent:\n  cap_fraction: .nan\nslurm:\n  retry_backoff_s: .inf\n")
+    p.write_text("agent:\n  max_out_fraction: .nan\nslurm:\n  retry_backoff_s: .inf\n")
     with pytest.raises(ConfigError) as err:
         load_config(p)
-    assert "agent.cap_fraction" in str(err.value) and "slurm.retry_backoff_s" in str(err.value)
+    assert "agent.max_out_fraction" in str(err.value) and "slurm.retry_backoff_s" in str(err.value)
 
 
 def test_ten_years_is_the_longest_duration() -> None:
@@ -104,7 +104,7 @@ def test_ten_years_is_the_longest_duration() -> None:
 
 @pytest.mark.parametrize(("data", "where"), [
     ({"slurm": {"retries": True}}, "slurm.retries"),  # was read as 1
-    ({"agent": {"cap_fraction": False}}, "agent.cap_fraction"),
+    ({"agent": {"max_out_fraction": False}}, "agent.max_out_fraction"),
     ({"agent": {"passive_interval_s": True}}, "agent.passive_interval_s"),
     ({"autoresume": {"runPolicy": {"noRetryExitCodes": [3, True]}}}, "autoresume.runPolicy.noRetryExitCodes"),
 ])

@@ -73,3 +73,12 @@ def test_verdict_check_findings_and_the_guard_all_rank_by_action_rank(monkeypatc
     order = [Action.REPLACE, Action.REBOOT, Action.NONE]
     monkeypatch.setattr(Action, "rank", property(lambda a: order.index(a)))
     assert picks() == ["a", "a", "a"]
+
+
+def test_a_node_left_for_a_person_reads_as_the_controllers_and_asks_nothing() -> None:
+    from hpresilience.reasons import person_reason
+
+    r = person_reason("repaired 3 times within 7 d")
+    assert r.startswith("hpr: needs a person") and parse_reason(r).owner == "controller"
+    assert parse_reason(r).action is None
+    assert parse_reason("hpr: fan replaced").owner is None  # only the exact prefix is ours

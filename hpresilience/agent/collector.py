@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from hpresilience.health.base import Check, CheckResult, Kind
+from hpresilience.health.base import Check, CheckResult, Kind, Mode
 from hpresilience.health.events import KernelLogFollower, NvmlXidSource, XidEventSource
 from hpresilience.health.profiles import build_checks, load_profile, make_context
 from hpresilience.health.runner import run_checks
@@ -62,6 +62,12 @@ class HealthCollector:
         self.last_events: list[FaultEvent] = []
         self.last_event_at: float | None = None
         self.stopping = threading.Event()
+
+    @property
+    def observe_only(self) -> frozenset[str]:
+        """Checks set to `mode: observe` (health.checks.NAME.mode): their faults are logged and counted, never
+        acted on."""
+        return frozenset(n for n, o in self.profile.options.items() if o.mode is Mode.OBSERVE)
 
     def cancel(self) -> None:
         """Kill the checks in flight and run no more: the daemon is stopping."""

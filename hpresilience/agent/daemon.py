@@ -7,8 +7,12 @@ applies it. What it asks slurmctld must not grow with the cluster, since every n
 - this node's own record (one `scontrol show node NAME`) is read only when it is needed: an active check
   is due (so a node going idle is seen at the active-check interval, not every cycle), a finding is to be
   judged, or a mark of the agent's own may be on the node and could be lifted;
-- the cluster-wide cap (cluster size and the nodes out of service) is read only when a mark is about to
-  be made, and once more after marking to settle a race with other agents.
+- the fleet ceiling's view (the node's partitions grouped by reason, one `sinfo` query) is read only when a
+  mark is about to be made, and once more after marking to settle a race with other agents.
+In observe mode (agent.mode, or a check's own mode) a confirmed fault is logged and counted as
+decision="would_mark" and nothing is done; an observing agent runs no Slurm command at all (and so no active
+check, which needs the node out of scheduling). A cycle holds the agent's state lock from reading its state
+to writing it back: the daemon and Slurm's HealthCheckProgram (`agent --once`) share that state.
 A fault event (an XID in the kernel log, an NVML event) wakes the loop at once: that is the event path
 whose latency bench/ measures. Nothing here raises out of the loop: a failed cycle is logged and retried.
 """
@@ -21,27 +25,28 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hpresilience.agent.guard import (
-    CapView,
     Decision,
     DecisionKind,
+    FleetView,
     Memory,
-    cap_limit,
     decide,
+    fault_key,
     fault_reason,
-    recently_marked_by_agents,
+    over_ceiling,
 )
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.agent.watchdog import WatchdogPinger
-from hpresilience.fileio import atomic_write_text
-from hpresilience.health.base import CheckResult
+from hpresilience.fileio import atomic_write_text, locked
+from hpresilience.health.base import CheckResult, Mode
 from hpresilience.log import get_logger
-from hpresilience.reasons import Action, parse_reason
+from hpresilience.reasons import Action, agent_reason, parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify
@@ -85,11 +90,15 @@ class AgentMetrics:
                                 registry=registry)
         self.cycle_errors = Counter("hpr_agent_cycle_errors_total", "Cycles that failed (Slurm unreachable, ...)",
                                     registry=registry)
+        self.ceiling_holds = Counter("hpr_agent_ceiling_holds_total",
+                                     "Marks held (or rolled back) because the fleet ceiling of nodes out of service "
+                                     "for hpresilience was reached", ["action"], registry=registry)
 
 
 class Agent:
     def __init__(self, settings: AgentSettings, client: SlurmClient, collector: Collector,
-                 node_name: str = "", registry: CollectorRegistry | None = None) -> None:
+                 node_name: str = "", registry: CollectorRegistry | None = None,
+                 lock_wait_s: float | None = None) -> None:
         self.settings = settings
         self.client = client
         self.collector = collector
@@ -105,10 +114,25 @@ class Agent:
         self.last_ok_cycle = 0.0
         self.stop_event = threading.Event()
         self.state_path = Path(settings.state_dir) / f"agent-{self.node_name}.json"
+        # One lock for the state the daemon and `agent --once` (HealthCheckProgram) both read and write back.
+        self.lock_path = Path(settings.state_dir) / "state.lock"
+        self.lock_wait_s = settings.cycle_timeout_s if lock_wait_s is None else lock_wait_s
+        self._state_stamp: tuple[int, int, int] | None = None
+        self.observing = settings.dry_run or settings.mode is Mode.OBSERVE
+        # Checks whose faults are only observed while the agent enforces (health.checks.NAME.mode: observe).
+        self.observe_only: frozenset[str] = frozenset(getattr(collector, "observe_only", frozenset()))
         self._load_memory()
 
     # -- persistence: repeat streaks survive an agent restart ------------------------------------------
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.state_path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
     def _load_memory(self) -> None:
+        self._state_stamp = self._stamp()
         try:
             data = json.loads(self.state_path.read_text())
             self.memory.streaks = {str(k): int(v) for k, v in data.get("streaks", {}).items()}
@@ -127,6 +151,7 @@ class Agent:
             atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
                                                            "marked": self.memory.marked,
                                                            "last_active_at": self.last_active}))
+            self._state_stamp = self._stamp()
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
 
@@ -153,14 +178,31 @@ class Agent:
         self.memory.marked = parse_reason(me.reason).owner == "agent" and me.is_unavailable
         return me
 
-    def cap_view(self) -> CapView:
-        return CapView(self.client.node_count(), self.client.nodes_out_of_service())
+    def fleet_view(self, me: Node) -> FleetView:
+        """The node's partitions grouped by reason: one query, sized by the distinct reasons there. A node in
+        no partition is held to the ceiling of the whole cluster."""
+        groups = self.client.reason_groups(me.partitions)
+        if not me.partitions:
+            groups = [replace(g, partition="") for g in groups]
+        return FleetView(groups)
 
     def cycle(self, now: float | None = None) -> Decision:
+        """One cycle under the state lock; another process's cycle in flight past `lock_wait_s`: skipped."""
+        self.state_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with locked(self.lock_path, self.lock_wait_s) as got:
+            if not got:
+                log.warning("agent_cycle_skipped_busy", node=self.node_name, lock=str(self.lock_path),
+                            waited_s=self.lock_wait_s)
+                return Decision(DecisionKind.NONE, "another agent cycle holds this node's state; skipped")
+            if self._stamp() != self._state_stamp:
+                self._load_memory()  # the other process (daemon or --once) wrote since we last did
+            return self._cycle(now)
+
+    def _cycle(self, now: float | None) -> Decision:
         results = list(self.collector.passive())
         t = time.time() if now is None else now
         me: Node | None = None
-        if self.active_due():
+        if not self.observing and self.active_due():
             me = self.own_node()
             self.last_active_look = time.monotonic()
             if self.active_allowed(me):
@@ -170,44 +212,58 @@ class Agent:
             self.metrics.checks.labels(r.check, r.status.value).inc()
             self.metrics.duration.labels(r.check).observe(r.duration_s)
         self.memory.observe(results)
+        observed = [r for r in results if self.observing or r.check in self.observe_only]
+        would = self.note_observed(observed)
+        enforced = [] if self.observing else [r for r in results if r.check not in self.observe_only]
         # Nothing to report and no mark of ours to lift: nothing to ask Slurm.
-        may_lift = self.settings.resume_when_clear and self.memory.marked is not False
-        if me is None and (any(r.asks_action for r in results) or may_lift):
+        may_lift = self.settings.resume_when_clear and self.memory.marked is not False and not self.observing
+        if me is None and (any(r.asks_action for r in enforced) or may_lift):
             me = self.own_node()
         if me is None:
-            decision = Decision(DecisionKind.NONE, "healthy")
-            self.metrics.decisions.labels(decision.kind.value, "none").inc()
+            decision = would or Decision(DecisionKind.NONE, "healthy")
+            if would is None:
+                self.metrics.decisions.labels(decision.kind.value, "none").inc()
         else:
-            decision = decide(me, self.cap_view, results, self.memory, self.settings, t)
+            decision = decide(me, lambda: self.fleet_view(me), enforced, self.memory, self.settings, t)
             self.apply(me, decision, results)
-            if (decision.kind is DecisionKind.MARK and not self.settings.dry_run
-                    and parse_reason(me.reason).owner != "agent"):
-                decision = self.verify_cap(decision)
+            if decision.kind is DecisionKind.MARK and parse_reason(me.reason).owner != "agent":
+                decision = self.verify_ceiling(me, decision)
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
         log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind.value, checks=len(results))
         return decision
 
-    def verify_cap(self, d: Decision) -> Decision:
-        """Agents that see the same fault in the same second all pass the cap check before any of them marked.
-        So each re-reads Slurm after marking and keeps its mark only if it is among the first `limit` agent
-        marks in (reason time, node name) order - an order every agent computes the same - else it backs out."""
-        view = self.cap_view()
-        recent = set(recently_marked_by_agents(view.out_of_service, time.time(), self.settings.cap_window_s))
-        marked = [n for n in view.out_of_service if n.name in recent]
-        marked.sort(key=lambda n: (n.reason_changed_at or 0, n.name))
-        limit = cap_limit(view.size, self.settings)
-        names = [n.name for n in marked]
-        if self.node_name in names and names.index(self.node_name) >= limit:
-            self.client.set_node_state([self.node_name], "resume")
-            self.memory.marked = False
-            why = (f"cluster cap reached: {len(names)} agent marks within {self.settings.cap_window_s:g} s, "
-                   f"limit {limit}; this node's mark came after {', '.join(names[:limit])}")
-            log.warning("node_mark_rolled_back", node=self.node_name, why=why)
-            self.metrics.decisions.labels("rolled_back", action_label(d)).inc()
-            return Decision(DecisionKind.HOLD, why, d.action, finding=d.finding)
-        return d
+    def note_observed(self, results: Sequence[CheckResult]) -> Decision | None:
+        """Faults of observed checks: at the cycle where the guard would have marked (a certain fault at once,
+        another at its `required_repeats`-th run in a row) log it and count decision="would_mark" - never a
+        mark. The worst such fault is returned as the cycle's decision when nothing else is decided."""
+        due = [r for r in results if r.asks_action
+               and self.memory.streaks.get(fault_key(r), 0) == (1 if r.certain else self.settings.required_repeats)]
+        out: Decision | None = None
+        for r in sorted(due, key=lambda r: -r.action.rank):
+            d = Decision(DecisionKind.WOULD_MARK, "observe mode: fault confirmed, node not marked", r.action,
+                         agent_reason(r.action, fault_reason(r)), r)
+            self.metrics.decisions.labels(d.kind.value, action_label(d)).inc()
+            log.warning("node_would_be_marked_fail", node=self.node_name, reason=d.reason, check=r.check,
+                        finding=fault_reason(r), mode="observe")
+            out = out or d
+        return out
+
+    def verify_ceiling(self, me: Node, d: Decision) -> Decision:
+        """Agents that see the same fault in the same second all pass the ceiling before any of them marked.
+        So each re-reads Slurm after marking and keeps its mark only if the nodes ahead of it (controller-held
+        ones, and agent marks earlier in (reason time, name) order, an order every agent computes the same)
+        leave room for it; else it backs out."""
+        why = over_ceiling(self.fleet_view(me), self.node_name, self.settings, after_mark=True)
+        if why is None:
+            return d
+        self.client.set_node_state([self.node_name], "resume")
+        self.memory.marked = False
+        log.warning("node_mark_rolled_back", node=self.node_name, why=why)
+        self.metrics.decisions.labels("rolled_back", action_label(d)).inc()
+        self.metrics.ceiling_holds.labels(action_label(d)).inc()
+        return Decision(DecisionKind.HOLD, why, d.action, finding=d.finding, held_by_ceiling=True)
 
     def apply(self, node: Node, d: Decision, results: Sequence[CheckResult]) -> None:
         action = action_label(d)
@@ -216,22 +272,18 @@ class Agent:
                     "finding": fault_reason(d.finding) if d.finding else None,
                     "check": d.finding.check if d.finding else None}
         if d.kind is DecisionKind.MARK:
-            if self.settings.dry_run:
-                log.warning("node_would_be_marked_fail", node=node.name, reason=d.reason, why=d.why, dry_run=True,
-                            **evidence)
-                return
             self.client.set_node_state([node.name], "fail", d.reason)
             self.memory.marked = True
             if d.finding is not None and d.finding.observed_at:
                 self.metrics.latency.observe(max(0.0, time.time() - d.finding.observed_at))
             log.warning("node_marked_fail", node=node.name, reason=d.reason, why=d.why, **evidence)
         elif d.kind is DecisionKind.RESUME:
-            if self.settings.dry_run:
-                log.info("node_would_be_resumed", node=node.name, why=d.why, dry_run=True)
-                return
             self.client.set_node_state([node.name], "resume")
             self.memory.marked = False
             log.info("node_resumed", node=node.name, why=d.why, previous_reason=node.reason)
+        elif d.kind is DecisionKind.HOLD and d.held_by_ceiling:
+            self.metrics.ceiling_holds.labels(action).inc()
+            log.warning("node_mark_held_ceiling", node=node.name, why=d.why, action=action, **evidence)
         elif d.kind is DecisionKind.HOLD:
             log.info("verdict_held", node=node.name, why=d.why, action=action, **evidence)
 
@@ -241,7 +293,8 @@ class Agent:
         return time.monotonic() - self.last_ok_cycle < 3 * self.settings.passive_interval_s + 30
 
     def run(self) -> None:
-        log.info("agent_started", node=self.node_name, dry_run=self.settings.dry_run,
+        log.info("agent_started", node=self.node_name, mode="observe" if self.observing else "enforce",
+                 observe_only=sorted(self.observe_only) or None,
                  interval_s=self.settings.passive_interval_s)
         notify("READY=1", f"STATUS=checking node {self.node_name}")
         watchdog = WatchdogPinger(self.settings.cycle_timeout_s).start()

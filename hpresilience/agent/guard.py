@@ -8,9 +8,9 @@ so a node with nothing to report asks Slurm nothing about the rest of the cluste
 3. A fault (a check result asking for reboot or replace; the worst by the one rank, Action.rank) must
    repeat `required_repeats` runs in a row unless its check is certain.
 4. A node already marked by us is re-marked only to escalate (reboot -> replace).
-5. The cluster-wide cap: nodes carrying an agent reason set within the window, this one included, must
-   not exceed max(cap_min, cap_fraction * cluster size). Agents do not talk to each other: Slurm is
-   the shared counter.
+5. The fleet ceiling: nodes out of service for hpresilience's reasons (agent marks, controller repairs and
+   nodes left for a person), this one included, must not exceed max(max_out_min, max_out_fraction * size)
+   in any partition of the node. Agents do not talk to each other: Slurm is the shared counter.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hpresilience.agent.settings import AgentSettings
 from hpresilience.health.base import CheckResult
 from hpresilience.health.verdict import worst
 from hpresilience.reasons import Action, agent_reason, parse_reason
-from hpresilience.slurm.models import Node
+from hpresilience.slurm.models import Node, ReasonGroup
 
 
 def fault_key(r: CheckResult) -> str:
@@ -58,6 +58,8 @@ class DecisionKind(str, enum.Enum):
     RESUME = "resume"
     HOLD = "hold"
     NONE = "none"
+    # Observe mode: a fault the guard would have marked for; nothing was done (a label apart from "mark").
+    WOULD_MARK = "would_mark"
 
 
 @dataclass(frozen=True)
@@ -68,39 +70,63 @@ class Decision:
     reason: str = ""
     # The check result that decided (the worst of those asking for an action), when there was one.
     finding: CheckResult | None = None
+    # A hold because the fleet ceiling is reached: logged as a warning, counted apart, alerted on.
+    held_by_ceiling: bool = False
 
 
 @dataclass(frozen=True)
-class CapView:
-    """What the cluster-wide cap needs: the cluster's size and its nodes out of service (agent marks are
-    FAIL, so they are among them). Read from Slurm only when a mark is about to be made."""
+class FleetView:
+    """What the fleet ceiling needs: the node's partitions grouped by reason (sizes and who is out), read from
+    Slurm with one query (`SlurmClient.reason_groups`) only when a mark is about to be made."""
 
-    size: int
-    out_of_service: Sequence[Node]
+    groups: Sequence[ReasonGroup]
 
     @classmethod
-    def of(cls, cluster: Sequence[Node]) -> CapView:
-        return cls(len(cluster), [n for n in cluster if n.is_unavailable])
+    def of(cls, nodes: Sequence[Node]) -> FleetView:
+        """From whole node records (tests, tools that already hold the table): one group per node."""
+        return cls([ReasonGroup(p, 1, (n.name,), n.reason if n.is_unavailable else "", n.reason_changed_at)
+                    for n in nodes for p in (n.partitions or ("",))])
+
+    def partitions(self) -> dict[str, tuple[int, list[tuple[int, str, str]]]]:
+        """partition -> (size, [(reason time, node, owner)] of the nodes out for hpresilience's reasons)."""
+        out: dict[str, tuple[int, list[tuple[int, str, str]]]] = {}
+        for g in self.groups:
+            size, ours = out.get(g.partition, (0, []))
+            owner = parse_reason(g.reason).owner if g.reason else None
+            if owner is not None:
+                ours = ours + [(g.reason_at or 0, n, owner) for n in g.nodes]
+            out[g.partition] = (size + g.count, ours)
+        return out
 
 
-def cap_limit(cluster_size: int, settings: AgentSettings) -> int:
-    return max(settings.cap_min, math.floor(settings.cap_fraction * cluster_size))
+def ceiling(size: int, settings: AgentSettings) -> int:
+    """How many of a partition's `size` nodes may be out of service for hpresilience at once."""
+    return max(settings.max_out_min, math.floor(settings.max_out_fraction * size))
 
 
-def recently_marked_by_agents(nodes: Sequence[Node], now: float, window_s: float) -> list[str]:
-    out = []
-    for n in nodes:
-        if parse_reason(n.reason).owner == "agent" and n.is_unavailable:
-            changed = n.reason_changed_at or 0
-            if changed == 0 or now - changed <= window_s:
-                out.append(n.name)
-    return out
+def over_ceiling(view: FleetView, node: str, settings: AgentSettings, after_mark: bool = False) -> str | None:
+    """Why a mark of `node` would take a partition past its ceiling, or None. `after_mark`: our mark is in the
+    view already; it stays only if the nodes ahead of it (every controller-held node, and agent marks earlier
+    in (reason time, name) order: an order every agent computes alike) leave room for it."""
+    for part, (size, ours) in sorted(view.partitions().items()):
+        limit = ceiling(size, settings)
+        if after_mark:
+            mine = next(((t, n) for t, n, o in ours if n == node), None)
+            ahead = [n for t, n, o in ours if n != node and (o != "agent" or mine is None or (t, n) < mine)]
+        else:
+            ahead = [n for _, n, _ in ours if n != node]
+        if len(ahead) + 1 > limit:
+            where = f"partition {part}" if part else "the cluster"
+            shown = ", ".join(sorted(ahead)[:5]) + (", ..." if len(ahead) > 5 else "")
+            return (f"fleet ceiling reached in {where}: {len(ahead)} node(s) already out of service for hpresilience "
+                    f"({shown}), ceiling {limit} of {size}")
+    return None
 
 
-def decide(node: Node, cluster: Sequence[Node] | Callable[[], CapView], results: Sequence[CheckResult],
+def decide(node: Node, cluster: Sequence[Node] | Callable[[], FleetView], results: Sequence[CheckResult],
            memory: Memory, settings: AgentSettings, now: float) -> Decision:
     """`results`: this cycle's check results; only those that ask for an action (a failure with action reboot
-    or replace) count. `cluster`: every node, or a function returning the CapView, called only for a new mark."""
+    or replace) count. `cluster`: every node, or a function returning the FleetView, called only for a new mark."""
     current = parse_reason(node.reason) if node.reason else None
     ours = current is not None and current.owner == "agent"
     foreign = node.reason != "" and not ours and node.is_unavailable
@@ -123,13 +149,9 @@ def decide(node: Node, cluster: Sequence[Node] | Callable[[], CapView], results:
         return Decision(DecisionKind.HOLD, f"seen {streak} of {settings.required_repeats} runs in a row; waiting "
                                            f"for a repeat", top.action, finding=top)
     if not ours:
-        view = cluster() if callable(cluster) else CapView.of(cluster)
-        marked = [n for n in recently_marked_by_agents(view.out_of_service, now, settings.cap_window_s)
-                  if n != node.name]
-        limit = cap_limit(view.size, settings)
-        if len(marked) + 1 > limit:
-            return Decision(DecisionKind.HOLD, f"cluster cap reached: {len(marked)} node(s) already marked by agents "
-                                               f"within {settings.cap_window_s:g} s, limit {limit} of {view.size}",
-                            top.action, finding=top)
+        view = cluster() if callable(cluster) else FleetView.of(cluster)
+        why = over_ceiling(view, node.name, settings)
+        if why is not None:
+            return Decision(DecisionKind.HOLD, why, top.action, finding=top, held_by_ceiling=True)
     return Decision(DecisionKind.MARK, "escalating" if ours else "fault confirmed", top.action,
                     agent_reason(top.action, fault_reason(top)), top)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from hpresilience.health.base import Mode
 from hpresilience.settings_base import Section
 
 
@@ -18,12 +19,17 @@ class AgentSettings(Section):
     active_checks: bool = True
     # A failing verdict must be seen this many runs in a row before the node is marked, unless the check is certain.
     required_repeats: int = Field(default=2, ge=1, le=20)
-    # Cluster-wide guard rail: agents together mark at most this share of nodes (at least cap_min) per window.
-    cap_fraction: float = Field(default=0.10, gt=0, le=1)
-    cap_min: int = Field(default=1, ge=0)
-    cap_window_s: float = Field(default=600.0, gt=0)
+    # Fleet ceiling: at most this share of the node's partition (at least max_out_min nodes) may be out of
+    # service for hpresilience's reasons at once (agent marks, controller repairs, nodes left for a person);
+    # a mark past it is held (logged, counted, alerted), not applied.
+    max_out_fraction: float = Field(default=0.10, gt=0, le=1)
+    max_out_min: int = Field(default=1, ge=0)
     # Resume a node the agent itself marked once its faults have cleared (e.g. after a reboot).
     resume_when_clear: bool = True
+    # observe: run the checks, log and count (decision="would_mark") what would be done, never touch Slurm;
+    # enforce: mark and resume nodes. `hpresilience install` writes observe for a new site (docs/rollout.md).
+    mode: Mode = Mode.ENFORCE
+    # The same as mode: observe (kept for configs and `agent --dry-run`).
     dry_run: bool = False
     # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.
     metrics_address: str = "127.0.0.1:9761"

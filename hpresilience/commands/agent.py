@@ -12,7 +12,9 @@ from hpresilience.commands.context import Ctx, pass_ctx
 
 @click.command("agent")
 @click.option("--once", is_flag=True, help="One cycle (checks, decision, action), then exit: for HealthCheckProgram.")
-@click.option("--dry-run", is_flag=True, help="Log what would be done to the node instead of doing it.")
+@click.option("--dry-run", is_flag=True, help="The same as --mode observe.")
+@click.option("--mode", type=click.Choice(["observe", "enforce"]),
+              help="observe: log and count what would be done, never touch Slurm (default: config agent.mode).")
 @click.option("--node", "node_name", help="Slurm node name (default: config agent.node_name, $SLURMD_NODENAME, host).")
 @click.option("--profile", help="Health profile (default: config health.profile).")
 @click.option("--interval", type=float, help="Seconds between passive cycles (default: agent.passive_interval_s).")
@@ -21,11 +23,13 @@ from hpresilience.commands.context import Ctx, pass_ctx
 @click.option("--path.procfs", "procfs", help="Root of procfs (default /proc).")
 @click.option("--path.dev", "dev", help="Root of /dev.")
 @pass_ctx
-def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str | None, interval: float | None,
-          metrics_address: str | None, sysfs: str | None, procfs: str | None, dev: str | None) -> None:
+def agent(c: Ctx, once: bool, dry_run: bool, mode: str | None, node_name: str | None, profile: str | None,
+          interval: float | None, metrics_address: str | None, sysfs: str | None, procfs: str | None,
+          dev: str | None) -> None:
     """Run health checks on this node and mark it in Slurm when a fault is confirmed."""
     from hpresilience.agent.collector import HealthCollector
     from hpresilience.agent.daemon import Agent
+    from hpresilience.health.base import Mode
     from hpresilience.metrics import start_metrics_server
     from hpresilience.slurm.client import SlurmClient
 
@@ -33,6 +37,8 @@ def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str
     update: dict[str, Any] = {}
     if dry_run:
         update["dry_run"] = True
+    if mode:
+        update["mode"] = Mode(mode)
     if node_name:
         update["node_name"] = node_name
     if interval:
@@ -43,7 +49,9 @@ def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str
     paths = {k: v for k, v in {"sysfs": sysfs, "procfs": procfs, "dev": dev}.items() if v}
     health = cfg.health.model_copy(update={"path": cfg.health.path.model_copy(update=paths)}) if paths else cfg.health
     collector = HealthCollector(health, profile, sources=[] if once else None)
-    daemon = Agent(settings, SlurmClient.from_settings(cfg.slurm), collector)
+    # Slurm kills a HealthCheckProgram after HealthCheckTimeout (60 s by default): a --once run waits for the
+    # daemon's cycle in flight at most 40 s, then skips (the daemon's cycle is checking this node anyway).
+    daemon = Agent(settings, SlurmClient.from_settings(cfg.slurm), collector, lock_wait_s=40.0 if once else None)
     if once:
         d = daemon.cycle()
         c.emit({"node": daemon.node_name, "decision": d.kind.value, "why": d.why, "reason": d.reason},

@@ -6,14 +6,21 @@ stays well inside HealthCheckTimeout (60 s by default) with the passive set.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
+from hpresilience.fileio import locked
 from hpresilience.health.api import run_profile
 from hpresilience.health.base import CheckResult, Kind
 from hpresilience.health.settings import HealthSettings
+from hpresilience.log import get_logger
+
+log = get_logger("hpresilience.check")
 
 
 def _override(settings: HealthSettings, **kw: Any) -> HealthSettings:
@@ -45,6 +52,22 @@ def render_table(results: list[CheckResult]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5] for row in rows
     )
+
+
+@contextmanager
+def state_lock(c: Ctx) -> Iterator[None]:
+    """The agent's state lock, where this node has an agent: the checks write escalation history and counter
+    baselines that the agent daemon writes too. No agent state directory, or not ours to lock: no lock."""
+    path = Path(c.config.agent.state_dir) / "state.lock"
+    stack = ExitStack()
+    if path.parent.is_dir():
+        try:
+            if not stack.enter_context(locked(path, 40.0)):
+                log.warning("check_ran_without_state_lock", lock=str(path), waited_s=40.0)
+        except OSError as err:  # a user without rights on root's state directory: the checks still run
+            log.debug("check_state_lock_unavailable", lock=str(path), error=str(err))
+    with stack:
+        yield
 
 
 @click.command("check")
@@ -87,7 +110,8 @@ def check(
         state_dir=state_dir,
     )
     kinds = (Kind.PASSIVE, Kind.ACTIVE) if active else (Kind.PASSIVE,)
-    prof, results, verdict = run_profile(settings, profile, kinds, list(only) or None)
+    with state_lock(c):
+        prof, results, verdict = run_profile(settings, profile, kinds, list(only) or None)
     data = {
         "profile": prof.name,
         "profile_sources": prof.sources,

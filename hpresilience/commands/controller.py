@@ -12,7 +12,7 @@ import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.controller.settings import ControllerSettings
-from hpresilience.controller.state import StateStore
+from hpresilience.controller.state import FOR_A_PERSON, StateStore
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.reasons import Action, parse_reason
 from hpresilience.slurm.client import SlurmClient
@@ -88,7 +88,7 @@ def replace(c: Ctx, node: str, reboot: bool, force: bool) -> None:
     store = StateStore(c.config.controller.state_dir)
     under_repair = store.load_all(quarantine=False).get(node)
     if not force:
-        if under_repair is not None and under_repair.step != "given_up":
+        if under_repair is not None and under_repair.step not in FOR_A_PERSON:
             raise ConfigError(f"{node} is already under repair (step {under_repair.step}); --force to ask again")
         parsed = parse_reason(n.reason)
         if n.is_unavailable and n.reason and parsed.owner is None and parsed.action is None:

@@ -6,6 +6,8 @@ not with the cluster.
 
     pending --(jobs gone or forced DOWN, slot free)--> acting --(provider returned)--> waiting_back
     waiting_back --(slurmd registered again)--> gating --(gate passed)--> resumed (record finished)
+    gating --(gate passed, but the node's lemon_repairs-th repair within lemon_window_s)--> lemon (drained,
+        reason "hpr: needs a person ..." naming its repairs; a person resumes it)
     any failure (provider error, not back in time, gate failed) --> next rung of the ladder (pending),
     or past the last rung --> given_up (DOWN+DRAIN, a reason for a person)
 
@@ -23,15 +25,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from hpresilience.controller.events import EventLog, Seen
 from hpresilience.controller.gates import Gate, GateResult, create_gate
 from hpresilience.controller.metrics import ControllerMetrics
 from hpresilience.controller.providers import Provider, ProviderContext, create_provider, provider_registry
 from hpresilience.controller.selection import OUT_OF_SERVICE, first_rung, group_for, requested
 from hpresilience.controller.settings import ControllerSettings
-from hpresilience.controller.state import ACTIVE_STEPS, STEPS, RepairRecord, StateStore
+from hpresilience.controller.state import ACTIVE_STEPS, FOR_A_PERSON, STEPS, RepairRecord, StateStore
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
-from hpresilience.reasons import Action, controller_reason, parse_reason
+from hpresilience.reasons import Action, controller_reason, parse_reason, person_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.jobs import release_requeued_job, requeued_jobs_held
 from hpresilience.slurm.models import Node
@@ -49,6 +52,10 @@ class Controller:
         self.registry = registry or CollectorRegistry()
         self.metrics = ControllerMetrics(self.registry)
         self.store = StateStore(settings.state_dir, persist=not settings.dry_run)
+        # Every decision and every hpresilience reason seen, for `hpresilience events` on the head node.
+        self.events = EventLog(settings.state_dir, persist=not settings.dry_run)
+        # The hpresilience / Action: reason last seen per node out of service (with Slurm's time of it).
+        self.seen: Seen = {}
         self.gate = gate or create_gate(settings.gate)
         # Built up front so a bad provider name or option stops the daemon at start, not mid-repair.
         known = provider_registry(settings.providers)
@@ -67,6 +74,7 @@ class Controller:
 
     def load(self) -> None:
         self.records = self.store.load_all()
+        self.seen = self.events.last_marks()
         for rec in self.records.values():
             log.info("repair_record_loaded", node=rec.node, step=rec.step, attempt=rec.attempt, action=rec.action)
 
@@ -75,6 +83,11 @@ class Controller:
         getattr(log, level)(event, node=rec.node, step=rec.step, requested=rec.requested, action=rec.action or None,
                             attempt=rec.attempt, provider=rec.provider, why=rec.why,
                             dry_run=self.settings.dry_run or None, **extra)
+        self.events.record(event, rec.node, "controller", rec.why, step=rec.step, requested=rec.requested,
+                           action=rec.action or None, attempt=rec.attempt, provider=rec.provider, **extra)
+
+    def note_reasons(self, nodes: list[Node]) -> None:
+        self.seen = self.events.note_reasons(self.seen, nodes)
 
     def _group(self, node: str) -> str:
         g = group_for(node, self.settings.groups)
@@ -107,6 +120,7 @@ class Controller:
         """Pick up new requests and advance every repair, from one snapshot of the nodes in trouble (and those
         under repair): a node absent from it is in service, or gone from Slurm if a repair names it."""
         by_name = {n.name: n for n in nodes}
+        self.note_reasons(nodes)
         for n in nodes:
             if n.name not in self.records:
                 try:
@@ -167,10 +181,10 @@ class Controller:
     def advance(self, rec: RepairRecord, node: Node, now: float) -> None:
         parsed = parse_reason(node.reason)
         in_service = not node.states & OUT_OF_SERVICE
-        if rec.step == "given_up":
+        if rec.step in FOR_A_PERSON:
             if in_service:
-                rec.why = "resumed by someone else after the controller gave up"
-                self._finish(rec, "resumed_by_operator")
+                rec.why = f"resumed by someone else after the controller left it for a person ({rec.step})"
+                self._finish(rec, "lemon_cleared" if rec.step == "lemon" else "resumed_by_operator")
             elif parsed.owner != "controller" and requested(node, self.settings) is not None:
                 rec.why = f"new request: {node.reason}"
                 self._finish(rec, "superseded")  # picked up afresh next cycle
@@ -272,6 +286,8 @@ class Controller:
         result = fut.result() if err is None else GateResult(False, f"gate error: {err}", 0.0, time.time())
         rec.last_health = result.to_json()
         self.metrics.gate.labels("pass" if result.passed else "fail").inc()
+        self.events.record("health_gate_passed" if result.passed else "health_gate_failed", rec.node, "controller",
+                           result.detail, attempt=rec.attempt, action=rec.action or None)
         if not result.passed:
             self._attempt_failed(rec, f"health gate failed: {result.detail}", "gate_failed", now)
             return
@@ -279,10 +295,27 @@ class Controller:
             rec.why = f"health gate passed, but the reason is no longer ours: {node.reason!r}"
             self._finish(rec, "not_resumed_reason_changed")
             return
+        earlier = self.store.repairs_since(rec.node, now - self.settings.lemon_window_s)
+        if len(earlier) + 1 >= self.settings.lemon_repairs:
+            self._leave_for_a_person(rec, earlier, now)
+            return
         self.client.set_node_state([rec.node], "resume")
         rec.why = f"health gate passed ({result.detail}); resumed"
         self.metrics.duration.labels(rec.provider, rec.requested).observe(max(0.0, now - rec.detected_at))
         self._finish(rec, "repaired")
+
+    def _leave_for_a_person(self, rec: RepairRecord, earlier: list[dict[str, Any]], now: float) -> None:
+        """A lemon: the node passes its gate but keeps coming back. It stays drained for a person, with its
+        repairs in the reason (Slurm clips reasons at 200 characters: the count comes first)."""
+        days = self.settings.lemon_window_s / 86400
+        shown = [f"{h.get('requested', '?')} {time.strftime('%m-%d %H:%M', time.localtime(h['at']))}"
+                 for h in earlier[-4:]] + [f"{rec.action or rec.requested} now"]
+        text = f"repaired {len(earlier) + 1} times within {days:g} d: {', '.join(shown)}"
+        self._set_state(rec, "drain", person_reason(text))
+        rec.move("lemon", f"needs a person: {text}", now)
+        self.store.save(rec)
+        self.metrics.outcomes.labels(rec.provider, rec.requested, "lemon").inc()
+        self._decision("node_left_for_a_person", rec, "error", repairs=len(earlier) + 1, last_health=rec.last_health)
 
     def _attempt_failed(self, rec: RepairRecord, why: str, kind: str, now: float) -> None:
         self.metrics.failures.labels(rec.provider, rec.action or rec.requested, kind).inc()
@@ -305,6 +338,8 @@ class Controller:
 
     def _finish(self, rec: RepairRecord, outcome: str) -> None:
         self.records.pop(rec.node, None)
+        if outcome == "repaired":
+            self.seen.pop(rec.node, None)  # resumed by us: recorded as node_resumed, not as back_in_service
         self.inflight.pop(rec.node, None)
         self.store.finish(rec, outcome)
         self.metrics.outcomes.labels(rec.provider, rec.requested, outcome).inc()

@@ -7,10 +7,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        # From the controller's one query per cycle, which reads only the nodes in trouble: healthy nodes
+        # are not in it, and the help text must say so (a dashboard summing it is not the cluster's size).
         self.cluster_nodes = Gauge("hpr_cluster_nodes",
-                                   "Every node in Slurm by state (down, fail, drain, or the base state) and who "
-                                   "owns its reason (agent, controller, operator, none)", ["state", "owner"],
-                                   registry=registry)
+                                   "Nodes out of service in Slurm (down, fail, drain; failing and draining "
+                                   "included) and nodes under repair, by state (down, fail, drain, or the base "
+                                   "state) and who owns the reason (agent, controller, operator, none); nodes in "
+                                   "service are not counted", ["state", "owner"], registry=registry)
         self.nodes = Gauge("hpr_controller_nodes", "Nodes known to the controller, by repair step", ["step"],
                            registry=registry)
         self.duration = Histogram("hpr_controller_repair_duration_seconds",

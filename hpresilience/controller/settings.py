@@ -86,6 +86,10 @@ class ControllerSettings(Section):
     # The escalation ladder: a repair starts at the first rung of the requested action and moves one rung
     # up each time the node does not come back or fails the gate; past the last rung it is left for a person.
     ladder: list[RepairAction] = Field(default_factory=lambda: list(DEFAULT_LADDER), min_length=1)
+    # A node repaired this many times within lemon_window_s is not put back after its last repair: it stays
+    # drained with a reason starting "hpr: needs a person" that names its repairs (step "lemon" in status).
+    lemon_repairs: int = Field(default=3, ge=1)
+    lemon_window_s: float = Field(default=7 * 86400.0, gt=0)
     # Also repair nodes that `scontrol reboot` left behind (reason "Reboot ASAP"/"reboot timed out", drained).
     repair_reboot_leftovers: bool = True
     # Also repair (as a reboot) nodes that are DOWN with no reason or only Slurm's own (`down_reasons`), once

@@ -25,8 +25,11 @@ log = get_logger("hpresilience.controller")
 
 # pending: detected, waiting for its jobs to end (or to be forced down) or for a free repair slot.
 # acting: the provider was asked to act. waiting_back: waiting for slurmd to register again.
-# gating: the health gate runs. given_up: left out of service for a person.
-STEPS = ("pending", "acting", "waiting_back", "gating", "given_up")
+# gating: the health gate runs. given_up: left out of service for a person. lemon: it passed its gate but
+# was repaired too often (controller.lemon_repairs within lemon_window_s): left drained for a person.
+STEPS = ("pending", "acting", "waiting_back", "gating", "given_up", "lemon")
+# Steps in which the node waits for a person: nothing of ours acts on it until someone resumes it.
+FOR_A_PERSON = frozenset({"given_up", "lemon"})
 ACTIVE_STEPS = frozenset({"acting", "waiting_back", "gating"})
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -153,9 +156,23 @@ class StateStore:
         except FileNotFoundError:
             pass
 
-    def history(self, limit: int = 20) -> list[dict[str, Any]]:
+    def repairs_since(self, node: str, since: float) -> list[dict[str, Any]]:
+        """The node's finished repairs (outcome "repaired") at or after `since`, and after the last time a person
+        put it back while it was left for them (outcome "lemon_cleared"): what the lemon rule counts."""
+        out: list[dict[str, Any]] = []
+        for h in self.history(limit=None):
+            if h.get("node") != node or not isinstance(h.get("at"), (int, float)):
+                continue
+            if h.get("outcome") == "lemon_cleared":
+                out = []
+            elif h.get("outcome") == "repaired" and h["at"] >= since:
+                out.append(h)
+        return out
+
+    def history(self, limit: int | None = 20) -> list[dict[str, Any]]:
         try:
-            lines = (self.dir / "history.jsonl").read_text().splitlines()[-limit:]
+            lines = (self.dir / "history.jsonl").read_text().splitlines()
+            lines = lines[-limit:] if limit is not None else lines
         except OSError:
             return []
         out = []

@@ -31,6 +31,13 @@ class Status(str, enum.Enum):
     NOT_APPLICABLE = "not_applicable"
 
 
+class Mode(str, enum.Enum):
+    """What the agent does with a confirmed fault: act on it in Slurm, or only log and count what it would do."""
+
+    OBSERVE = "observe"
+    ENFORCE = "enforce"
+
+
 class Kind(str, enum.Enum):
     PASSIVE = "passive"
     ACTIVE = "active"
@@ -91,6 +98,9 @@ class CheckOptions(Section):
     timeout_s: float | None = Field(default=None, gt=0)
     # The device family must be present: absence is a failure instead of "not applicable".
     required: bool = False
+    # observe: the agent logs and counts what this check's faults would do and never acts on them (while
+    # agent.mode is enforce for the others); enforce or unset: as agent.mode says (observe there wins).
+    mode: Mode | None = None
 
 
 @dataclass(frozen=True)

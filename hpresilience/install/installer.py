@@ -17,6 +17,7 @@ from hpresilience import __version__, proc
 from hpresilience.config import load_config
 from hpresilience.errors import ExternalError
 from hpresilience.fileio import atomic_write_text
+from hpresilience.health.base import Mode
 from hpresilience.install.layout import Layout, Role, default_config, profile_script, render, template
 from hpresilience.install.venv import read_manifest
 from hpresilience.log import get_logger
@@ -34,6 +35,8 @@ class Report:
     systemd: list[str] = field(default_factory=list)
     slurm_lines: list[str] = field(default_factory=list)
     slurm_conf: str | None = None
+    agent_mode: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 def install_file(path: Path, text: str, mode: int, report: Report) -> bool:
@@ -67,16 +70,26 @@ def install_link(link: Path, target: Path, report: Report) -> bool:
     return True
 
 
-def install_config(layout: Layout, config: str | None, report: Report) -> bool:
-    """The given config, validated before it lands; else keep a valid one in place; else the defaults."""
+def install_config(layout: Layout, config: str | None, report: Report, enforce: bool = False) -> bool:
+    """The given config, validated before it lands; else keep a valid one in place; else the defaults, with the
+    agent in observe mode unless `enforce` (a new site watches what the agent would do before it acts)."""
     if config is not None:
-        load_config(config)  # ConfigError names the file and key; nothing is written
+        cfg = load_config(config)  # ConfigError names the file and key; nothing is written
+        report.agent_mode = cfg.agent.mode.value
+        if "mode" not in cfg.agent.model_fields_set and not enforce:
+            report.notes.append(f"{config} does not set agent.mode: the agent enforces (marks nodes) from the start; "
+                                "a new site sets `agent: {mode: observe}` first (docs/rollout.md)")
         return install_file(layout.config, Path(config).read_text(), 0o644, report)
     if layout.config.exists():
-        load_config(layout.config)  # a bad file in place would make the units fail on start
+        cfg = load_config(layout.config)  # a bad file in place would make the units fail on start
+        report.agent_mode = cfg.agent.mode.value
+        if enforce and cfg.agent.mode is not Mode.ENFORCE:
+            report.notes.append(f"--enforce applies to a new site; {layout.config} is kept and says agent.mode "
+                                f"{cfg.agent.mode.value}: edit it to enforce (docs/rollout.md)")
         report.unchanged.append(str(layout.config))
         return False
-    text = default_config(layout)
+    report.agent_mode = (Mode.ENFORCE if enforce else Mode.OBSERVE).value
+    text = default_config(layout, Mode.ENFORCE if enforce else Mode.OBSERVE)
     return install_file(layout.config, text, 0o644, report)
 
 
@@ -105,9 +118,9 @@ def find_slurm_conf(layout: Layout, explicit: str | None) -> Path | None:
 
 
 def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: bool, use_systemd: bool,
-            slurm_conf: str | None) -> Report:
+            slurm_conf: str | None, enforce: bool = False) -> Report:
     report = Report(role)
-    config_changed = install_config(layout, config, report)
+    config_changed = install_config(layout, config, report, enforce)
     install_link(layout.bin_dir / "hpresilience", layout.venv / "bin" / "hpresilience", report)
     install_file(layout.profile_d, profile_script(layout), 0o644, report)
     snippet = render("slurm.conf.hpresilience", layout)
@@ -148,9 +161,15 @@ def write_manifest(layout: Layout, role: Role, report: Report) -> None:
     data = read_manifest(layout)
     roles = sorted({*(data.get("roles") or []), role})  # type: ignore[misc]
     files = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
-             for p in report.written + report.unchanged if Path(p).is_file()}
+             for p in report.written + report.unchanged if Path(p).is_file() and not Path(p).is_symlink()}
+    links = {p: os.readlink(p) for p in report.written + report.unchanged if Path(p).is_symlink()}
+    # Which role laid out which path: `uninstall --role R` removes only what no other installed role uses.
+    role_files = dict(data.get("role_files") or {})  # type: ignore[call-overload]
+    role_files[role] = sorted(set(report.written + report.unchanged))
     data.update({"version": __version__, "roles": roles, "prefix": layout.prefix, "root": str(layout.root),
-                 "files": {**dict(data.get("files") or {}), **files}})  # type: ignore[call-overload]
+                 "files": {**dict(data.get("files") or {}), **files},  # type: ignore[call-overload]
+                 "links": {**dict(data.get("links") or {}), **links},  # type: ignore[call-overload]
+                 "role_files": role_files})
     atomic_write_text(layout.manifest, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

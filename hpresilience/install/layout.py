@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from hpresilience.health.base import Mode
+
 Role = Literal["compute", "controller", "login"]
 ROLES: tuple[Role, ...] = ("compute", "controller", "login")
 # The lowest Python the package runs on; pyproject.toml's requires-python says the same (a test holds them).
@@ -99,9 +101,12 @@ def profile_script(layout: Layout) -> str:
             f'case ":$PATH:" in\n  *":{d}:"*) ;;\n  *) PATH="{d}:$PATH"; export PATH ;;\nesac\n')
 
 
-def default_config(layout: Layout) -> str:
-    """The config written when none is given: defaults, with the state directories under the install root."""
+def default_config(layout: Layout, mode: Mode = Mode.OBSERVE) -> str:
+    """The config written when none is given: defaults, with the state directories under the install root, and
+    the agent observing (a new site) unless install was given --enforce."""
     return ("# hpresilience configuration (docs/configuration.md). Written by `hpresilience install`;\n"
             "# your edits are kept: install never overwrites this file unless given --config.\n"
-            f"agent:\n  state_dir: {layout.state_dir('agent')}\n"
+            "# agent.mode observe: the agent logs and counts what it would do and never touches Slurm; watch\n"
+            "# hpr_agent_decisions_total{decision=\"would_mark\"}, then set enforce (docs/rollout.md).\n"
+            f"agent:\n  mode: {mode.value}\n  state_dir: {layout.state_dir('agent')}\n"
             f"controller:\n  state_dir: {layout.state_dir('controller')}\n")

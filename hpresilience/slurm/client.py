@@ -20,7 +20,7 @@ from hpresilience.errors import ConfigError, SlurmError, SlurmTimeout, UnknownNo
 from hpresilience.log import get_logger
 from hpresilience.slurm import parse
 from hpresilience.slurm.hostlist import compress
-from hpresilience.slurm.models import Job, Node
+from hpresilience.slurm.models import Job, Node, ReasonGroup
 from hpresilience.slurm.runner import CommandRunner, Result
 from hpresilience.waiting import wait_for
 
@@ -111,6 +111,13 @@ class SlurmClient:
         """How many nodes the cluster has (`sinfo -a -o %D`: a node in several partitions counts once)."""
         res = self.runner.run("sinfo", "-h", "-a", "-o", "%D")
         return sum(int(w) for w in res.stdout.split() if w.isdigit())
+
+    def reason_groups(self, partitions: Iterable[str] = ()) -> list[ReasonGroup]:
+        """The partitions' nodes grouped by reason (every partition when none is named): one query whose
+        output grows with the distinct reasons in those partitions, not with their size (agent's fleet ceiling)."""
+        names = ",".join(dict.fromkeys(p for p in partitions if p))
+        args = ["-h"] + ([f"--partition={names}"] if names else []) + ["-o", parse.REASON_GROUP_FORMAT]
+        return parse.parse_reason_groups(self.runner.run("sinfo", *args).stdout)
 
     def idle_nodes(self, partition: str = "") -> list[str]:
         """Names of the nodes that could take a job now (idle, no flag), optionally of one partition."""

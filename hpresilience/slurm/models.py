@@ -71,6 +71,19 @@ class Node:
 
 
 @dataclass(frozen=True)
+class ReasonGroup:
+    """One line of `sinfo -h -o '%R|%D|%H|%N|%E'`: the nodes of one partition that share a state group and a
+    reason. sinfo groups nodes by every field printed, so the lines grow with the distinct reasons, not with
+    the partition; the counts of a partition's lines add up to its size."""
+
+    partition: str
+    count: int
+    nodes: tuple[str, ...]
+    reason: str = ""  # "" for nodes without a reason (sinfo prints "none")
+    reason_at: int | None = None  # when the reason was set (epoch s); None without a reason
+
+
+@dataclass(frozen=True)
 class Job:
     job_id: int
     name: str

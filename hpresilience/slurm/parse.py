@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from hpresilience.errors import SlurmParseError
 from hpresilience.log import get_logger
 from hpresilience.slurm.hostlist import expand
-from hpresilience.slurm.models import Job, Node
+from hpresilience.slurm.models import Job, Node, ReasonGroup
 
 T = TypeVar("T")
 log = get_logger("hpresilience.slurm")
@@ -341,6 +341,25 @@ def parse_jobs_oneliner(text: str, what: str = "scontrol show job -o") -> list[J
 def parse_node_names(text: str) -> list[str]:
     """One node name per line (`sinfo -h -N -o %N`), duplicates (a node in two partitions) dropped."""
     return list(dict.fromkeys(w for w in (line.strip() for line in text.splitlines()) if w))
+
+
+REASON_GROUP_FORMAT = "%R|%D|%H|%N|%E"
+
+
+def reason_group_from_line(line: str) -> ReasonGroup:
+    """One `sinfo -h -o '%R|%D|%H|%N|%E'` line; the reason comes last, so a `|` inside it is kept."""
+    parts = line.strip().split("|", 4)
+    if len(parts) != 5 or not parts[1].strip().isdigit():
+        raise ValueError(f"not a partition|count|time|nodes|reason line: {line[:200]!r}")
+    partition, count, at, hosts, reason = parts
+    reason = reason.strip()
+    return ReasonGroup(partition=partition.strip().rstrip("*"), count=int(count), nodes=tuple(expand(hosts.strip())),
+                       reason="" if reason in ("none", "(null)") else reason, reason_at=slurm_time(at.strip()))
+
+
+def parse_reason_groups(text: str, what: str = "sinfo -o " + REASON_GROUP_FORMAT) -> list[ReasonGroup]:
+    """Every line of the grouped partition view; a malformed line is skipped and logged."""
+    return _lines(text, what, reason_group_from_line)
 
 
 def parse_idle_names(text: str) -> list[str]:

@@ -111,8 +111,8 @@ def test_application_xids_change_no_node_state(agents: Agents, slurm: SlurmClien
     assert all(n.is_idle and not n.reason for n in slurm.nodes())
 
 
-def test_check_failing_everywhere_fails_no_more_than_the_cap(agents: Agents, slurm: SlurmClient) -> None:
-    """A GPU missing on all 4 nodes (a bad profile, say): the 10 % cap with its floor of 1 allows one node."""
+def test_check_failing_everywhere_fails_no_more_than_the_ceiling(agents: Agents, slurm: SlurmClient) -> None:
+    """A GPU missing on all 4 nodes (a bad profile, say): the 10 % ceiling with its floor of 1 allows one node."""
     agents.start()
     for node in agents.nodes.values():
         node.inject("gpu_missing")
@@ -123,7 +123,7 @@ def test_check_failing_everywhere_fails_no_more_than_the_cap(agents: Agents, slu
     failed = [n.name for n in slurm.nodes() if n.has("FAIL")]
     assert len(failed) == 1, failed
     logs = "".join((n.root / "agent.log").read_text() for n in agents.nodes.values())
-    assert "cluster cap reached" in logs
+    assert "fleet ceiling reached" in logs
     # Agents stand down, they do not drain: the held nodes stay in service.
     assert sum(1 for n in slurm.nodes() if n.is_idle) == 3
 

@@ -73,3 +73,28 @@ def test_open_event_sources_follows_the_configured_kernel_log(tmp_path: Path) ->
     finally:
         for s in sources:
             s.close()
+
+
+def test_a_checks_own_mode_reaches_the_agent_and_a_bad_mode_is_a_config_error(tmp_path: Path) -> None:
+    """health.checks.NAME.mode: observe puts the check among those the agent only observes; another word is
+    refused at load, naming the key."""
+    import pytest
+    import yaml
+
+    from hpresilience.config import load_config
+    from hpresilience.errors import ConfigError
+
+    node = FakeNode.make(tmp_path / "n", "p5.48xlarge")
+    cfg = tmp_path / "config.yaml"
+
+    def write(mode: str) -> None:
+        data = yaml.safe_load((node.root / "config.yaml").read_text())
+        data["health"]["checks"]["xid"] = {"mode": mode}
+        cfg.write_text(yaml.safe_dump(data))
+
+    write("observe")
+    col = HealthCollector(load_config(cfg).health, sources=[])
+    assert col.observe_only == frozenset({"xid"})
+    write("watch")
+    with pytest.raises(ConfigError, match=r"checks.*xid.*mode"):
+        load_config(cfg)

@@ -1,10 +1,10 @@
-"""Guard rails: repeats, ownership of reasons, escalation, the cluster-wide cap, resume when clear."""
+"""Guard rails: repeats, ownership of reasons, escalation, the fleet ceiling, resume when clear."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpresilience.agent.guard import Decision, DecisionKind, Memory, cap_limit, decide
+from hpresilience.agent.guard import Decision, DecisionKind, FleetView, Memory, ceiling, decide, over_ceiling
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.health.base import CheckResult, Kind, Status
 from hpresilience.reasons import Action, agent_reason
@@ -68,20 +68,42 @@ def test_already_marked_is_not_marked_again_but_escalates() -> None:
     assert d.kind == "mark" and d.action == Action.REPLACE
 
 
-def test_cap_stops_a_check_that_fails_everywhere() -> None:
-    """20 nodes, 10 %: two already marked by agents in the window -> the third is held."""
-    others = [node(f"x{i}", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW - 60) for i in range(2)]
+def test_ceiling_holds_a_mark_while_a_tenth_of_the_partition_is_out_for_hpresilience() -> None:
+    """20 nodes, 10 %: one node marked by an agent and one under repair by the controller -> the third is held,
+    however long ago the others went out (a ceiling on how many are out, not a rate)."""
+    others = [node("x0", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW - 86400),
+              node("x1", {"IDLE", "DRAIN"}, "[hpr-controller] repairing: reboot (attempt 1)", NOW - 7 * 86400)]
     cluster = [node("n1")] + others + [node(f"y{i}") for i in range(17)]
     d = run(cluster[0], [XID79], cluster=cluster)
-    assert d.kind == "hold" and "cap reached" in d.why
-    # Marks older than the window no longer count.
-    old = [node(f"x{i}", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW - 3600) for i in range(2)]
-    assert run(cluster[0], [XID79], cluster=[cluster[0], *old, *cluster[3:]]).kind == "mark"
+    assert d.kind == "hold" and d.held_by_ceiling and "fleet ceiling reached" in d.why and "x0, x1" in d.why
+    # A node an operator drained is not ours: it does not count against the ceiling.
+    mixed = [cluster[0], others[0], node("x1", {"IDLE", "DRAIN"}, "fan broken", NOW - 60), *cluster[3:]]
+    assert run(cluster[0], [XID79], cluster=mixed).kind == "mark"
 
 
-def test_cap_limit_has_a_floor() -> None:
-    assert cap_limit(4, AgentSettings()) == 1 and cap_limit(100, AgentSettings()) == 10
-    assert cap_limit(4, AgentSettings(cap_min=0)) == 0
+def test_a_node_left_for_a_person_counts_against_the_ceiling() -> None:
+    lemon = node("x0", {"IDLE", "DRAIN"}, "hpr: needs a person: repaired 3 times within 7 d", NOW - 60)
+    d = run(node("n1"), [XID79], cluster=[node("n1"), lemon, node("x2")], max_out_min=1)
+    assert d.kind == "hold" and d.held_by_ceiling
+
+
+def test_ceiling_has_a_floor() -> None:
+    assert ceiling(4, AgentSettings()) == 1 and ceiling(100, AgentSettings()) == 10
+    assert ceiling(4, AgentSettings(max_out_min=0)) == 0
+
+
+def test_after_marking_only_the_marks_ahead_in_time_and_name_order_keep_theirs() -> None:
+    """Two agents marked in the same second with room for one: the earlier name keeps its mark, the other backs
+    out; a controller-held node is ahead of every agent mark."""
+    a = node("a", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW)
+    b = node("b", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW)
+    rest = [node(f"y{i}") for i in range(8)]
+    view = FleetView.of([a, b, *rest])
+    s = AgentSettings()
+    assert over_ceiling(view, "a", s, after_mark=True) is None
+    assert over_ceiling(view, "b", s, after_mark=True) is not None
+    held = node("c", {"IDLE", "DRAIN"}, "[hpr-controller] repairing", NOW + 5)
+    assert over_ceiling(FleetView.of([a, held, *rest]), "a", AgentSettings(max_out_min=1), after_mark=True)
 
 
 def test_resume_only_what_the_agent_marked() -> None:
@@ -127,7 +149,8 @@ def test_the_worst_fault_by_action_rank_decides_and_certainty_breaks_ties() -> N
 
 
 @pytest.mark.parametrize("kind,text", [(DecisionKind.MARK, "mark"), (DecisionKind.RESUME, "resume"),
-                                       (DecisionKind.HOLD, "hold"), (DecisionKind.NONE, "none")])
+                                       (DecisionKind.HOLD, "hold"), (DecisionKind.NONE, "none"),
+                                       (DecisionKind.WOULD_MARK, "would_mark")])
 def test_decision_kinds_keep_the_text_of_logs_and_metric_labels(kind: DecisionKind, text: str) -> None:
     assert kind.value == text and DecisionKind(text) is kind
-    assert len(DecisionKind) == 4
+    assert len(DecisionKind) == 5

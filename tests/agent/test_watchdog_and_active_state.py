@@ -77,7 +77,7 @@ def test_agent_pings_the_watchdog_while_an_active_check_outlasts_watchdog_sec(
     monkeypatch.setenv("WATCHDOG_USEC", "400000")
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     collector = Collector(active_s=1.5)
-    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path / "state"), metrics_address="", dry_run=True,
+    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path / "state"), metrics_address="",
                              passive_interval_s=5)
     agent = Agent(settings, slurm, collector)
     pings: list[float] = []
@@ -103,7 +103,7 @@ def test_agent_pings_the_watchdog_while_an_active_check_outlasts_watchdog_sec(
 @pytest.mark.integration
 def test_once_runs_do_not_repeat_active_checks_within_the_interval(slurm: SlurmClient, tmp_path: Path) -> None:
     """Two separate `--once` processes (here two Agents on the same state directory): only the first stresses."""
-    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path), metrics_address="", dry_run=True,
+    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path), metrics_address="",
                              active_interval_s=3600)
     first, second = Collector(), Collector()
     Agent(settings, slurm, first).cycle()

@@ -27,6 +27,7 @@ from hpresilience.metrics import MetricsServer
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "hpresilience-rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "hpresilience-dashboard.json"
+SCRAPE = REPO / "deploy" / "prometheus" / "prometheus-scrape.yml"
 METRIC = re.compile(r"\bhpr_[a-z0-9_]+\b")
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
             "gauge": ("",), "summary": ("_sum", "_count", "_created")}
@@ -56,6 +57,7 @@ def registries() -> Iterator[CollectorRegistry]:
     a.checks.labels("gpu_count", "fail").inc()
     a.duration.labels("gpu_count").observe(0.2)
     a.decisions.labels("mark", "Replace").inc()
+    a.ceiling_holds.labels("Replace").inc()
     a.latency.observe(1.5)
     a.last_cycle.set(1.7e9)
     yield agent
@@ -125,6 +127,8 @@ def test_the_rules_alert_on_what_the_issue_asks() -> None:
     assert "hpr_controller_repair_failures_total" in alerts["HpresilienceRepairFailureRate"]
     assert "hpr_agent_last_cycle_timestamp_seconds" in alerts["HpresilienceAgentNotCycling"]
     assert "hpr_autoresume_restarts_total" in alerts["HpresilienceRestartStorm"]
+    assert alerts["HpresilienceControllerAbsent"].startswith("absent(")
+    assert 'step="lemon"' in alerts["HpresilienceNodeNeedsAPerson"]
 
 
 @pytest.mark.parametrize("source", ["rules", "dashboard"])
@@ -156,3 +160,102 @@ def test_the_dashboard_covers_fleet_repairs_jobs_and_liveness() -> None:
 def test_a_renamed_metric_is_caught() -> None:
     """The check itself: a dashboard expression with a name nothing exports is reported."""
     assert named_in(["rate(hpr_agent_check_result_total[5m])"]) - exported_names() == {"hpr_agent_check_result_total"}
+
+
+# Labels Prometheus adds to every scraped series, and the bucket label of histograms.
+TARGET_LABELS = {"instance", "job"}
+SELECTOR = re.compile(r"\b(hpr_[a-z0-9_]+)\s*\{([^}]*)\}")
+MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
+
+
+def exported_labels() -> dict[str, set[str]]:
+    """Per exported series name (with its _total/_bucket/... suffix), the label names the code gives it."""
+    out: dict[str, set[str]] = {}
+    for reg in registries():
+        for fam in reg.collect():
+            for sample in fam.samples:
+                out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def label_problems(expr: str, legend: str = "") -> list[str]:
+    """Label names an expression (and its legend) uses that the metrics it reads do not carry."""
+    labels = exported_labels()
+    problems = []
+    metrics = set(METRIC.findall(expr))
+    carried = set().union(*(labels.get(m, set()) for m in metrics)) | TARGET_LABELS
+    for metric, body in SELECTOR.findall(expr):
+        for name in MATCHER.findall(body):
+            if name not in labels.get(metric, set()) | TARGET_LABELS:
+                problems.append(f"{metric}{{{name}}} in {expr!r}")
+    groups = [set(w.strip() for w in g.split(",") if w.strip()) for g in BY.findall(expr)]
+    for g in groups:
+        problems += [f"by ({name}) in {expr!r}" for name in g - carried]
+    # A legend can show only what the outermost aggregation keeps (or any label when there is none).
+    shown = groups[0] | TARGET_LABELS if groups and expr.lstrip().startswith(("sum", "max", "min", "avg", "count"))\
+        else carried
+    problems += [f"legend {{{{{name}}}}} of {expr!r}" for name in LEGEND.findall(legend) if name not in shown]
+    return problems
+
+
+def test_the_dashboards_metric_and_label_names_are_what_the_code_exports() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    problems = [p for panel in dash["panels"] for t in panel.get("targets", [])
+                for p in label_problems(t["expr"], t.get("legendFormat", ""))]
+    assert not problems, problems
+
+
+def test_the_rules_label_names_are_what_the_code_exports() -> None:
+    problems = [p for e in rule_exprs() for p in label_problems(e)]
+    assert not problems, problems
+
+
+def test_a_renamed_label_is_caught() -> None:
+    """The check itself: a selector, a grouping or a legend naming a label the metric lacks is reported."""
+    assert label_problems('sum(hpr_agent_decisions_total{decison="mark"})')
+    assert label_problems("sum by (kind) (hpr_controller_repairs_total)")
+    assert label_problems("sum by (step) (hpr_controller_nodes)", "{{outcome}}")
+    assert not label_problems("sum by (step) (hpr_controller_nodes)", "{{step}}")
+
+
+def test_promtool_accepts_the_scrape_example_and_its_jobs_are_those_the_rules_name() -> None:
+    res = subprocess.run([promtool(), "check", "config", str(SCRAPE)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    jobs = {j["job_name"] for j in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]}
+    named = {m for e in rule_exprs() for m in re.findall(r'job="([^"]+)"', e)}
+    assert named == {"hpresilience-agent", "hpresilience-controller"} and named <= jobs
+
+
+def test_promtool_fires_the_down_absent_and_ceiling_alerts(tmp_path: Path) -> None:
+    """promtool's rule tests: the agent's scrape failing, the controller's series disappearing (absent), and
+    a held mark each fire their alert; a controller that is there fires none. (The rules are tested without
+    their annotations, which promtool would otherwise compare word for word.)"""
+    doc = yaml.safe_load(RULES.read_text())
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            r.pop("annotations", None)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(doc))
+    tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m",
+         "input_series": [
+             {"series": 'up{job="hpresilience-agent",instance="n1:9761"}', "values": "0x10"},
+             {"series": 'hpr_controller_last_cycle_timestamp_seconds{job="hpresilience-controller",'
+                        'instance="head:9760"}', "values": "1 2 3 _x20"},
+             {"series": 'hpr_agent_ceiling_holds_total{job="hpresilience-agent",instance="n1:9761",action="Reboot"}',
+              "values": "0 0 1 1 1"}],
+         "alert_rule_test": [
+             {"eval_time": "8m", "alertname": "HpresilienceAgentDown",
+              "exp_alerts": [{"exp_labels": {"severity": "warning", "job": "hpresilience-agent",
+                                             "instance": "n1:9761"}}]},
+             {"eval_time": "2m", "alertname": "HpresilienceControllerAbsent", "exp_alerts": []},
+             {"eval_time": "20m", "alertname": "HpresilienceControllerAbsent",
+              "exp_alerts": [{"exp_labels": {"severity": "critical", "job": "hpresilience-controller"}}]},
+             {"eval_time": "4m", "alertname": "HpresilienceFleetCeilingReached",
+              "exp_alerts": [{"exp_labels": {"severity": "critical"}}]}]}]}
+    path = tmp_path / "rules_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    res = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr

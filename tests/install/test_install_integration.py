@@ -124,7 +124,9 @@ def test_healthcheck_program_runs_one_cycle_and_records_active_checks(compute_ro
     agent's state file when active checks last ran (so the next run does not stress the node again)."""
     saved = compute_root.config.read_text()
     cfg = yaml.safe_load(saved)
-    cfg["agent"]["dry_run"] = True  # this host's real checks must not mark a devcluster node
+    # This host's real checks must not mark a devcluster node: enforce (observe runs no active check), with a
+    # fleet ceiling of 0 nodes, so any mark is held.
+    cfg["agent"].update({"mode": "enforce", "max_out_min": 0, "max_out_fraction": 0.01})
     compute_root.config.write_text(yaml.safe_dump(cfg))
     try:
         res = subprocess.run(["sh", str(compute_root.prefix / "slurm" / "healthcheck.sh")],

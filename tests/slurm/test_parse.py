@@ -178,3 +178,18 @@ def test_step_lines_skip_odd_lines_and_keep_steps_with_bad_hostlists() -> None:
     text = "12.0|train|n[1-2]\n12.1|probe|n[1-\ngarbage\n12.batch|batch|n1\n\n13|job|n1\n"
     assert parse.parse_step_lines(text) == [("12.0", "train", ("n1", "n2")), ("12.1", "probe", ()),
                                             ("12.batch", "batch", ("n1",))]
+
+
+def test_reason_groups_read_recorded_sinfo_output_with_a_bar_inside_a_reason() -> None:
+    """22.05's `sinfo -h -o '%R|%D|%H|%N|%E'`: one line per (partition, reason); sizes add up; "none" is no reason."""
+    from pathlib import Path
+
+    from hpresilience.slurm.parse import parse_reason_groups
+
+    text = (Path(__file__).parents[1] / "fixtures" / "slurm" / "sinfo_reason_groups_22.05.txt").read_text()
+    groups = parse_reason_groups(text + "garbage line\n")
+    assert sum(g.count for g in groups) == 4 and {g.partition for g in groups} == {"debug"}
+    by_node = {n: g for g in groups for n in g.nodes}
+    assert by_node["n2"].reason == "Action:Replace [hpr-agent] xid: GPU | fell off"
+    assert by_node["n4"].reason.startswith("hpr: needs a person") and by_node["n4"].reason_at
+    assert by_node["n1"].reason == "" and by_node["n1"].reason_at is None

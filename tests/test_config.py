@@ -126,7 +126,7 @@ ISSUE_MISTAKES = [
     ("health:\n  checks:\n    gpu.memory: {max_remaps: 3}\n", "health.checks.gpu.memory.max_remaps: unknown key"),
     ("controller:\n  groups:\n    - {name: gpu, nodes: ['gpu-*'], provider: ipmi}\n",
      "controller.groups[0].provider: unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script"),
-    ("controller:\n  gate: {kind: nonee}\n", "controller.gate.kind: unknown gate 'nonee'; known: command, none"),
+    ("controller:\n  gate: {kind: nonee}\n", "controller.gate.kind: unknown gate 'nonee'; known: command, none, slurm"),
     ("controller:\n  groups:\n    - {name: aws, nodes: ['aws-*'], provider: ec2, options: {launch_tmplate_id: lt-1}}\n",
      "controller.groups[0].options.launch_tmplate_id: unknown key"),
     ("controller:\n  default_provider: script\n  default_options: {comand: [x]}\n",

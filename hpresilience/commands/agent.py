@@ -26,6 +26,7 @@ def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str
     """Run health checks on this node and mark it in Slurm when a fault is confirmed."""
     from hpresilience.agent.collector import HealthCollector
     from hpresilience.agent.daemon import Agent
+    from hpresilience.fileio import require_writable_dir
     from hpresilience.metrics import start_metrics_server
     from hpresilience.slurm.client import SlurmClient
 
@@ -42,6 +43,9 @@ def agent(c: Ctx, once: bool, dry_run: bool, node_name: str | None, profile: str
     settings = cfg.agent.model_copy(update=update)
     paths = {k: v for k, v in {"sysfs": sysfs, "procfs": procfs, "dev": dev}.items() if v}
     health = cfg.health.model_copy(update={"path": cfg.health.path.model_copy(update=paths)}) if paths else cfg.health
+    # What must survive a restart (repeat streaks, XID escalation, counter baselines): refuse to start without it.
+    require_writable_dir(settings.state_dir, "agent.state_dir")
+    require_writable_dir(health.state_dir, "health.state_dir")
     collector = HealthCollector(health, profile, sources=[] if once else None)
     daemon = Agent(settings, SlurmClient.from_settings(cfg.slurm), collector)
     if once:

@@ -63,6 +63,8 @@ def render_table(results: list[CheckResult]) -> str:
 @click.option("--kernel-log", help="Kernel log to read instead of <path.dev>/kmsg (a file is read as lines).")
 @click.option("--nvml", help="NVML source: auto, pynvml, nvidia-smi, or a recorded snapshot JSON path.")
 @click.option("--state-dir", help="Where escalation history and counter baselines are kept.")
+@click.option("--strict", is_flag=True,
+              help="No post-boot or driver-change grace: a missing GPU or a broken NVML fails now (health gates).")
 @pass_ctx
 def check(
     c: Ctx,
@@ -75,6 +77,7 @@ def check(
     kernel_log: str | None,
     nvml: str | None,
     state_dir: str | None,
+    strict: bool,
 ) -> None:
     """Run the node's health checks once and print the results."""
     settings = _override(
@@ -87,7 +90,7 @@ def check(
         state_dir=state_dir,
     )
     kinds = (Kind.PASSIVE, Kind.ACTIVE) if active else (Kind.PASSIVE,)
-    prof, results, verdict = run_profile(settings, profile, kinds, list(only) or None)
+    prof, results, verdict = run_profile(settings, profile, kinds, list(only) or None, strict)
     data = {
         "profile": prof.name,
         "profile_sources": prof.sources,

@@ -43,12 +43,19 @@ class NodeGroup(Section):
 class GateSettings(Section):
     """The health gate a repaired node must pass before it is resumed."""
 
-    # `command`: run `command` (a template: {node}, {address}, {hostname}); exit 0 = pass. `none`: always pass.
-    kind: str = "command"
+    # `slurm`: run `job_command` on the node as a Slurm job in a maintenance reservation (no ssh needed).
+    # `command`: the controller runs `command` itself (a template: {node}, {address}, {hostname}; an ssh command
+    # line by default); exit 0 = pass. `none`: always pass.
+    kind: str = "slurm"
+    # `--strict`: no post-boot grace, so a node that came back short of GPUs fails now (docs/controller.md).
+    job_command: list[str] = Field(default_factory=lambda: [
+        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
+    # The gate job's working directory on the node (stress-ng writes its scratch files there).
+    job_chdir: str = "/tmp"
     command: list[str] = Field(default_factory=lambda: [
         # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
         "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "--", "{address}",
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active"])
+        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
     timeout_s: float = Field(default=900.0, gt=0)
 
     @field_validator("kind")
@@ -66,6 +73,17 @@ class GateSettings(Section):
         from hpresilience.controller.templates import GATE_KEYS, template_problem
 
         problem = template_problem(command, GATE_KEYS) if info.data.get("kind") == "command" else None
+        if problem:
+            raise reference_error(problem)
+        return command
+
+    @field_validator("job_command")
+    @classmethod
+    def _job_command_template(cls, command: list[str]) -> list[str]:
+        from hpresilience.controller.templates import GATE_KEYS, template_problem
+
+        problem = "the command is empty" if not command else (
+            template_problem(command, GATE_KEYS) if any("{" in part for part in command) else None)
         if problem:
             raise reference_error(problem)
         return command

@@ -120,8 +120,7 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
     for unit in layout.units(role):
         if install_file(layout.unit_dir / unit, render(unit, layout), 0o644, report):
             changed_units.add(unit)
-    part = {"compute": "agent", "controller": "controller", "login": None}[role]
-    if part:
+    for part in {"compute": ("agent", "health"), "controller": ("controller",), "login": ()}[role]:
         layout.state_dir(part).mkdir(parents=True, exist_ok=True, mode=0o700)
     units = layout.units(role)
     if units:

@@ -104,4 +104,5 @@ def default_config(layout: Layout) -> str:
     return ("# hpresilience configuration (docs/configuration.md). Written by `hpresilience install`;\n"
             "# your edits are kept: install never overwrites this file unless given --config.\n"
             f"agent:\n  state_dir: {layout.state_dir('agent')}\n"
+            f"health:\n  state_dir: {layout.state_dir('health')}\n"
             f"controller:\n  state_dir: {layout.state_dir('controller')}\n")

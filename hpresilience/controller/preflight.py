@@ -47,7 +47,7 @@ def preflight(settings: ControllerSettings, client: SlurmClient, user: str | Non
     reboot_users = [where for where, name, _ in provider_uses(settings) if name == "reboot"]
     if reboot_users and not reservations.reboot_program(config):
         problems.append(f"provider reboot ({', '.join(reboot_users)}) needs RebootProgram in slurm.conf and the "
-                        "running slurmctld has none (add RebootProgram=/usr/sbin/reboot, then scontrol reconfigure)")
+                        "running slurmctld has none (add RebootProgram=/sbin/reboot, then scontrol reconfigure)")
     for where, name, options in provider_uses(settings):
         if name == "script":
             problem = executable_problem(options.get("command"))

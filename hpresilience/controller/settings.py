@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -12,6 +13,18 @@ from hpresilience.slurm.hostlist import expand
 
 RepairAction = Literal["reboot", "replace"]
 DEFAULT_LADDER: tuple[RepairAction, ...] = ("reboot", "replace", "replace")
+
+
+def not_installed_here(target: str) -> bool:
+    """Whether the module of a `module:callable` declaration cannot be found on this machine (its package is
+    not installed here); a malformed declaration is not this case and is reported as such."""
+    module, sep, attr = target.partition(":")
+    if not sep or not module.strip() or not attr.strip():
+        return False
+    try:
+        return importlib.util.find_spec(module.strip()) is None
+    except (ImportError, ValueError):  # a parent package missing, or a relative name
+        return True
 
 
 class NodeGroup(Section):
@@ -155,6 +168,11 @@ class ControllerSettings(Section):
         known = provider_registry(self.providers)
         broken: set[str] = set()
         for name in self.providers:
+            if not_installed_here(self.providers[name]):
+                # Only the head node needs a site provider, and every node loads this file: a module that is
+                # not installed here stops only the controller, at its start (exit 2 naming it).
+                broken.add(name)
+                continue
             try:
                 known.get(name)
             except ConfigError as err:

@@ -147,7 +147,17 @@ def test_head_node_status_and_controller_exec_start(head_root: Installed, cluste
     before = subprocess.run([hpr, "--config", str(head_root.config), "status"], capture_output=True, text=True)
     assert before.returncode == 1 and "no controller state" in before.stderr
     argv = exec_start(head_root.unit("hpresilience-controller.service"))
+    # The default provider is `reboot` and the devcluster's slurmctld has no RebootProgram: refused at start.
     ran = subprocess.run([*argv, "--once"], env=cluster.env(), capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2 and "needs RebootProgram" in ran.stderr, ran.stderr
+    saved = head_root.config.read_text()
+    cfg = yaml.safe_load(saved)
+    cfg["controller"].update(default_provider="script", default_options={"command": ["/bin/true"]})
+    head_root.config.write_text(yaml.safe_dump(cfg))
+    try:
+        ran = subprocess.run([*argv, "--once"], env=cluster.env(), capture_output=True, text=True, timeout=120)
+    finally:
+        head_root.config.write_text(saved)
     assert ran.returncode == 0, ran.stderr
     res = subprocess.run(["sh", "-c", f". {head_root.root}/etc/profile.d/hpresilience.sh; "
                                       f"hpresilience --config {head_root.config} status"],

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hpresilience.agent import hold
 from hpresilience.agent.guard import (
     CapView,
     Decision,
@@ -105,6 +106,9 @@ class Agent:
         self.last_ok_cycle = 0.0
         self.stop_event = threading.Event()
         self.state_path = Path(settings.state_dir) / f"agent-{self.node_name}.json"
+        # The node is (or may still be) drained by this agent for its active checks: kept in the state file, so
+        # the run after one killed mid-check (HealthCheckTimeout) looks at the node and gives it back.
+        self.holding = False
         self._load_memory()
 
     # -- persistence: repeat streaks survive an agent restart ------------------------------------------
@@ -115,6 +119,7 @@ class Agent:
             marked = data.get("marked")
             self.memory.marked = marked if isinstance(marked, bool) else None
             self.last_active = float(data.get("last_active_at", 0.0))
+            self.holding = data.get("holding") is True
         except FileNotFoundError:
             pass
         except (OSError, ValueError, AttributeError, TypeError) as err:
@@ -126,14 +131,16 @@ class Agent:
         try:
             atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
                                                            "marked": self.memory.marked,
-                                                           "last_active_at": self.last_active}))
+                                                           "last_active_at": self.last_active,
+                                                           "holding": self.holding}))
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
 
     # -- one cycle -------------------------------------------------------------------------------------
     def active_allowed(self, node: Node) -> bool:
-        """Active checks stress the hardware: only on an idle node, or one out of service by our hand."""
-        if not self.settings.active_checks or node.is_busy:
+        """Active checks stress the hardware: only on an idle node, or one out of service by our hand; and only
+        when the agent may take the node out of scheduling for them (not in a dry run)."""
+        if not self.settings.active_checks or node.is_busy or self.settings.dry_run:
             return False
         if node.is_idle:
             return True
@@ -160,11 +167,22 @@ class Agent:
         results = list(self.collector.passive())
         t = time.time() if now is None else now
         me: Node | None = None
+        held: hold.Hold | None = None
         if self.active_due():
             me = self.own_node()
             self.last_active_look = time.monotonic()
             if self.active_allowed(me):
-                results += self.collector.active()
+                held = hold.take(self.client, me)
+            if held is not None:
+                if held.taken:  # a run killed mid-check (HealthCheckTimeout) leaves the next run a reason to look
+                    self.holding = True
+                    self._save_memory()
+                me = hold.as_before(me)
+                try:
+                    results += self.collector.active()
+                except BaseException:
+                    self._give_back()
+                    raise
                 self.last_active = time.time()
         for r in results:
             self.metrics.checks.labels(r.check, r.status.value).inc()
@@ -172,22 +190,35 @@ class Agent:
         self.memory.observe(results)
         # Nothing to report and no mark of ours to lift: nothing to ask Slurm.
         may_lift = self.settings.resume_when_clear and self.memory.marked is not False
-        if me is None and (any(r.asks_action for r in results) or may_lift):
+        if me is None and (any(r.asks_action for r in results) or may_lift or self.holding):
             me = self.own_node()
         if me is None:
             decision = Decision(DecisionKind.NONE, "healthy")
             self.metrics.decisions.labels(decision.kind.value, "none").inc()
         else:
+            if held is None and hold.is_hold(me):  # left by a run that was stopped mid-check
+                self._give_back()
+                me = hold.as_before(me)
             decision = decide(me, self.cap_view, results, self.memory, self.settings, t)
             self.apply(me, decision, results)
             if (decision.kind is DecisionKind.MARK and not self.settings.dry_run
                     and parse_reason(me.reason).owner != "agent"):
                 decision = self.verify_cap(decision)
+        if held is not None and held.taken:
+            self._give_back()
+        elif self.holding and held is None and me is not None and not hold.is_hold(me):
+            self.holding = False  # someone else took the node back meanwhile
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
         log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind.value, checks=len(results))
         return decision
+
+    def _give_back(self) -> None:
+        """End this agent's hold for the active checks (the node resumed unless a reason was set meanwhile)."""
+        if hold.give_back(self.client, self.node_name):
+            self.memory.marked = False
+        self.holding = False
 
     def verify_cap(self, d: Decision) -> Decision:
         """Agents that see the same fault in the same second all pass the cap check before any of them marked.

@@ -12,9 +12,11 @@ import math
 import re
 from collections.abc import Sequence
 
-from hpresilience.errors import SlurmError
+from hpresilience.errors import SlurmError, SlurmParseError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.hostlist import expand
+from hpresilience.slurm.parse import parse_oneliner
 from hpresilience.slurm.runner import Result
 
 log = get_logger("hpresilience.slurm")
@@ -68,6 +70,26 @@ def cancel_by_name(client: SlurmClient, job_name: str) -> None:
     res = client.runner.run("scancel", f"--name={job_name}", check=False, retry=False)
     if res.returncode:
         log.warning("gate_job_not_cancelled", job_name=job_name, error=res.stderr.strip()[:200])
+
+
+def parse_reservations(text: str) -> list[dict[str, str]]:
+    """`scontrol show reservation -o`: one key/value record per reservation ("No reservations" reads as [])."""
+    return [parse_oneliner(line) for line in text.splitlines() if line.startswith("ReservationName=")]
+
+
+def active_reservations_on(client: SlurmClient, node: str) -> list[str]:
+    """Names of the reservations active now that hold `node`. Read from the reservation table (its size grows
+    with the reservations, not the nodes): a node's RESERVED flag shows only after slurmctld's next pass."""
+    res = client.runner.run("scontrol", "show", "reservation", "-o")
+    out = []
+    for r in parse_reservations(res.stdout):
+        try:
+            nodes = expand(r.get("Nodes", "")) if r.get("Nodes", "(null)") != "(null)" else []
+        except SlurmParseError:
+            nodes = []
+        if r.get("State") == "ACTIVE" and node in nodes:
+            out.append(r.get("ReservationName", "?"))
+    return out
 
 
 # -- what the controller checks at start ------------------------------------------------------------------

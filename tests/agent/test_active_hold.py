@@ -92,6 +92,15 @@ def test_no_active_checks_on_a_node_someone_else_drained_or_reserved(
         reservations.delete_reservation(slurm, "site-maint-n3")
 
 
+def test_a_dry_run_runs_no_active_checks(cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """A dry run writes nothing to Slurm, so it cannot keep jobs off the node: it must not stress it either."""
+    collector = Collector()
+    a = agent(slurm, tmp_path, "n1", collector)
+    a.settings = a.settings.model_copy(update={"dry_run": True})
+    a.cycle()
+    assert collector.active_runs == [] and not slurm.node("n1").reason
+
+
 def test_a_job_that_lands_between_the_look_and_the_drain_cancels_the_run(
         cluster: DevCluster, slurm: SlurmClient) -> None:
     looked = slurm.node("n4")

@@ -106,6 +106,21 @@ def test_agent_exec_start_saves_its_state_inside_its_sandbox(
 
 
 @needs_root
+def test_controller_that_cannot_write_its_state_stops_at_start_with_one_line(
+        head_root: Installed, tmp_path: Path) -> None:
+    """The controller unit without its StateDirectory (or a state_dir moved outside it): exit 2 (not restarted
+    by the unit) with one line naming the key, before any Slurm call."""
+    text = head_root.unit(CONTROLLER_UNIT).read_text().replace("StateDirectory=hpresilience/controller\n", "")
+    state = head_root.root / "var/lib/hpresilience/controller"
+    res = subprocess.run(sandbox.command(text, head_root.root, [head_root.root, PYTHON_HOME],
+                                         [*sandbox.exec_start(text), "--once"]),
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+    assert res.returncode == 2, res.stderr
+    [line] = res.stderr.strip().splitlines()
+    assert f"cannot write controller.state_dir {state} (Read-only file system)" in line
+
+
+@needs_root
 def test_controller_unit_leaves_root_credentials_readable(head_root: Installed) -> None:
     """Issue 21 defect 1: ProtectHome=yes hid /root/.ssh (the ssh gate's key and known_hosts) and /root/.aws
     (boto3's credentials) from the controller. A file under /root is readable inside the shipped unit's

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Protocol
 
 from hpresilience.controller.settings import GateSettings
-from hpresilience.controller.templates import GATE_KEYS, render, run_site_command, template_problem
+from hpresilience.controller.templates import (
+    GATE_KEYS,
+    job_command_problem,
+    render,
+    run_site_command,
+    template_problem,
+)
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
@@ -98,8 +104,7 @@ class SlurmGate:
     def __init__(self, settings: GateSettings, context: GateContext | None = None) -> None:
         if context is None or context.client is None:
             raise ConfigError("controller.gate.kind slurm needs the controller's Slurm client")
-        problem = template_problem(settings.job_command, GATE_KEYS) if any(
-            "{" in part for part in settings.job_command) else None if settings.job_command else "the command is empty"
+        problem = job_command_problem(settings.job_command)
         if problem:
             raise ConfigError(f"controller.gate.job_command: {problem}")
         self.settings = settings

@@ -93,10 +93,9 @@ class GateSettings(Section):
     @field_validator("job_command")
     @classmethod
     def _job_command_template(cls, command: list[str]) -> list[str]:
-        from hpresilience.controller.templates import GATE_KEYS, template_problem
+        from hpresilience.controller.templates import job_command_problem
 
-        problem = "the command is empty" if not command else (
-            template_problem(command, GATE_KEYS) if any("{" in part for part in command) else None)
+        problem = job_command_problem(command)
         if problem:
             raise reference_error(problem)
         return command

@@ -121,21 +121,18 @@ def test_agent_unit_exec_start_runs_without_exiting(compute_root: Installed, clu
 def test_healthcheck_program_runs_one_cycle_and_records_active_checks(compute_root: Installed,
                                                                       cluster: DevCluster) -> None:
     """healthcheck.sh, as Slurm's HealthCheckProgram runs it, gives a verdict for the node and leaves in the
-    agent's state file when active checks last ran (so the next run does not stress the node again)."""
-    saved = compute_root.config.read_text()
-    cfg = yaml.safe_load(saved)
-    cfg["agent"]["dry_run"] = True  # this host's real checks must not mark a devcluster node
-    compute_root.config.write_text(yaml.safe_dump(cfg))
-    try:
-        res = subprocess.run(["sh", str(compute_root.prefix / "slurm" / "healthcheck.sh")],
-                             env={**cluster.env(), "SLURMD_NODENAME": "n2", "PATH": LOGIN_PATH},
-                             capture_output=True, text=True, timeout=240)
-    finally:
-        compute_root.config.write_text(saved)
+    agent's state file when active checks last ran (so the next run does not stress the node again). The active
+    checks ran with the node held out of scheduling, and it is back in service afterwards."""
+    res = subprocess.run(["sh", str(compute_root.prefix / "slurm" / "healthcheck.sh")],
+                         env={**cluster.env(), "SLURMD_NODENAME": "n2", "PATH": LOGIN_PATH},
+                         capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("n2: ")
+    assert res.stdout.startswith("n2: none (healthy)"), res.stdout + res.stderr[-2000:]
+    assert "node_held_for_active_checks" in res.stderr and "node_released_after_active_checks" in res.stderr
     state = json.loads((compute_root.root / "var/lib/hpresilience/agent/agent-n2.json").read_text())
-    assert time.time() - state["last_active_at"] < 300
+    assert time.time() - state["last_active_at"] < 300 and state["holding"] is False
+    n2 = cluster.client().node("n2")
+    assert not n2.has("DRAIN") and not n2.reason
 
 
 def test_head_node_status_and_controller_exec_start(head_root: Installed, cluster: DevCluster) -> None:

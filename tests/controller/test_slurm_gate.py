@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from hpresilience.controller.gates import GateContext, GateResult, create_gate
 from hpresilience.controller.loop import Controller
-from hpresilience.controller.settings import GateSettings
+from hpresilience.controller.settings import ControllerSettings, GateSettings
+from hpresilience.controller.state import RepairRecord
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
 from hpresilience.testing.devcluster import DevCluster
 from tests.controller.conftest import history, settings_for, wait_until, write_scripts
 
@@ -105,3 +108,24 @@ def test_repair_with_the_slurm_gate_resumes_the_node_once_the_gate_job_passed(
     assert not n4.reason
     assert "hpr-gate-n4" not in reservations(slurm)
     assert list((tmp_path / "state" / "gates").glob("n4-*.json"))
+
+
+def test_a_node_snapshot_read_before_the_gate_returned_is_not_used_for_that_node(tmp_path: Path) -> None:
+    """While the slurm gate's job runs, the node is out of its DRAIN with no reason. A cycle whose snapshot was
+    read then, but which runs after the gate returned, would take the node for resumed by someone else (and end
+    the repair without resuming it): that node waits for the next snapshot."""
+    settings = ControllerSettings.model_validate({
+        "state_dir": str(tmp_path / "state"), "metrics_address": "", "gate": {"kind": "none"},
+        "default_provider": "script", "default_options": {"command": ["/bin/true"]}})
+    ctl = Controller(settings, SlurmClient())
+    rec = RepairRecord(node="n3", requested="replace", reason="Action:Replace", provider="script", detected_at=1.0)
+    rec.move("gating", "slurmd registered again")
+    ctl.records["n3"] = rec
+    read_at = time.monotonic()
+    in_reservation = Node(name="n3", address="127.0.0.13", hostname="localhost",
+                          states=frozenset({"IDLE", "MAINTENANCE", "RESERVED"}))
+    ctl._submit(rec, ctl.gate.check, in_reservation)
+    ctl.inflight["n3"].result(timeout=10)
+    ctl.process([in_reservation], time.time(), read_at)
+    assert ctl.records["n3"].step == "gating" and "n3" in ctl.inflight
+    ctl.pool.shutdown()

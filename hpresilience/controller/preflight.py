@@ -5,7 +5,8 @@ ladder until the node is given up. So the daemon refuses to start (exit 2, which
 with one line naming everything that is missing:
 - `reboot` provider: slurmctld has a RebootProgram (read from the running slurmctld, not from a file);
 - `script` provider: its command is an executable file;
-- `slurm` gate: this user may create reservations (root, SlurmUser, or AdminLevel Operator/Administrator);
+- `slurm` gate: srun is here, and this user may create reservations (root, SlurmUser, or AdminLevel
+  Operator/Administrator);
 - `command` gate: its command (ssh by default) is an executable file.
 """
 
@@ -55,6 +56,9 @@ def preflight(settings: ControllerSettings, client: SlurmClient, user: str | Non
                 problems.append(f"provider script ({where}): {problem}")
     gate = settings.gate
     if gate.kind == "slurm":
+        srun = executable_problem([reservations.tool_path(client, "srun")])
+        if srun:
+            problems.append(f"gate slurm runs its job with srun: {srun} (this host must be a Slurm submit host)")
         who = user or _user()
         problem = reservations.reservation_rights_problem(client, who, os.getuid() if uid is None else uid, config)
         if problem:

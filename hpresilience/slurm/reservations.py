@@ -99,6 +99,11 @@ def configured(value: str | None) -> str:
     return "" if v.lower() in ("(null)", "none", "n/a") else v
 
 
+def tool_path(client: SlurmClient, tool: str) -> str:
+    """Where the client would find a Slurm command (its bin_dir, else PATH)."""
+    return client.runner.path_of(tool)
+
+
 def reboot_program(config: dict[str, str]) -> str:
     """slurmctld's RebootProgram ("" when none: `scontrol reboot` then fails on every node)."""
     return configured(config.get("RebootProgram"))

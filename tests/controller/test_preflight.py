@@ -4,6 +4,7 @@ refuses to start (exit 2, one line) when something is missing; the installer pri
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from hpresilience.install.installer import lay_out
 from hpresilience.install.layout import Layout
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.reservations import reservation_rights_problem
+from hpresilience.slurm.runner import CommandRunner
 from hpresilience.testing.devcluster import DevCluster
 from tests.conftest import TEST_BASE_PORT, require_slurm
 
@@ -89,6 +91,19 @@ def test_slurm_gate_reservation_rights_are_read_from_the_cluster(cluster: DevClu
     assert preflight(settings, slurm, user="root", uid=0) == []
     [gate_problem] = preflight(settings, slurm, user="nobody", uid=65534)
     assert gate_problem.startswith("gate slurm needs to create maintenance reservations: user nobody")
+
+
+def test_slurm_gate_needs_srun_on_the_controller_host(cluster: DevCluster, tmp_path: Path) -> None:
+    """The controller's host has scontrol but no srun (not a submit host): the gate could never run its job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").symlink_to(shutil.which("scontrol") or "scontrol")
+    client = SlurmClient(CommandRunner(str(bin_dir), timeout=15, retries=1, env=cluster.env()))
+    settings = ControllerSettings.model_validate({"default_provider": "script",
+                                                  "default_options": {"command": [sys.executable]}})
+    [problem] = preflight(settings, client, user="root", uid=0)
+    assert problem == f"gate slurm runs its job with srun: {bin_dir / 'srun'} is not an executable file (this host " \
+                      "must be a Slurm submit host)"
 
 
 @pytest.mark.parametrize(("provider", "wanted"), [("reboot", True), ("script", False)])

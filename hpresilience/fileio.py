@@ -90,6 +90,24 @@ def locked(path: Path | str, wait_s: float) -> Iterator[bool]:
         os.close(fd)
 
 
+def require_writable_dir(path: Path | str, what: str) -> None:
+    """Make sure a daemon can keep its state in `path` (made if missing): write, then remove, a probe file.
+
+    A daemon calls this once at start, so that a directory its systemd unit leaves read-only (ProtectSystem=
+    strict without the path among its StateDirectory=/ReadWritePaths=) stops it with one line naming the
+    setting, instead of a warning per cycle and state that is silently lost. ConfigError: exit 2, which the
+    units do not restart (no crash loop)."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".hpr-write-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(f"cannot write {what} {p} ({err.strerror or err}): set it to a writable directory, or "
+                          "under systemd list it in the unit's StateDirectory= or ReadWritePaths=") from None
+
+
 # Limits on what a YAML file may hold. Configuration, rules and profiles are a few KiB; these are far above
 # any real file and far below what would hurt a daemon or `config show` (issue 14: an alias bomb of 514
 # bytes expanded past 3.8 GB; a nesting 500 deep overflowed the stack).

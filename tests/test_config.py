@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from hpresilience.autoresume.settings import load_rules_file
@@ -21,6 +22,7 @@ from hpresilience.health.settings import HealthSettings
 from hpresilience.settings_base import MAX_SECONDS
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
+from hpresilience.testing.devcluster import DevCluster
 
 
 def test_defaults_work_without_any_file(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,7 +128,7 @@ ISSUE_MISTAKES = [
     ("health:\n  checks:\n    gpu.memory: {max_remaps: 3}\n", "health.checks.gpu.memory.max_remaps: unknown key"),
     ("controller:\n  groups:\n    - {name: gpu, nodes: ['gpu-*'], provider: ipmi}\n",
      "controller.groups[0].provider: unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script"),
-    ("controller:\n  gate: {kind: nonee}\n", "controller.gate.kind: unknown gate 'nonee'; known: command, none"),
+    ("controller:\n  gate: {kind: nonee}\n", "controller.gate.kind: unknown gate 'nonee'; known: command, none, slurm"),
     ("controller:\n  groups:\n    - {name: aws, nodes: ['aws-*'], provider: ec2, options: {launch_tmplate_id: lt-1}}\n",
      "controller.groups[0].options.launch_tmplate_id: unknown key"),
     ("controller:\n  default_provider: script\n  default_options: {comand: [x]}\n",
@@ -227,8 +229,6 @@ def test_a_site_provider_declared_in_the_config_is_accepted_and_used(tmp_path: P
     ({"ipmi": "{mod}:IpmiProvider"}, {"provider": "ipmi"}, "controller.groups[0].options.bmc_user: Field required"),
     ({"ipmi": "{mod}:IpmiProvider"}, {"provider": "ipmx"},
      "controller.groups[0].provider: unknown provider 'ipmx'; known: ec2, hyperpod, ipmi, reboot, script"),
-    ({"ipmi": "{mod}_gone:IpmiProvider"}, {"provider": "ipmi"},
-     "controller.providers.ipmi: provider 'ipmi': cannot import '{mod}_gone' (ModuleNotFoundError"),
     ({"ipmi": "{mod}:IpmiProvidr"}, {"provider": "ipmi"},
      "controller.providers.ipmi: provider 'ipmi': module '{mod}' has no attribute 'IpmiProvidr'"),
     ({"ipmi": "{mod}:NOT_A_FACTORY"}, {"provider": "ipmi"},
@@ -283,3 +283,36 @@ def test_only_the_one_formatter_reads_validation_errors() -> None:
                      if ".errors()" in p.read_text() and p.name != "settings_base.py")
     assert readers == []
 
+
+
+CONTROLLER_ONLY = {"controller": {
+    "providers": {"ipmi": "hpr_site_ipmi_not_installed_here:IpmiProvider"},
+    "groups": [{"name": "gpu", "nodes": ["n*"], "provider": "ipmi", "options": {"bmc_user": "admin"}}]}}
+
+
+def test_a_provider_not_installed_on_this_node_loads_and_stops_only_the_controller(tmp_path: Path) -> None:
+    """Issue 21 defect 10: a site provider installed on the head node only made every agent and every
+    `srun --auto-resume=1` on the compute and login nodes exit 2, since each loads the same file."""
+    cfg = config_from_mapping(CONTROLLER_ONLY, "c.yaml")
+    with pytest.raises(ConfigError, match="provider 'ipmi': cannot import 'hpr_site_ipmi_not_installed_here'"):
+        Controller(cfg.controller.model_copy(update={"state_dir": str(tmp_path)}), SlurmClient())
+
+
+@pytest.mark.integration
+def test_agents_and_the_wrapper_run_with_a_provider_declared_for_the_controller_only(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.autoresume.test_wrapper_integration import Run
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({**CONTROLLER_ONLY, "agent": {"state_dir": str(tmp_path / "agent")},
+                                   "health": {"state_dir": str(tmp_path / "health"), "profile": "generic"}}))
+    env = {"SLURM_CONF": str(cluster.conf_path)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        rc = main(["--config", str(cfg), "agent", "--once", "--node", "n1", "--metrics-address", ""])
+    assert rc == 0, capsys.readouterr().err
+    (tmp_path / "job").mkdir()
+    run = Run(cluster, slurm, tmp_path / "job", "", "echo trained", nodes=1, env={"HPRESILIENCE_CONFIG": str(cfg)})
+    assert run.wait_done() == "0", run.err
+    assert "trained" in run.out

@@ -119,7 +119,8 @@ def test_every_extension_point_uses_the_one_registry() -> None:
     for reg, kind in [(CHECKS, "check"), (PROVIDERS, "provider"), (GATES, "gate"), (LAZY_COMMANDS, "command")]:
         assert isinstance(reg, Registry) and reg.kind == kind
     assert {"gpu.count", "xid"} <= set(CHECKS.names())
-    assert {"reboot", "script", "ec2", "hyperpod"} <= set(PROVIDERS.names()) and GATES.names() == ["command", "none"]
+    assert {"reboot", "script", "ec2", "hyperpod"} <= set(PROVIDERS.names())
+    assert GATES.names() == ["command", "none", "slurm"]
 
 
 def test_health_base_does_not_import_the_checks_it_registers() -> None:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hpresilience.agent import hold
 from hpresilience.agent.guard import (
     Decision,
     DecisionKind,
@@ -121,6 +122,9 @@ class Agent:
         self.observing = settings.dry_run or settings.mode is Mode.OBSERVE
         # Checks whose faults are only observed while the agent enforces (health.checks.NAME.mode: observe).
         self.observe_only: frozenset[str] = frozenset(getattr(collector, "observe_only", frozenset()))
+        # The node is (or may still be) drained by this agent for its active checks: kept in the state file, so
+        # the run after one killed mid-check (HealthCheckTimeout) looks at the node and gives it back.
+        self.holding = False
         self._load_memory()
 
     # -- persistence: repeat streaks survive an agent restart ------------------------------------------
@@ -139,6 +143,7 @@ class Agent:
             marked = data.get("marked")
             self.memory.marked = marked if isinstance(marked, bool) else None
             self.last_active = float(data.get("last_active_at", 0.0))
+            self.holding = data.get("holding") is True
         except FileNotFoundError:
             pass
         except (OSError, ValueError, AttributeError, TypeError) as err:
@@ -150,15 +155,17 @@ class Agent:
         try:
             atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
                                                            "marked": self.memory.marked,
-                                                           "last_active_at": self.last_active}))
+                                                           "last_active_at": self.last_active,
+                                                           "holding": self.holding}))
             self._state_stamp = self._stamp()
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
 
     # -- one cycle -------------------------------------------------------------------------------------
     def active_allowed(self, node: Node) -> bool:
-        """Active checks stress the hardware: only on an idle node, or one out of service by our hand."""
-        if not self.settings.active_checks or node.is_busy:
+        """Active checks stress the hardware: only on an idle node, or one out of service by our hand; and only
+        when the agent may take the node out of scheduling for them (not while it observes)."""
+        if not self.settings.active_checks or node.is_busy or self.observing:
             return False
         if node.is_idle:
             return True
@@ -202,11 +209,22 @@ class Agent:
         results = list(self.collector.passive())
         t = time.time() if now is None else now
         me: Node | None = None
+        held: hold.Hold | None = None
         if not self.observing and self.active_due():
             me = self.own_node()
             self.last_active_look = time.monotonic()
             if self.active_allowed(me):
-                results += self.collector.active()
+                held = hold.take(self.client, me)
+            if held is not None:
+                if held.taken:  # a run killed mid-check (HealthCheckTimeout) leaves the next run a reason to look
+                    self.holding = True
+                    self._save_memory()
+                me = hold.as_before(me)
+                try:
+                    results += self.collector.active()
+                except BaseException:
+                    self._give_back()
+                    raise
                 self.last_active = time.time()
         for r in results:
             self.metrics.checks.labels(r.check, r.status.value).inc()
@@ -217,22 +235,36 @@ class Agent:
         enforced = [] if self.observing else [r for r in results if r.check not in self.observe_only]
         # Nothing to report and no mark of ours to lift: nothing to ask Slurm.
         may_lift = self.settings.resume_when_clear and self.memory.marked is not False and not self.observing
-        if me is None and (any(r.asks_action for r in enforced) or may_lift):
+        if me is None and (any(r.asks_action for r in enforced) or may_lift or self.holding):
             me = self.own_node()
         if me is None:
             decision = would or Decision(DecisionKind.NONE, "healthy")
             if would is None:
                 self.metrics.decisions.labels(decision.kind.value, "none").inc()
         else:
-            decision = decide(me, lambda: self.fleet_view(me), enforced, self.memory, self.settings, t)
+            if held is None and hold.is_hold(me):  # left by a run that was stopped mid-check
+                self._give_back()
+                me = hold.as_before(me)
+            seen = me
+            decision = decide(me, lambda: self.fleet_view(seen), enforced, self.memory, self.settings, t)
             self.apply(me, decision, results)
             if decision.kind is DecisionKind.MARK and parse_reason(me.reason).owner != "agent":
                 decision = self.verify_ceiling(me, decision)
+        if held is not None and held.taken:
+            self._give_back()
+        elif self.holding and held is None and me is not None and not hold.is_hold(me):
+            self.holding = False  # someone else took the node back meanwhile
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
         log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind.value, checks=len(results))
         return decision
+
+    def _give_back(self) -> None:
+        """End this agent's hold for the active checks (the node resumed unless a reason was set meanwhile)."""
+        if hold.give_back(self.client, self.node_name):
+            self.memory.marked = False
+        self.holding = False
 
     def note_observed(self, results: Sequence[CheckResult]) -> Decision | None:
         """Faults of observed checks: at the cycle where the guard would have marked (a certain fault at once,

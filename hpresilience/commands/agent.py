@@ -29,6 +29,7 @@ def agent(c: Ctx, once: bool, dry_run: bool, mode: str | None, node_name: str | 
     """Run health checks on this node and mark it in Slurm when a fault is confirmed."""
     from hpresilience.agent.collector import HealthCollector
     from hpresilience.agent.daemon import Agent
+    from hpresilience.fileio import require_writable_dir
     from hpresilience.health.base import Mode
     from hpresilience.metrics import start_metrics_server
     from hpresilience.slurm.client import SlurmClient
@@ -48,6 +49,9 @@ def agent(c: Ctx, once: bool, dry_run: bool, mode: str | None, node_name: str | 
     settings = cfg.agent.model_copy(update=update)
     paths = {k: v for k, v in {"sysfs": sysfs, "procfs": procfs, "dev": dev}.items() if v}
     health = cfg.health.model_copy(update={"path": cfg.health.path.model_copy(update=paths)}) if paths else cfg.health
+    # What must survive a restart (repeat streaks, XID escalation, counter baselines): refuse to start without it.
+    require_writable_dir(settings.state_dir, "agent.state_dir")
+    require_writable_dir(health.state_dir, "health.state_dir")
     collector = HealthCollector(health, profile, sources=[] if once else None)
     # Slurm kills a HealthCheckProgram after HealthCheckTimeout (60 s by default): a --once run waits for the
     # daemon's cycle in flight at most 40 s, then skips (the daemon's cycle is checking this node anyway).

@@ -86,6 +86,8 @@ def state_lock(c: Ctx) -> Iterator[None]:
 @click.option("--kernel-log", help="Kernel log to read instead of <path.dev>/kmsg (a file is read as lines).")
 @click.option("--nvml", help="NVML source: auto, pynvml, nvidia-smi, or a recorded snapshot JSON path.")
 @click.option("--state-dir", help="Where escalation history and counter baselines are kept.")
+@click.option("--strict", is_flag=True,
+              help="No post-boot or driver-change grace: a missing GPU or a broken NVML fails now (health gates).")
 @pass_ctx
 def check(
     c: Ctx,
@@ -98,6 +100,7 @@ def check(
     kernel_log: str | None,
     nvml: str | None,
     state_dir: str | None,
+    strict: bool,
 ) -> None:
     """Run the node's health checks once and print the results."""
     settings = _override(
@@ -111,7 +114,7 @@ def check(
     )
     kinds = (Kind.PASSIVE, Kind.ACTIVE) if active else (Kind.PASSIVE,)
     with state_lock(c):
-        prof, results, verdict = run_profile(settings, profile, kinds, list(only) or None)
+        prof, results, verdict = run_profile(settings, profile, kinds, list(only) or None, strict)
     data = {
         "profile": prof.name,
         "profile_sources": prof.sources,

@@ -54,11 +54,24 @@ def run_cmd(c: Ctx, once: bool, dry_run: bool, state_dir: str | None) -> None:
 
 def _run(c: Ctx | None, once: bool, dry_run: bool, state_dir: str | None) -> None:
     from hpresilience.controller.loop import Controller
+    from hpresilience.controller.preflight import preflight
+    from hpresilience.fileio import require_writable_dir
+    from hpresilience.log import get_logger
     from hpresilience.metrics import start_metrics_server
+
+    log = get_logger("hpresilience.controller")
 
     assert c is not None
     settings = _settings(c, state_dir, dry_run)
-    ctl = Controller(settings, SlurmClient.from_settings(c.config.slurm))
+    client = SlurmClient.from_settings(c.config.slurm)
+    if not settings.dry_run:
+        require_writable_dir(settings.state_dir, "controller.state_dir")
+    ctl = Controller(settings, client)
+    problems = preflight(settings, client)
+    if problems and not settings.dry_run:
+        raise ConfigError("controller cannot work on this cluster: " + "; ".join(problems))
+    for problem in problems:  # a dry run previews decisions all the same
+        log.warning("controller_preflight_failed", problem=problem, dry_run=True)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         ctl.stop()

@@ -51,7 +51,8 @@ FLAG_OPTIONS = {"auto-resume-grow": ("grow", True), "auto-resume-no-grow": ("gro
 @click.option("--auto-resume-state-dir", "state_dir", default=None,
               help="Per-job state and event files (shared FS). Default: $SLURM_SUBMIT_DIR/.hpresilience/jobs.")
 @click.option("--auto-resume-metrics-file", "metrics_file", default=None,
-              help="Prometheus textfile to write (default: <state dir>/<job id>.prom; '' for none).")
+              help="Prometheus textfile to write (default: <autoresume.metrics_dir>/hpresilience_job_<JOBID>.prom "
+                   "when that directory is writable; '' for none).")
 @click.option("--auto-resume-poll-interval", "poll_interval", type=click.FloatRange(min=0.1), default=None,
               help="Seconds between checks of the step's node states in Slurm (default 1).")
 @click.option("--auto-resume-shutdown-signal", "shutdown_signal", default=None,

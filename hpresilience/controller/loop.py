@@ -21,12 +21,13 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from hpresilience.controller.events import EventLog, Seen
-from hpresilience.controller.gates import Gate, GateResult, create_gate
+from hpresilience.controller.gates import Gate, GateContext, GateResult, create_gate
 from hpresilience.controller.metrics import ControllerMetrics
 from hpresilience.controller.providers import Provider, ProviderContext, create_provider, provider_registry
 from hpresilience.controller.selection import OUT_OF_SERVICE, first_rung, group_for, requested
@@ -56,7 +57,7 @@ class Controller:
         self.events = EventLog(settings.state_dir, persist=not settings.dry_run)
         # The hpresilience / Action: reason last seen per node out of service (with Slurm's time of it).
         self.seen: Seen = {}
-        self.gate = gate or create_gate(settings.gate)
+        self.gate = gate or create_gate(settings.gate, GateContext(client, Path(settings.state_dir) / "gates"))
         # Built up front so a bad provider name or option stops the daemon at start, not mid-repair.
         known = provider_registry(settings.providers)
         self.providers: dict[str, Provider] = {DEFAULT_GROUP: create_provider(
@@ -70,6 +71,9 @@ class Controller:
         self.stop_event = threading.Event()
         # Set when a provider call or a gate finishes: the next cycle runs at once instead of a poll later.
         self.wake = threading.Event()
+        # When each node's provider call or gate last returned (monotonic): a snapshot of the nodes read before
+        # that is stale for it (the slurm gate changes the node's state while it runs).
+        self.returned_at: dict[str, float] = {}
         self.last_ok_cycle = 0.0
 
     def load(self) -> None:
@@ -110,15 +114,17 @@ class Controller:
     # -- one cycle -----------------------------------------------------------------------------------
     def cycle(self, now: float | None = None) -> None:
         started = time.perf_counter()
+        read_at = time.monotonic()
         nodes = self.client.nodes_out_of_service(also=list(self.records))
         self.metrics.poll.observe(time.perf_counter() - started)
-        self.process(nodes, time.time() if now is None else now)
+        self.process(nodes, time.time() if now is None else now, read_at)
         self.last_ok_cycle = time.monotonic()
         self.metrics.last_cycle.set(time.time())
 
-    def process(self, nodes: list[Node], now: float) -> None:
+    def process(self, nodes: list[Node], now: float, read_at: float | None = None) -> None:
         """Pick up new requests and advance every repair, from one snapshot of the nodes in trouble (and those
-        under repair): a node absent from it is in service, or gone from Slurm if a repair names it."""
+        under repair): a node absent from it is in service, or gone from Slurm if a repair names it. `read_at`
+        (monotonic): when the snapshot was read; a repair whose worker returned after that waits a cycle."""
         by_name = {n.name: n for n in nodes}
         self.note_reasons(nodes)
         for n in nodes:
@@ -134,7 +140,8 @@ class Controller:
                 self._finish(rec, "node_gone")
                 continue
             fut = self.inflight.get(name)
-            if fut is not None and not fut.done():
+            stale = read_at is not None and self.returned_at.get(name, float("-inf")) > read_at
+            if fut is not None and (not fut.done() or stale):
                 continue
             try:
                 self.advance(rec, node, now)
@@ -188,6 +195,11 @@ class Controller:
             elif parsed.owner != "controller" and requested(node, self.settings) is not None:
                 rec.why = f"new request: {node.reason}"
                 self._finish(rec, "superseded")  # picked up afresh next cycle
+            return
+        if rec.step == "gating":
+            # The slurm gate holds the node in service inside its reservation while its job runs (and after a
+            # restart mid-gate until the gate runs again): the gate's result decides, not the node's state.
+            self._step_gating(rec, node, now)
             return
         if in_service and rec.step != "acting":
             rec.why = f"node back in service without the controller ({node.state_text})"
@@ -273,7 +285,13 @@ class Controller:
         self._submit(rec, self.gate.check, node)
 
     def _submit(self, rec: RepairRecord, fn: Any, *args: Any) -> None:
-        fut = self.pool.submit(fn, *args)
+        def work() -> Any:
+            try:
+                return fn(*args)
+            finally:  # before the future reads as done, so no cycle sees it done with an older snapshot
+                self.returned_at[rec.node] = time.monotonic()
+
+        fut = self.pool.submit(work)
         fut.add_done_callback(lambda _: self.wake.set())
         self.inflight[rec.node] = fut
 

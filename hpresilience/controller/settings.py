@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -12,6 +13,18 @@ from hpresilience.slurm.hostlist import expand
 
 RepairAction = Literal["reboot", "replace"]
 DEFAULT_LADDER: tuple[RepairAction, ...] = ("reboot", "replace", "replace")
+
+
+def not_installed_here(target: str) -> bool:
+    """Whether the module of a `module:callable` declaration cannot be found on this machine (its package is
+    not installed here); a malformed declaration is not this case and is reported as such."""
+    module, sep, attr = target.partition(":")
+    if not sep or not module.strip() or not attr.strip():
+        return False
+    try:
+        return importlib.util.find_spec(module.strip()) is None
+    except (ImportError, ValueError):  # a parent package missing, or a relative name
+        return True
 
 
 class NodeGroup(Section):
@@ -43,12 +56,19 @@ class NodeGroup(Section):
 class GateSettings(Section):
     """The health gate a repaired node must pass before it is resumed."""
 
-    # `command`: run `command` (a template: {node}, {address}, {hostname}); exit 0 = pass. `none`: always pass.
-    kind: str = "command"
+    # `slurm`: run `job_command` on the node as a Slurm job in a maintenance reservation (no ssh needed).
+    # `command`: the controller runs `command` itself (a template: {node}, {address}, {hostname}; an ssh command
+    # line by default); exit 0 = pass. `none`: always pass.
+    kind: str = "slurm"
+    # `--strict`: no post-boot grace, so a node that came back short of GPUs fails now (docs/controller.md).
+    job_command: list[str] = Field(default_factory=lambda: [
+        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
+    # The gate job's working directory on the node (stress-ng writes its scratch files there).
+    job_chdir: str = "/tmp"
     command: list[str] = Field(default_factory=lambda: [
         # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
         "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "--", "{address}",
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active"])
+        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
     timeout_s: float = Field(default=900.0, gt=0)
 
     @field_validator("kind")
@@ -66,6 +86,16 @@ class GateSettings(Section):
         from hpresilience.controller.templates import GATE_KEYS, template_problem
 
         problem = template_problem(command, GATE_KEYS) if info.data.get("kind") == "command" else None
+        if problem:
+            raise reference_error(problem)
+        return command
+
+    @field_validator("job_command")
+    @classmethod
+    def _job_command_template(cls, command: list[str]) -> list[str]:
+        from hpresilience.controller.templates import job_command_problem
+
+        problem = job_command_problem(command)
         if problem:
             raise reference_error(problem)
         return command
@@ -141,6 +171,11 @@ class ControllerSettings(Section):
         known = provider_registry(self.providers)
         broken: set[str] = set()
         for name in self.providers:
+            if not_installed_here(self.providers[name]):
+                # Only the head node needs a site provider, and every node loads this file: a module that is
+                # not installed here stops only the controller, at its start (exit 2 naming it).
+                broken.add(name)
+                continue
             try:
                 known.get(name)
             except ConfigError as err:

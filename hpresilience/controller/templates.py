@@ -54,6 +54,13 @@ def template_problem(template: list[str], keys: tuple[str, ...]) -> str | None:
     return None
 
 
+def job_command_problem(command: list[str]) -> str | None:
+    """The `slurm` gate's job command: placeholders are filled where it has some, and nothing is appended."""
+    if not command:
+        return "the command is empty"
+    return template_problem(command, GATE_KEYS) if any("{" in part for part in command) else None
+
+
 class _Strict(dict[str, str]):
     def __missing__(self, key: str) -> str:
         raise KeyError(f"unknown placeholder {{{key}}}")

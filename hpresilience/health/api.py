@@ -17,8 +17,9 @@ def run_profile(
     profile: str | None = None,
     kinds: tuple[Kind, ...] = (Kind.PASSIVE,),
     only: list[str] | None = None,
+    strict: bool = False,
 ) -> tuple[Profile, list[CheckResult], Verdict]:
     prof = load_profile(settings, profile, make_context(settings).paths)
-    checks = build_checks(prof, make_context(settings, prof), kinds, only)
+    checks = build_checks(prof, make_context(settings, prof, strict), kinds, only)
     results = run_checks(checks)
     return prof, results, aggregate(results)

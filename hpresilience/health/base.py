@@ -140,6 +140,9 @@ class CheckContext:
     reboots_before_replace: int = 2
     escalation_window_s: float = 14 * 86400.0
     expect: dict[str, int] = field(default_factory=dict)
+    # No post-boot or driver-change grace (`check --strict`, the controller's health gate): a repaired node
+    # must show all its hardware now, not in five minutes.
+    strict: bool = False
     _cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _key_locks: dict[str, threading.Lock] = field(default_factory=dict)

@@ -156,7 +156,7 @@ def load_profile(
     return Profile(wanted, sources, expect, options)
 
 
-def make_context(settings: HealthSettings, profile: Profile | None = None) -> CheckContext:
+def make_context(settings: HealthSettings, profile: Profile | None = None, strict: bool = False) -> CheckContext:
     p = settings.path
     expect = {k: v for k, v in (profile.expect.model_dump() if profile else {}).items() if v is not None}
     return CheckContext(
@@ -169,6 +169,7 @@ def make_context(settings: HealthSettings, profile: Profile | None = None) -> Ch
         reboots_before_replace=settings.reboots_before_replace,
         escalation_window_s=settings.escalation_window_s,
         expect=expect,
+        strict=strict,
     )
 
 

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpresilience import __version__, proc
-from hpresilience.config import load_config
+from hpresilience.config import Config, load_config
+from hpresilience.controller.preflight import provider_uses
 from hpresilience.errors import ExternalError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.health.base import Mode
 from hpresilience.install.layout import Layout, Role, default_config, profile_script, render, template
 from hpresilience.install.venv import read_manifest
 from hpresilience.log import get_logger
-from hpresilience.slurm.conf import merge_lines
+from hpresilience.slurm.conf import merge_lines, parse_settings
 
 log = get_logger("hpresilience.install")
 SLURM_CONF_CANDIDATES = ("/etc/slurm/slurm.conf", "/opt/slurm/etc/slurm.conf", "/etc/slurm-llnl/slurm.conf")
@@ -111,6 +112,18 @@ def _active_units(units: list[str]) -> set[str]:
     return {u for u in units if proc.run(["systemctl", "is-active", "--quiet", u], timeout=30).ok}
 
 
+def provider_lines(config: Config, existing: str | None) -> str:
+    """slurm.conf lines the configured providers need (slurm.conf is the cluster's one file, so every role
+    prints them): `reboot` runs `scontrol reboot`, which fails on every node without a RebootProgram. A site's
+    own RebootProgram is kept (any program will do)."""
+    have = {s.key.lower() for s in parse_settings(existing or "")}
+    if "rebootprogram" not in have and any(name == "reboot" for _, name, _ in provider_uses(config.controller)):
+        return ("\n# The controller's `reboot` provider (its default) runs `scontrol reboot`, which fails on every\n"
+                "# node without one; the controller refuses to start until the running slurmctld has one.\n"
+                "RebootProgram=/sbin/reboot\n")
+    return ""
+
+
 def find_slurm_conf(layout: Layout, explicit: str | None) -> Path | None:
     if explicit:
         return Path(explicit)
@@ -123,7 +136,9 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
     config_changed = install_config(layout, config, report, enforce)
     install_link(layout.bin_dir / "hpresilience", layout.venv / "bin" / "hpresilience", report)
     install_file(layout.profile_d, profile_script(layout), 0o644, report)
-    snippet = render("slurm.conf.hpresilience", layout)
+    conf = find_slurm_conf(layout, slurm_conf)
+    existing = conf.read_text() if conf and conf.is_file() else None
+    snippet = render("slurm.conf.hpresilience", layout) + provider_lines(load_config(layout.config), existing)
     install_file(layout.snippet, snippet, 0o644, report)
     if role in ("compute", "login"):
         install_file(layout.bin_dir / "srun", template("srun"), 0o755, report)
@@ -133,8 +148,7 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
     for unit in layout.units(role):
         if install_file(layout.unit_dir / unit, render(unit, layout), 0o644, report):
             changed_units.add(unit)
-    part = {"compute": "agent", "controller": "controller", "login": None}[role]
-    if part:
+    for part in {"compute": ("agent", "health"), "controller": ("controller",), "login": ()}[role]:
         layout.state_dir(part).mkdir(parents=True, exist_ok=True, mode=0o700)
     units = layout.units(role)
     if units:
@@ -147,9 +161,7 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
                     raise ExternalError(f"{r.describe()} (the files are installed; see journalctl -u {units[0]})")
                 log.info("systemctl_ran", argv=argv)
             report.systemd.append(" ".join(argv))
-    conf = find_slurm_conf(layout, slurm_conf)
     report.slurm_conf = str(conf) if conf else None
-    existing = conf.read_text() if conf and conf.is_file() else None
     report.slurm_lines = merge_lines(snippet, existing)
     write_manifest(layout, role, report)
     log.info("install_finished", role=role, root=str(layout.root), written=len(report.written),

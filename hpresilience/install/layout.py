@@ -109,4 +109,5 @@ def default_config(layout: Layout, mode: Mode = Mode.OBSERVE) -> str:
             "# agent.mode observe: the agent logs and counts what it would do and never touches Slurm; watch\n"
             "# hpr_agent_decisions_total{decision=\"would_mark\"}, then set enforce (docs/rollout.md).\n"
             f"agent:\n  mode: {mode.value}\n  state_dir: {layout.state_dir('agent')}\n"
+            f"health:\n  state_dir: {layout.state_dir('health')}\n"
             f"controller:\n  state_dir: {layout.state_dir('controller')}\n")

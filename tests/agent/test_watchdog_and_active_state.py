@@ -103,8 +103,7 @@ def test_agent_pings_the_watchdog_while_an_active_check_outlasts_watchdog_sec(
 @pytest.mark.integration
 def test_once_runs_do_not_repeat_active_checks_within_the_interval(slurm: SlurmClient, tmp_path: Path) -> None:
     """Two separate `--once` processes (here two Agents on the same state directory): only the first stresses."""
-    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path), metrics_address="",
-                             active_interval_s=3600)
+    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path), metrics_address="", active_interval_s=3600)
     first, second = Collector(), Collector()
     Agent(settings, slurm, first).cycle()
     Agent(settings, slurm, second).cycle()
@@ -112,5 +111,10 @@ def test_once_runs_do_not_repeat_active_checks_within_the_interval(slurm: SlurmC
     # Once the interval has passed, they run again. A healthy cycle asks Slurm nothing, so the two cycles
     # above can take well under a millisecond: wait the interval out rather than assume it has gone by.
     time.sleep(0.06)
+    # The first run drained n1 for its checks and resumed it: slurmctld shows it NOT_RESPONDING until its next
+    # ping (about a second), and active checks run only on an idle node.
+    deadline = time.monotonic() + 15
+    while not slurm.node("n1").is_idle and time.monotonic() < deadline:
+        time.sleep(0.2)
     Agent(settings.model_copy(update={"active_interval_s": 0.05}), slurm, second).cycle()
     assert len(second.active_runs) == 1

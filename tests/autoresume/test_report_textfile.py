@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
+
+import click
 
 from hpresilience.autoresume.report import default_metrics_path, prune_textfiles
 from hpresilience.autoresume.settings import AutoResumeSettings
@@ -30,3 +33,14 @@ def test_default_path_prunes_and_names_the_job(tmp_path: Path) -> None:
     path = default_metrics_path(AutoResumeSettings(metrics_dir=str(tmp_path), metrics_retention_s=60), 12)
     assert path == str(tmp_path / "hpresilience_job_12.prom") and not stale.exists()
     assert default_metrics_path(AutoResumeSettings(metrics_dir=str(tmp_path / "none")), 12) == ""
+
+
+def test_srun_help_names_the_metrics_file_the_wrapper_writes(tmp_path: Path) -> None:
+    """Issue 21 defect 10: the help promised <state dir>/<job id>.prom, a file the wrapper never writes."""
+    from hpresilience.commands.srun import srun
+
+    [option] = [p for p in srun.params if p.name == "metrics_file"]
+    assert isinstance(option, click.Option) and option.help
+    [said] = re.findall(r"default: (\S+\.prom)", option.help)
+    written = default_metrics_path(AutoResumeSettings(metrics_dir=str(tmp_path)), 4242)
+    assert said.replace("<autoresume.metrics_dir>", str(tmp_path)).replace("<JOBID>", "4242") == written

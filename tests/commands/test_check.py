@@ -95,3 +95,23 @@ def test_path_flags_redirect_hardware_reads(capsys: pytest.CaptureFixture[str], 
 def test_unknown_check_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["check", "--check", "gpu.nope"])
     assert rc == 2 and "unknown check 'gpu.nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault", ["gpu_missing", "nvml_broken"])
+def test_strict_applies_no_post_boot_grace_so_a_missing_gpu_or_broken_nvml_fails(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fault: str
+) -> None:
+    """The health gate runs `check --active --strict` as soon as a repaired node registers, i.e. inside the
+    300 s post-boot grace: there a missing GPU only warns, and the node was resumed short of GPUs."""
+    node = FakeNode.make(tmp_path / "n1", "p5.48xlarge")
+    (node.proc / "uptime").write_text("45.20 80.11\n")
+    if fault == "gpu_missing":
+        node.inject("gpu_missing")
+    else:
+        node.write_nvml({"unavailable": "NVML init failed: Driver/library version mismatch"})
+    cfg = str(node.root / "config.yaml")
+    rc, out = run(capsys, "--config", cfg, "check", "--check", "gpu.count")
+    assert rc == 0 and "booted 45 s ago" in out
+    rc, out = run(capsys, "--config", cfg, "check", "--check", "gpu.count", "--strict")
+    line = next(ln for ln in out.splitlines() if ln.startswith("gpu.count"))
+    assert rc == 1 and "fail" in line and "reboot" in line and "grace" not in line

@@ -75,17 +75,18 @@ def test_script_timeout_kills_its_process_group(tmp_path: Path) -> None:
 
 def test_command_gate_passes_on_exit_0_and_fails_with_output(tmp_path: Path) -> None:
     cmd = script(tmp_path, 'if [ "$1" = 10.0.0.3 ]; then echo "all 8 GPUs ok"; exit 0; fi; echo "dcgm: fail"; exit 1\n')
-    ok = create_gate(GateSettings(command=[cmd, "{address}"])).check(NODE)
+    ok = create_gate(GateSettings(kind="command", command=[cmd, "{address}"])).check(NODE)
     assert ok.passed and ok.detail == "exit 0: all 8 GPUs ok"
-    bad = create_gate(GateSettings(command=[cmd, "{node}"])).check(NODE)
+    bad = create_gate(GateSettings(kind="command", command=[cmd, "{node}"])).check(NODE)
     assert not bad.passed and bad.detail == "exit 1: dcgm: fail"
 
 
 def test_command_gate_timeout_or_missing_command_is_a_failed_gate(tmp_path: Path) -> None:
-    slow = create_gate(GateSettings(command=[sys.executable, "-c", "import time; time.sleep(20)"], timeout_s=0.3))
+    slow = create_gate(GateSettings(kind="command", command=[sys.executable, "-c", "import time; time.sleep(20)"],
+                                    timeout_s=0.3))
     res = slow.check(NODE)
     assert not res.passed and "timed out" in res.detail
-    missing = create_gate(GateSettings(command=[str(tmp_path / "nope"), "{node}"])).check(NODE)
+    missing = create_gate(GateSettings(kind="command", command=[str(tmp_path / "nope"), "{node}"])).check(NODE)
     assert not missing.passed and "cannot run" in missing.detail
 
 
@@ -125,17 +126,17 @@ def _proxy_command_attack(tmp_path: Path) -> tuple[Node, Path]:
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the ssh client to replay the attack")
-def test_default_gate_does_not_run_a_proxycommand_smuggled_in_as_node_address(tmp_path: Path) -> None:
+def test_ssh_gate_does_not_run_a_proxycommand_smuggled_in_as_node_address(tmp_path: Path) -> None:
     """Issue 14 item 13: the default `ssh ... {address} ...` gate ran the ProxyCommand (as root, on the head
     node). The address is refused before ssh runs, and the gate fails naming it."""
     evil, marker = _proxy_command_attack(tmp_path)
-    result = create_gate(GateSettings(timeout_s=20)).check(evil)
+    result = create_gate(GateSettings(kind="command", timeout_s=20)).check(evil)
     assert not marker.exists()
     assert not result.passed and "begins with '-'" in result.detail
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the ssh client to replay the attack")
-def test_default_gate_template_ends_ssh_options_before_the_address(tmp_path: Path) -> None:
+def test_ssh_gate_template_ends_ssh_options_before_the_address(tmp_path: Path) -> None:
     """The second wall: with `--` in the template, even an unchecked value is a host name to ssh."""
     evil, marker = _proxy_command_attack(tmp_path)
     argv = GateSettings().command

@@ -81,12 +81,12 @@ def test_node_names_that_could_escape_the_state_dir_are_refused(tmp_path: Path) 
 def test_unknown_provider_and_gate_list_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script"):
         create_provider("ipmi", {}, ProviderContext(SlurmClient(), "default"))
-    with pytest.raises(ValidationError, match="unknown gate 'nhc'; known: command, none"):
+    with pytest.raises(ValidationError, match="unknown gate 'nhc'; known: command, none, slurm"):
         GateSettings(kind="nhc")  # refused when the settings load (issue 11 defect 3) ...
-    with pytest.raises(ConfigError, match="unknown gate 'nhc'; known: command, none"):
+    with pytest.raises(ConfigError, match="unknown gate 'nhc'; known: command, none, slurm"):
         create_gate(GateSettings.model_construct(kind="nhc"))  # ... and still when a gate is made
     with pytest.raises(ValidationError, match="unknown placeholder"):
-        GateSettings(command=["ssh", "{nodename}"])  # refused at load ...
+        GateSettings(kind="command", command=["ssh", "{nodename}"])  # refused at load ...
     with pytest.raises(ConfigError, match="unknown placeholder"):
         create_gate(GateSettings.model_construct(kind="command", command=["ssh", "{nodename}"]))  # ... and at start
 

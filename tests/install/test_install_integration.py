@@ -121,7 +121,8 @@ def test_agent_unit_exec_start_runs_without_exiting(compute_root: Installed, clu
 def test_healthcheck_program_runs_one_cycle_and_records_active_checks(compute_root: Installed,
                                                                       cluster: DevCluster) -> None:
     """healthcheck.sh, as Slurm's HealthCheckProgram runs it, gives a verdict for the node and leaves in the
-    agent's state file when active checks last ran (so the next run does not stress the node again)."""
+    agent's state file when active checks last ran (so the next run does not stress the node again). The active
+    checks ran with the node held out of scheduling, and it is back in service afterwards."""
     saved = compute_root.config.read_text()
     cfg = yaml.safe_load(saved)
     # This host's real checks must not mark a devcluster node: enforce (observe runs no active check), with a
@@ -135,9 +136,12 @@ def test_healthcheck_program_runs_one_cycle_and_records_active_checks(compute_ro
     finally:
         compute_root.config.write_text(saved)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("n2: ")
+    assert res.stdout.startswith("n2: none (healthy)"), res.stdout + res.stderr[-2000:]
+    assert "node_held_for_active_checks" in res.stderr and "node_released_after_active_checks" in res.stderr
     state = json.loads((compute_root.root / "var/lib/hpresilience/agent/agent-n2.json").read_text())
-    assert time.time() - state["last_active_at"] < 300
+    assert time.time() - state["last_active_at"] < 300 and state["holding"] is False
+    n2 = cluster.client().node("n2")
+    assert not n2.has("DRAIN") and not n2.reason
 
 
 def test_head_node_status_and_controller_exec_start(head_root: Installed, cluster: DevCluster) -> None:
@@ -149,7 +153,17 @@ def test_head_node_status_and_controller_exec_start(head_root: Installed, cluste
     before = subprocess.run([hpr, "--config", str(head_root.config), "status"], capture_output=True, text=True)
     assert before.returncode == 1 and "no controller state" in before.stderr
     argv = exec_start(head_root.unit("hpresilience-controller.service"))
+    # The default provider is `reboot` and the devcluster's slurmctld has no RebootProgram: refused at start.
     ran = subprocess.run([*argv, "--once"], env=cluster.env(), capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2 and "needs RebootProgram" in ran.stderr, ran.stderr
+    saved = head_root.config.read_text()
+    cfg = yaml.safe_load(saved)
+    cfg["controller"].update(default_provider="script", default_options={"command": ["/bin/true"]})
+    head_root.config.write_text(yaml.safe_dump(cfg))
+    try:
+        ran = subprocess.run([*argv, "--once"], env=cluster.env(), capture_output=True, text=True, timeout=120)
+    finally:
+        head_root.config.write_text(saved)
     assert ran.returncode == 0, ran.stderr
     res = subprocess.run(["sh", "-c", f". {head_root.root}/etc/profile.d/hpresilience.sh; "
                                       f"hpresilience --config {head_root.config} status"],

@@ -91,6 +91,8 @@ class GpuCount(GpuCheck):
     def _grace(self) -> str:
         """Why a missing GPU must not act yet ("" when it may): just booted, or the driver just changed."""
         assert isinstance(self.options, GpuCountOptions)
+        if self.ctx.strict:
+            return ""
         g = self.options.grace_s
         up = uptime_s(self.ctx.paths)
         if up is not None and up < g:

@@ -119,13 +119,17 @@ class Agent:
         self.lock_path = Path(settings.state_dir) / "state.lock"
         self.lock_wait_s = settings.cycle_timeout_s if lock_wait_s is None else lock_wait_s
         self._state_stamp: tuple[int, int, int] | None = None
-        self.observing = settings.dry_run or settings.mode is Mode.OBSERVE
         # Checks whose faults are only observed while the agent enforces (health.checks.NAME.mode: observe).
         self.observe_only: frozenset[str] = frozenset(getattr(collector, "observe_only", frozenset()))
         # The node is (or may still be) drained by this agent for its active checks: kept in the state file, so
         # the run after one killed mid-check (HealthCheckTimeout) looks at the node and gives it back.
         self.holding = False
         self._load_memory()
+
+    @property
+    def observing(self) -> bool:
+        """Observe mode (or --dry-run): log and count what would be done, never write to Slurm."""
+        return self.settings.dry_run or self.settings.mode is Mode.OBSERVE
 
     # -- persistence: repeat streaks survive an agent restart ------------------------------------------
     def _stamp(self) -> tuple[int, int, int] | None:

@@ -9,8 +9,8 @@ Nothing shares the trainer's NCCL/default group, so a slow copy can neither dead
 from __future__ import annotations
 
 import pickle
-import queue
 import threading
+import time
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
@@ -27,6 +27,16 @@ from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.torch.direct import DirectSave, DirectWriter
+from hpresilience.torch.jobs import (
+    CheckpointStats,
+    Committed,
+    Failure,
+    FailureLog,
+    JobQueue,
+    Stage,
+    Stop,
+    Upload,
+)
 from hpresilience.torch.layout import (
     COMMIT,
     METADATA,
@@ -43,7 +53,6 @@ from hpresilience.torch.staging import CachedStager, local_bytes
 from hpresilience.torch.storage import TierStorageWriter
 
 log = get_logger("hpresilience.torch")
-_STOP = object()
 
 
 class TieredCheckpointer(LoadMixin):
@@ -92,8 +101,10 @@ class TieredCheckpointer(LoadMixin):
         self._last_sources: list[Source] = []
         # Tests set this to crash a rank between writing its shard and renaming it into place.
         self.fault_hook: Any = None
-        self._post_q: queue.Queue[Any] = queue.Queue()
-        self._s3_q: queue.Queue[Any] = queue.Queue()
+        self.stats = CheckpointStats()
+        self._failed = FailureLog(self.stats)
+        self._post_q: JobQueue[Committed | DirectSave | Stop] = JobQueue()
+        self._s3_q: JobQueue[Upload | Stop] = JobQueue()
         self._threads = [threading.Thread(target=self._post_loop, name="ckpt-post", daemon=True)]
         if self.s3 is not None:
             self._threads.append(threading.Thread(target=self._s3_loop, name="ckpt-s3", daemon=True))
@@ -129,7 +140,7 @@ class TieredCheckpointer(LoadMixin):
         self.wait()
         self._check_capacity_once(state_dict)
         md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
-        self._post_q.put((step, md, to_s3))
+        self._post_q.put(Committed(step, md, to_s3))
 
     def async_save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> Future[Any]:
         """Stage `state_dict` (one memcpy; in the background when `background_staging`) and write it
@@ -151,9 +162,9 @@ class TieredCheckpointer(LoadMixin):
 
         def done(f: Future[Any], step: int = step) -> None:
             if f.exception() is not None:
-                log.error("checkpoint_save_failed", step=step, error=str(f.exception()))
+                self._fail(step, Stage.SAVE, f.exception() or "failed")
             else:
-                self._post_q.put((step, f.result(), to_s3))
+                self._post_q.put(Committed(step, f.result(), to_s3))
 
         fut.add_done_callback(done)
         self._inflight = fut
@@ -185,31 +196,55 @@ class TieredCheckpointer(LoadMixin):
             return False
         return True
 
-    def flush(self) -> None:
-        """Wait until every committed step is copied to its peer and uploaded where due."""
-        self.wait()
-        self._post_q.join()
-        self._s3_q.join()
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every committed step is copied to its peer and uploaded where due, at most
+        `timeout` seconds (default `timeout_s`). True when all of it finished and nothing failed since
+        the last flush; the failures themselves are in `failures` and counted in `stats`."""
+        deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
+        ok = self.wait()
+        for q in (self._post_q, self._s3_q):
+            if not q.join(max(0.0, deadline - time.monotonic())):
+                log.error("checkpoint_flush_timed_out", rank=self.rank, pending=q.pending())
+                ok = False
+        if self._failed.take():
+            ok = False
+        return ok
+
+    @property
+    def failures(self) -> list[Failure]:
+        """Every save and post-commit failure of this checkpointer, oldest first."""
+        return list(self._failed.all)
+
+    def _fail(self, step: int, stage: Stage, err: BaseException | str) -> None:
+        text = str(err) or type(err).__name__ if isinstance(err, BaseException) else err
+        self._failed.add(Failure(step=step, stage=stage, error=text, rank=self.rank))
+        event = "checkpoint_save_failed" if stage is Stage.SAVE else "checkpoint_post_commit_failed"
+        log.error(event, step=step, stage=stage.value, rank=self.rank, error=text)
+
+    def submit(self, job: Committed | DirectSave) -> None:
+        """Queue a saved step's post-commit work (for DirectWriter; save()/async_save() do it themselves)."""
+        self._post_q.put(job)
 
     def _post_loop(self) -> None:
         while True:
             job = self._post_q.get()
             try:
-                if job is _STOP:
+                if isinstance(job, Stop):
                     return
                 if isinstance(job, DirectSave):
                     self._settle_direct(job)
                 else:
-                    self._after_commit(*job)
+                    self._after_commit(job.step, job.metadata, job.to_s3)
             except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                log.error("checkpoint_post_commit_failed", step=job[0], error=str(err))
+                self._fail(getattr(job, "step", -1), Stage.MARKERS, err)
             finally:
-                self._post_q.task_done()
+                self._post_q.done()
 
     def storage_writer(self, step: int, *, to_s3: bool | None = None) -> DirectWriter:
         """A writer for `dcp.save`/`dcp.async_save(storage_writer=...)` that carries the whole tiered
         behaviour: memory tier, then (in this checkpointer's background thread) commit markers on every
-        node, the peer copy, S3 where due (or as `to_s3` says) and retention. Call it on every rank."""
+        node, the peer copy, the durable tier where due (or as `to_s3` says) and retention. Call it on
+        every rank."""
         self._check_to_s3(to_s3)
         return DirectWriter(self, step, to_s3)
 
@@ -219,11 +254,7 @@ class TieredCheckpointer(LoadMixin):
         DCP gives no rank but the coordinator a callback after its commit, so the ranks agree here, on
         the post-commit group, and then run the same post-commit work as after async_save.
         """
-        ok = job.written
-        if self.distributed:
-            flag = torch.tensor([1 if ok else 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._repl_pg)
-            ok = bool(flag.item())
+        ok = self._agree(job.written)
         md = None
         if ok and self.rank == 0:
             # Every shard is written, so the coordinator's DCP thread goes on to finish() at once.
@@ -234,20 +265,44 @@ class TieredCheckpointer(LoadMixin):
             dist.broadcast_object_list(box, src=0, group=self._repl_pg)
             md = box[0]
         if md is None:
-            log.error("checkpoint_save_failed", step=job.step, rank=self.rank, reason="not committed")
+            self._fail(job.step, Stage.SAVE, "not committed: a rank failed to write its shard")
             return
         self._after_commit(job.step, md, job.to_s3)
 
+    def _agree(self, ok: bool) -> bool:
+        """True on every rank iff `ok` on every rank (the post-commit group; same order everywhere)."""
+        if not self.distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._repl_pg)
+        return bool(flag.item())
+
     def _after_commit(self, step: int, md: Any, to_s3: bool | None = None) -> None:
+        """Markers on this node, then (all ranks agreeing) the peer copy, retention and the upload queue.
+
+        Every failure is recorded and the worker goes on; the collectives run on every rank in the same
+        order whatever failed locally, so one rank's full tier cannot leave another waiting forever.
+        """
         d = self.tier.step_dir(step)
-        if not self.tier.is_committed(d):
-            # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
-            atomic_write(d / METADATA, pickle.dumps(md), make_parents=False)
-            save_id = getattr(md.storage_meta, "save_id", "") or ""
-            self.tier.write_commit(d, step, self.world, str(save_id))
+        marked = True
+        try:
+            if not self.tier.is_committed(d):
+                # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
+                atomic_write(d / METADATA, pickle.dumps(md), make_parents=False)
+                save_id = getattr(md.storage_meta, "save_id", "") or ""
+                self.tier.write_commit(d, step, self.world, str(save_id))
+        except OSError as err:
+            marked = False
+            self._fail(step, Stage.MARKERS, err)
+        self.stats.committed += 1
+        self.stats.last_committed_step = step
         log.info("checkpoint_committed", step=step, rank=self.rank)
+        everywhere = self._agree(marked) if self.peer is not None and self._repl_ok else marked
         if self.peer is not None and self._repl_ok:
-            self._replicate(step)
+            if everywhere:
+                self._replicate(step)
+            else:
+                self._fail(step, Stage.PEER_COPY, "skipped: a rank could not write this step's markers")
         due = self.s3 is not None and (
             to_s3 if to_s3 is not None else self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
         )
@@ -255,10 +310,13 @@ class TieredCheckpointer(LoadMixin):
             if due:
                 self._pinned.add(step)
             pinned = set(self._pinned)
-        self.tier.prune(self.rank, step, self.cfg.keep, pinned, peer_src=self.source)
+        try:
+            self.tier.prune(self.rank, step, self.cfg.keep, pinned, peer_src=self.source)
+        except OSError as err:
+            self._fail(step, Stage.RETENTION, err)
         self.last_committed = step
         if due:
-            self._s3_q.put(step)
+            self._s3_q.put(Upload(step))
 
     def _replicate(self, step: int) -> None:
         assert self.peer is not None and self.source is not None
@@ -273,24 +331,27 @@ class TieredCheckpointer(LoadMixin):
         except Exception as err:  # noqa: BLE001 - any failure here must stop replication, not training
             # A broken exchange leaves the group's message order unknown: stop using it rather than hang.
             self._repl_ok = False
+            self._fail(step, Stage.PEER_COPY, err)
             log.error("peer_replica_disabled", step=step, peer=self.peer, error=str(err))
             return
+        self.stats.peer_copies += 1
         log.info("peer_replica_written", step=step, to_rank=self.peer, held_for_rank=self.source)
 
     def _s3_loop(self) -> None:
         assert self.s3 is not None
         while True:
-            step = self._s3_q.get()
+            job = self._s3_q.get()
             try:
-                if step is _STOP:
+                if isinstance(job, Stop):
                     return
-                self._upload(step)
+                self._upload(job.step)
             except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                log.error("s3_upload_failed", step=step, error=str(err))
+                self._fail(getattr(job, "step", -1), Stage.UPLOAD, err)
             finally:
-                with self._lock:
-                    self._pinned.discard(step)
-                self._s3_q.task_done()
+                if isinstance(job, Upload):
+                    with self._lock:
+                        self._pinned.discard(job.step)
+                self._s3_q.done()
 
     def _upload(self, step: int) -> None:
         assert self.s3 is not None
@@ -298,18 +359,27 @@ class TieredCheckpointer(LoadMixin):
         ok = 1
         try:
             self.s3.upload_shard(d, step, self.rank)
-        except HPResilienceError as err:
+        except (HPResilienceError, OSError) as err:
             ok = 0
-            log.error("s3_upload_failed", step=step, rank=self.rank, error=str(err))
+            self._fail(step, Stage.UPLOAD, err)
         if self.distributed:
             flag = torch.tensor([ok])
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._s3_pg)
             ok = int(flag.item())
-        if ok and self.rank == 0:
+        if not ok:
+            if self.rank == 0:
+                log.error("durable_step_not_committed", step=step, tier=self.s3.kind)
+            return
+        if self.rank == 0:
             self.s3.commit(d, step)
-            log.info("s3_checkpoint_committed", step=step, key=self.s3.marker(step))
+            log.info("durable_checkpoint_committed", step=step, tier=self.s3.kind, marker=self.s3.marker(step))
             if self.cfg.s3_keep:
-                self.s3.prune(self.cfg.s3_keep)
+                try:
+                    self.s3.prune(self.cfg.s3_keep)
+                except HPResilienceError as err:
+                    self._fail(step, Stage.RETENTION, err)
+        self.stats.uploads += 1
+        self.stats.last_uploaded_step = step
 
     # ------------------------------------------------------------------ loading
     def _gather(self, obj: Any) -> list[Any]:
@@ -352,25 +422,55 @@ class TieredCheckpointer(LoadMixin):
             return chosen
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Finish pending copies and uploads, then stop the background threads."""
-        self.flush()
-        self._post_q.put(_STOP)
+    def close(self, *, keep_tier: bool = False, timeout: float | None = None) -> bool:
+        """Finish pending copies and uploads (within `timeout`, default `timeout_s`), stop the background
+        threads and, unless `keep_tier`, remove this job's memory tier on every node (collective).
+
+        Keep the tier (`keep_tier=True`) when the job goes on elsewhere in this allocation: a preemption
+        exit that auto-resume relaunches. A job that crashes never gets here; the Slurm epilog that
+        `hpresilience install --role compute` sets up removes its tier. True when everything finished.
+        """
+        deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
+        ok = self.flush(timeout=max(0.0, deadline - time.monotonic()))
+        self._post_q.put(Stop())
         if self.s3 is not None:
-            self._s3_q.put(_STOP)
+            self._s3_q.put(Stop())
         for t in self._threads:
-            t.join()
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self._threads if t.is_alive()]
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
         self._stager.close()
+        if stuck:
+            # A thread still inside a collective would use a destroyed group: leave the groups (and the
+            # daemon threads) to the process's exit.
+            log.error("checkpoint_close_timed_out", rank=self.rank, threads=stuck)
+            return False
+        if not keep_tier:
+            ok = self._remove_tier() and ok
         for pg in (self._save_pg, self._repl_pg, self._s3_pg):
             if pg is not None:
                 dist.destroy_process_group(pg)
         self._save_pg = self._repl_pg = self._s3_pg = None
+        return ok
+
+    def _remove_tier(self) -> bool:
+        """Every rank has flushed; then one rank per node removes the node's folder of this job."""
+        if self.distributed:
+            try:
+                dist.barrier(group=self._save_pg)
+            except Exception as err:  # noqa: BLE001 - a missing rank: leave the tier to the epilog
+                log.error("checkpoint_tier_kept", rank=self.rank, reason=str(err))
+                return False
+        if self.rank % self.local_ranks == 0:
+            removed = self.tier.remove()
+            log.info("checkpoint_tier_removed", rank=self.rank, folder=str(self.tier.base), bytes=removed)
+        return True
 
     def __enter__(self) -> TieredCheckpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # An exception keeps the tier: the relaunched step may restore from it.
+        self.close(keep_tier=exc_type is not None)

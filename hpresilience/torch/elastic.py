@@ -3,8 +3,10 @@
 A job that shrank or grew (elastic training, a replaced node that came back) loads a step whose shards
 are numbered by the old ranks. DCP reshards from any set of shard files, so the only work is to bring
 each saved shard to the ranks that need it: from a node's memory tier over the checkpoint's gloo group
-(one transfer at a time, in the same order on every rank), else from S3. Fetched shards live under
-`<namespace>/.restore/` and are removed once the load is done.
+(one transfer at a time, in the same order on every rank), else from the durable tier. Fetched shards
+live under `<namespace>/.restore/rank_<loading rank>/`, one folder per loading rank: the ranks of one node
+share the memory tier and must never create or remove each other's folders (issue 22). They are removed
+once the load is done.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def restore_dir(ck: LoadMixin, step: int) -> Path:
-    return ck.tier.base / ".restore" / step_name(step)
+    return ck.tier.base / ".restore" / f"rank_{ck.rank}" / step_name(step)
 
 
 def needed_ranks(state_dict: dict[str, Any] | None, metadata_path: Path, saved: int) -> set[int]:
@@ -119,7 +121,7 @@ def _verify_all(step: int, ranks: list[int], dirs: list[Path]) -> str | None:
 
 
 def cleanup(ck: LoadMixin, step: int) -> None:
-    shutil.rmtree(restore_dir(ck, step), ignore_errors=True)
+    shutil.rmtree(restore_dir(ck, step).parent, ignore_errors=True)
 
 
 def describe(sources: list[Source]) -> dict[str, Any]:

@@ -324,6 +324,14 @@ class MemoryTier:
             spare.parent.mkdir(parents=True, exist_ok=True)
             os.replace(data, spare)
 
+    def remove(self) -> int:
+        """Remove this namespace's folder (own shards, peer copies, spares); the bytes it held."""
+        held = self.used_bytes()
+        # rmtree works on open descriptors here (shutil.rmtree.avoids_symlink_attacks): a link planted
+        # inside the folder is removed, never followed.
+        shutil.rmtree(self.base, ignore_errors=True)
+        return held
+
     def used_bytes(self) -> int:
         total = 0
         for dirpath, _, files in os.walk(self.base):

@@ -6,6 +6,7 @@ Kept apart from saving so each module stays readable; the methods run on the che
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ class LoadMixin:
     _save_pg: Any
     _repl_pg: Any
 
-    def flush(self) -> None:
+    def flush(self, timeout: float | None = None) -> bool:
         raise NotImplementedError
 
     def _gather(self, obj: Any) -> list[Any]:
@@ -132,8 +133,14 @@ class LoadMixin:
         self.last_committed = chosen
         return chosen, reader
 
+    def _fetch_dir(self) -> Path:
+        """Where this rank puts shards of other ranks it fetched for a load: its own folder, since the
+        ranks of one node share the tier; removed when the load is done."""
+        return self.tier.base / "s3cache" / f"rank_{self.rank}"
+
     def finish_load(self, step: int) -> None:
         elastic.cleanup(self, step)
+        shutil.rmtree(self._fetch_dir(), ignore_errors=True)
         log.info("checkpoint_loaded", step=step, rank=self.rank, source=self.last_source)
 
     def _materialize_elastic(
@@ -152,7 +159,7 @@ class LoadMixin:
     def _s3_fetcher(self, step: int) -> Any:
         def fetch(rank: int) -> Path | None:
             assert self.s3 is not None
-            into = self.tier.base / "s3cache" / str(rank)
+            into = self._fetch_dir() / str(rank)
             self.s3.download_shard(step, rank, into)
             return into
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import traceback
@@ -121,7 +122,7 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
             res["restore_left"] = (Path(ckpt.tier.base) / ".restore").exists() and any(
                 (Path(ckpt.tier.base) / ".restore").iterdir()
             )
-        ckpt.close()
+        ckpt.close(keep_tier=True)
         dist.destroy_process_group()
         out.write_text(json.dumps(res))
     except BaseException:  # noqa: BLE001 - reported to the parent through the result file
@@ -150,5 +151,79 @@ def run_ranks(
     results = []
     for r in range(world):
         f = base / f"result_{task}_{r}.json"
+        results.append(json.loads(f.read_text()) if f.exists() else {"exitcode": procs[r].exitcode})
+    return results
+
+
+def _phase(rank: int, base: Path, ph: dict[str, Any]) -> dict[str, Any]:
+    """One phase of a scenario on this rank: save, or load (same world or resharded)."""
+    world, rpn, numel = ph["world"], ph["rpn"], ph.get("numel", 1000)
+    if rank == 0:  # before the rendezvous, which no other rank passes without rank 0
+        for node in ph.get("drop", []):
+            shutil.rmtree(base / node / ph["ns"], ignore_errors=True)
+    _init(rank, world, ph["port"], 60.0)
+    try:
+        cfg = CheckpointConfig(
+            namespace=ph["ns"], memory_dir=str(base / f"node{rank // rpn}"), ranks_per_node=rpn,
+            timeout_s=60.0, **ph.get("cfg", {}),
+        )
+        ckpt = TieredCheckpointer(cfg)
+        res: dict[str, Any] = {}
+        if ph["task"] == "save":
+            for step in ph["steps"]:
+                ckpt.async_save(state_for(step, rank, numel=numel), step)
+            res["flushed"] = ckpt.flush()
+            res["last_committed"] = ckpt.last_committed
+            res["steps_on_node"] = ckpt.tier.steps()
+            res["spare"] = ckpt.tier.spare(rank).is_file()
+        else:
+            saved = ph["saved_world"]
+            # Same world: each rank asks for its own part; resharded: for the union of the saved parts.
+            parts = [rank] if saved == world else list(range(saved))
+            state = empty_state(parts[0], numel=numel)
+            for r in parts[1:]:
+                state[f"local_{r}"] = torch.full((3, 5), -1.0)
+            step = ckpt.load(state)
+            res["step"] = step
+            res["source"] = ckpt.last_source
+            res["match"] = step is not None and all(matches(state, step, r) for r in parts)
+        ckpt.close(keep_tier=True)
+        return res
+    finally:
+        dist.destroy_process_group()
+
+
+def _scenario_body(rank: int, base: str, phases: list[dict[str, Any]]) -> None:
+    out = Path(base) / f"result_scenario_{rank}.json"
+    results: list[Any] = []
+    try:
+        for ph in phases:
+            results.append(_phase(rank, Path(base), dict(ph)) if rank < ph["world"] else None)
+        out.write_text(json.dumps(results))
+    except BaseException:  # noqa: BLE001 - reported to the parent through the result file
+        out.write_text(json.dumps({"error": traceback.format_exc(), "done": results}))
+        sys.exit(1)
+
+
+def run_scenario(base: Path, phases: list[dict[str, Any]], timeout: float = 240.0) -> list[Any]:
+    """Run `phases` one after another on one set of spawned processes (torch is imported once per
+    process, which matters on 2 cores): a phase of world size W runs on processes 0..W-1, the others
+    skip it. Each phase has its own rendezvous port. Returns each process's list of phase results."""
+    ctx = mp.get_context("spawn")
+    procs_n = max(ph["world"] for ph in phases)
+    phases = [{**ph, "port": free_port()} for ph in phases]
+    for r in range(procs_n):
+        (base / f"result_scenario_{r}.json").unlink(missing_ok=True)
+    procs = [ctx.Process(target=_scenario_body, args=(r, str(base), phases)) for r in range(procs_n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results = []
+    for r in range(procs_n):
+        f = base / f"result_scenario_{r}.json"
         results.append(json.loads(f.read_text()) if f.exists() else {"exitcode": procs[r].exitcode})
     return results

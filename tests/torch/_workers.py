@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from hpresilience.torch import CheckpointConfig, TieredCheckpointer
 
@@ -96,6 +98,18 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
                     os._exit(0)  # the job is dead: no orderly shutdown with a missing rank
             ckpt.flush()
             res["last_committed"] = ckpt.last_committed
+        elif task == "post_commit_failure":
+            _post_commit_failure(rank, ckpt, res)
+            if rank == 1:
+                out.write_text(json.dumps(res))
+                os._exit(0)  # gone without a goodbye: rank 0 must still get out of flush() and close()
+            t0 = time.monotonic()
+            res["third_save_ok"] = ckpt.async_save(state_for(3, rank), 3) is not None and ckpt.wait()
+            res["flush_dead_peer"] = ckpt.flush(timeout=3.0)
+            res["close_ok"] = ckpt.close(keep_tier=True, timeout=3.0)
+            res["dead_peer_s"] = time.monotonic() - t0
+            out.write_text(json.dumps(res))
+            os._exit(0)
         elif task == "load":
             state = empty_state(rank)
             step = ckpt.load(state, kw.get("step"))
@@ -128,6 +142,28 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
     except BaseException:  # noqa: BLE001 - reported to the parent through the result file
         out.write_text(json.dumps({"error": traceback.format_exc()}))
         sys.exit(1)
+
+
+def _post_commit_failure(rank: int, ckpt: TieredCheckpointer, res: dict[str, Any]) -> None:
+    """Issue 22 item 3: rank 1 cannot write the markers of a step saved through dcp.save with the
+    checkpointer's writer (a folder sits where `.metadata` goes); every rank's flush() must return and
+    say so, and the next save must go through."""
+    planted = ckpt.tier.step_dir(1) / ".metadata"
+    if rank == 1:
+        (planted / "x").mkdir(parents=True)
+    dcp_save(state_for(1, rank), storage_writer=ckpt.storage_writer(1))
+    t0 = time.monotonic()
+    res["flush1"] = ckpt.flush(timeout=30.0)
+    res["flush1_s"] = time.monotonic() - t0
+    res["stages"] = sorted({f.stage.value for f in ckpt.failures})
+    if rank == 1:
+        shutil.rmtree(planted)
+    dist.barrier()
+    dcp_save(state_for(2, rank), storage_writer=ckpt.storage_writer(2))
+    res["flush2"] = ckpt.flush(timeout=30.0)
+    res["committed"] = ckpt.stats.committed
+    res["last_committed"] = ckpt.last_committed
+    dist.barrier()
 
 
 def run_ranks(

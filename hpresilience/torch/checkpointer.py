@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hpresilience.errors import ConfigError, HPResilienceError
@@ -86,9 +87,13 @@ class TieredCheckpointer(LoadMixin):
         self._stager = CachedStager(
             background=cfg.background_staging, inline_below=int(cfg.inline_staging_below_mib * (1 << 20))
         )
-        # The optimizer step is what changes the weights a background copy is still reading.
+        # The optimizer step and a module's forward (BatchNorm statistics, in-forward updates) are what
+        # change the state a background copy is still reading: both wait for it.
         self._step_hook = (
             register_optimizer_step_pre_hook(self._before_optimizer_step) if cfg.background_staging else None
+        )
+        self._forward_hook = (
+            register_module_forward_pre_hook(self._before_forward) if cfg.background_staging else None
         )
         self._inflight: Future[Any] | None = None
         self._capacity_checked = shard > 0
@@ -173,10 +178,15 @@ class TieredCheckpointer(LoadMixin):
     def wait_staged(self) -> float:
         """Block until the state passed to the last async_save is copied; the seconds waited.
 
-        Needed only with `background_staging`, before changing large saved tensors in place other than
-        through optimizer.step() (which waits by itself).
+        Needed only with `background_staging`, before changing saved tensors other than through a
+        module's forward or optimizer.step() (which wait by themselves).
         """
         return self._stager.wait()
+
+    def _before_forward(self, module: Any, args: Any) -> None:
+        if self._stager.pending():
+            waited = self._stager.wait()
+            log.info("checkpoint_staging_waited", seconds=round(waited, 4), rank=self.rank, before="forward")
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         waited = self._stager.wait()
@@ -438,9 +448,10 @@ class TieredCheckpointer(LoadMixin):
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in self._threads if t.is_alive()]
-        if self._step_hook is not None:
-            self._step_hook.remove()
-            self._step_hook = None
+        for hook in (self._step_hook, self._forward_hook):
+            if hook is not None:
+                hook.remove()
+        self._step_hook = self._forward_hook = None
         self._stager.close()
         if stuck:
             # A thread still inside a collective would use a destroyed group: leave the groups (and the

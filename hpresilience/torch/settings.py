@@ -52,11 +52,11 @@ class CheckpointConfig(Section):
     s3_region: str | None = None
     s3_max_concurrency: int = Field(default=4, ge=1, le=64)
     s3_part_size_mib: int = Field(default=64, ge=5, le=5120)
-    # async_save copies large tensors in a background thread and returns at once; every optimizer.step()
-    # in the process waits for that copy. If anything else changes a large saved tensor in place before
-    # the copy ends (an EMA update, a hand edit), that save fails loudly (TornStateError) rather than
-    # storing a torn state: call wait_staged() first, or turn this off.
-    background_staging: bool = True
+    # False (the default): async_save copies the whole state before it returns, so the checkpoint is the
+    # state at the call whatever is written afterwards. True: large tensors are copied in a background
+    # thread until the next module forward or optimizer.step(), which wait for it; writing saved tensors
+    # by any other path before then is not allowed (caught where possible: TornStateError fails that save).
+    background_staging: bool = False
     # With background staging, tensors smaller than this are still copied inside async_save (BatchNorm
     # statistics and counters that forward updates in place).
     inline_staging_below_mib: float = Field(default=1.0, ge=0)

@@ -28,6 +28,7 @@ from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.torch.direct import DirectSave, DirectWriter
+from hpresilience.torch.durable import durable_tier
 from hpresilience.torch.jobs import (
     CheckpointStats,
     Committed,
@@ -48,7 +49,6 @@ from hpresilience.torch.layout import (
 from hpresilience.torch.loading import LoadMixin
 from hpresilience.torch.replica import exchange, peer_of, source_of
 from hpresilience.torch.restore import Source
-from hpresilience.torch.s3tier import S3Tier
 from hpresilience.torch.settings import CheckpointConfig
 from hpresilience.torch.staging import CachedStager, local_bytes
 from hpresilience.torch.storage import TierStorageWriter
@@ -76,13 +76,14 @@ class TieredCheckpointer(LoadMixin):
             log.warning("peer_replica_unavailable", reason="all ranks are on one node", world_size=self.world)
         shard = int(cfg.shard_gib * (1 << 30)) if cfg.shard_gib else 0
         self.tier.check_capacity(shard, cfg.keep, self.local_ranks, 1 if self.peer is not None else 0)
-        self.s3 = S3Tier(cfg, s3_client) if cfg.s3_base else None
+        # S3 or a shared filesystem; the same upload, restore and fallback paths serve both.
+        self.durable = durable_tier(cfg, s3_client)
         timeout = timedelta(seconds=cfg.timeout_s)
         # Every rank creates the same groups in the same order (new_group is itself collective).
         self._save_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self._repl_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self._s3_pg = (
-            dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.s3 else None
+            dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.durable else None
         )
         self._stager = CachedStager(
             background=cfg.background_staging, inline_below=int(cfg.inline_staging_below_mib * (1 << 20))
@@ -104,6 +105,7 @@ class TieredCheckpointer(LoadMixin):
         # Where the last load took this rank's shard from: "own", "peer" or "s3".
         self.last_source: str | None = None
         self._last_sources: list[Source] = []
+        self.last_skipped: list[str] = []
         # Tests set this to crash a rank between writing its shard and renaming it into place.
         self.fault_hook: Any = None
         self.stats = CheckpointStats()
@@ -111,7 +113,7 @@ class TieredCheckpointer(LoadMixin):
         self._post_q: JobQueue[Committed | DirectSave | Stop] = JobQueue()
         self._s3_q: JobQueue[Upload | Stop] = JobQueue()
         self._threads = [threading.Thread(target=self._post_loop, name="ckpt-post", daemon=True)]
-        if self.s3 is not None:
+        if self.durable is not None:
             self._threads.append(threading.Thread(target=self._s3_loop, name="ckpt-s3", daemon=True))
         for t in self._threads:
             t.start()
@@ -132,8 +134,8 @@ class TieredCheckpointer(LoadMixin):
         self._capacity_checked = True
 
     def _check_to_s3(self, to_s3: bool | None) -> None:
-        if to_s3 and self.s3 is None:
-            raise ConfigError("to_s3=True, but the checkpoint has no S3 tier (set s3_base)")
+        if to_s3 and self.durable is None:
+            raise ConfigError("to_s3=True, but the checkpoint has no durable tier (set s3_base or fs_base)")
 
     def save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> None:
         """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background.
@@ -313,7 +315,7 @@ class TieredCheckpointer(LoadMixin):
                 self._replicate(step)
             else:
                 self._fail(step, Stage.PEER_COPY, "skipped: a rank could not write this step's markers")
-        due = self.s3 is not None and (
+        due = self.durable is not None and (
             to_s3 if to_s3 is not None else self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
         )
         with self._lock:
@@ -348,7 +350,7 @@ class TieredCheckpointer(LoadMixin):
         log.info("peer_replica_written", step=step, to_rank=self.peer, held_for_rank=self.source)
 
     def _s3_loop(self) -> None:
-        assert self.s3 is not None
+        assert self.durable is not None
         while True:
             job = self._s3_q.get()
             try:
@@ -364,11 +366,11 @@ class TieredCheckpointer(LoadMixin):
                 self._s3_q.done()
 
     def _upload(self, step: int) -> None:
-        assert self.s3 is not None
+        assert self.durable is not None
         d = self.tier.step_dir(step)
         ok = 1
         try:
-            self.s3.upload_shard(d, step, self.rank)
+            self.durable.upload_shard(d, step, self.rank)
         except (HPResilienceError, OSError) as err:
             ok = 0
             self._fail(step, Stage.UPLOAD, err)
@@ -378,14 +380,16 @@ class TieredCheckpointer(LoadMixin):
             ok = int(flag.item())
         if not ok:
             if self.rank == 0:
-                log.error("durable_step_not_committed", step=step, tier=self.s3.kind)
+                log.error("durable_step_not_committed", step=step, tier=self.durable.kind)
             return
         if self.rank == 0:
-            self.s3.commit(d, step)
-            log.info("durable_checkpoint_committed", step=step, tier=self.s3.kind, marker=self.s3.marker(step))
+            self.durable.commit(d, step)
+            log.info(
+                "durable_checkpoint_committed", step=step, tier=self.durable.kind, marker=self.durable.marker(step)
+            )
             if self.cfg.s3_keep:
                 try:
-                    self.s3.prune(self.cfg.s3_keep)
+                    self.durable.prune(self.cfg.s3_keep)
                 except HPResilienceError as err:
                     self._fail(step, Stage.RETENTION, err)
         self.stats.uploads += 1
@@ -408,6 +412,7 @@ class TieredCheckpointer(LoadMixin):
         holding them, else from S3.
         """
         bad: set[tuple[int, Source, int]] = set()
+        self.last_skipped = []
         while True:
             prepared = self.prepare_load(step, bad, state_dict=state_dict)
             if prepared is None:
@@ -421,8 +426,16 @@ class TieredCheckpointer(LoadMixin):
                 damaged = sorted(r for r, (exc, _) in err.failures.items() if isinstance(exc, ChecksumError))
                 if not damaged or not self._last_sources:
                     raise
+                if self.rank in damaged:
+                    # Whatever its source, the shard was read from this rank's step folder: drop it, or
+                    # the next attempt would take it for an own copy and fail on it again.
+                    for name in shard_names(self.rank):
+                        (self.tier.step_dir(chosen) / name).unlink(missing_ok=True)
                 for r in damaged:
                     bad.add((r, self._last_sources[r], chosen))
+                    self.last_skipped.append(
+                        f"step {chosen}, rank {r} from {self._name(self._last_sources[r])}: {err.failures[r][0]}"
+                    )
                     log.warning(
                         "checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0])
                     )
@@ -443,7 +456,7 @@ class TieredCheckpointer(LoadMixin):
         deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
         ok = self.flush(timeout=max(0.0, deadline - time.monotonic()))
         self._post_q.put(Stop())
-        if self.s3 is not None:
+        if self.durable is not None:
             self._s3_q.put(Stop())
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -91,11 +91,11 @@ def gather_shards(
     for r in missing:
         try:
             if not all((into / n).is_file() for n in shard_names(r)):
-                if ck.s3 is None or step not in s3_steps:
+                if ck.durable is None or step not in s3_steps:
                     raise HPResilienceError(
                         f"saved rank {r}'s shard of step {step} is on no node and not in S3"
                     )
-                ck.s3.download_shard(step, r, into)
+                ck.durable.download_shard(step, r, into)
         except (HPResilienceError, OSError) as err:
             problem = problem or str(err)
     for d in have.values():

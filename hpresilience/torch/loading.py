@@ -23,8 +23,8 @@ from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
 
 if TYPE_CHECKING:
+    from hpresilience.torch.durable import DurableTier
     from hpresilience.torch.layout import MemoryTier
-    from hpresilience.torch.s3tier import S3Tier
     from hpresilience.torch.settings import CheckpointConfig
 
 log = get_logger("hpresilience.torch")
@@ -35,11 +35,13 @@ class LoadMixin:
 
     cfg: CheckpointConfig
     tier: MemoryTier
-    s3: S3Tier | None
+    durable: DurableTier | None
     rank: int
     world: int
     distributed: bool
     last_source: str | None
+    # Why the last load passed over newer or nearer sources: "step N, rank R from SOURCE: reason".
+    last_skipped: list[str]
     last_committed: int | None
     _last_sources: list[Source]  # per rank, of the last same-world step prepared ([] after a reshard)
     _save_pg: Any
@@ -64,10 +66,10 @@ class LoadMixin:
         self.flush()
         inv = self.tier.inventory(self.rank)
         inv["s3"], inv["s3_worlds"] = [], {}
-        if self.s3 is not None and self.rank == 0:
+        if self.durable is not None and self.rank == 0:
             try:
-                inv["s3"] = self.s3.committed_steps()
-                inv["s3_worlds"] = {s: self.s3.world_of(s) for s in inv["s3"][-3:]}
+                inv["s3"] = self.durable.committed_steps()
+                inv["s3_worlds"] = {s: self.durable.world_of(s) for s in inv["s3"][-3:]}
             except HPResilienceError as err:
                 log.warning("s3_listing_failed", error=str(err))
         invs = self._gather(inv)
@@ -75,7 +77,9 @@ class LoadMixin:
         s3_worlds = {k: v for k, v in invs[0]["s3_worlds"].items() if v is not None}
         committed = s3_steps.union(*(set(i["committed"]) for i in invs))
         resharded = {s for s in committed if saved_world(s, invs, s3_worlds, self.world) != self.world}
-        bad = set() if bad is None else bad
+        if bad is None:
+            bad = set()
+            self.last_skipped = []
         bad_steps: set[int] = set()
         while True:
             same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded)
@@ -95,6 +99,7 @@ class LoadMixin:
                 bad_steps.add(chosen)
                 elastic.cleanup(self, chosen)
                 log.warning("checkpoint_step_skipped", step=chosen, errors=[e for e in errs if e])
+                self.last_skipped += [f"step {chosen}, saved with {saved} ranks: {e}" for e in errs if e]
                 continue
             assert same is not None
             chosen, sources = same
@@ -107,6 +112,7 @@ class LoadMixin:
                 if e:
                     bad.add((r, sources[r], chosen))
                     log.warning("checkpoint_shard_skipped", step=chosen, rank=r, source=sources[r], error=e)
+                    self.last_skipped.append(f"step {chosen}, rank {r} from {self._name(sources[r])}: {e}")
         newer = [s for s in inv["own"] if s > chosen]
         if newer and step is None:  # an explicit older step is a choice, not a sign of damage
             log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
@@ -117,7 +123,9 @@ class LoadMixin:
                 self.tier.step_dir(chosen), rank=self.rank, verify=False, shard_dirs=dirs
             )
         else:
-            self.last_source = sources[self.rank][0]
+            kind = sources[self.rank][0]
+            # "s3" in a source is the durable tier, whichever it is.
+            self.last_source = self.durable.kind if kind == "s3" and self.durable is not None else kind
             self._last_sources = sources
             # Items saved by other ranks (DCP keeps one copy of an item every rank saved) are also found
             # in the peer copies this node holds.
@@ -141,7 +149,14 @@ class LoadMixin:
     def finish_load(self, step: int) -> None:
         elastic.cleanup(self, step)
         shutil.rmtree(self._fetch_dir(), ignore_errors=True)
-        log.info("checkpoint_loaded", step=step, rank=self.rank, source=self.last_source)
+        log.info(
+            "checkpoint_loaded", step=step, rank=self.rank, source=self.last_source, skipped=self.last_skipped
+        )
+
+    def _name(self, src: Source) -> str:
+        if src[0] == "s3":
+            return self.durable.kind if self.durable is not None else "s3"
+        return "own memory tier" if src[0] == "own" else f"the peer copy on rank {src[1]}"
 
     def _materialize_elastic(
         self,
@@ -158,9 +173,9 @@ class LoadMixin:
 
     def _s3_fetcher(self, step: int) -> Any:
         def fetch(rank: int) -> Path | None:
-            assert self.s3 is not None
+            assert self.durable is not None
             into = self._fetch_dir() / str(rank)
-            self.s3.download_shard(step, rank, into)
+            self.durable.download_shard(step, rank, into)
             return into
 
         return fetch
@@ -187,9 +202,9 @@ class LoadMixin:
                 atomic_write(d / COMMIT, box[0][1], make_parents=False)
         try:
             if not self.tier.is_committed(d):
-                if self.s3 is None or step not in s3_steps:
+                if self.durable is None or step not in s3_steps:
                     return "no committed metadata reached this rank"
-                self.s3.download_metadata(step, d)
+                self.durable.download_metadata(step, d)
         except (HPResilienceError, OSError) as err:
             return str(err)
         return None
@@ -217,8 +232,8 @@ class LoadMixin:
             return problem
         try:
             if sources[self.rank][0] == "s3":
-                assert self.s3 is not None
-                self.s3.download_shard(step, self.rank, d)
+                assert self.durable is not None
+                self.durable.download_shard(step, self.rank, d)
             # The checksums are checked while the load reads the bytes (one pass); here only the size.
             data, idx = (d / n for n in shard_names(self.rank))
             index = ShardIndex.from_json(read_trusted(idx), str(idx))

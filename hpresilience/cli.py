@@ -83,6 +83,7 @@ LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "status": "hpresilience.commands.controller:status",
     "srun": "hpresilience.commands.srun:srun",
     "install": "hpresilience.commands.install:install",
+    "epilog": "hpresilience.commands.epilog:epilog",
 })
 
 

@@ -223,7 +223,7 @@ def _phase(rank: int, base: Path, ph: dict[str, Any]) -> dict[str, Any]:
             res["step"] = step
             res["source"] = ckpt.last_source
             res["match"] = step is not None and all(matches(state, step, r) for r in parts)
-        ckpt.close(keep_tier=True)
+        res["closed"] = ckpt.close(keep_tier=ph.get("keep_tier", True))
         return res
     finally:
         dist.destroy_process_group()

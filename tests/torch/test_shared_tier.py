@@ -90,7 +90,13 @@ def test_peer_copies_of_four_ranks_per_node_restore_a_lost_node(tmp_path: Path) 
             {"ns": f"p{k}", "world": 8, "rpn": 4, "task": "load", "saved_world": 8, "cfg": CFG, "numel": 64,
              "drop": ["node1"]},
         ]
+    # A clean end (close() without keep_tier): the job's folder goes on both nodes, once every rank of
+    # the node is done with it.
+    phases.append({"ns": "end", "world": 8, "rpn": 4, "task": "save", "steps": [1, 2], "cfg": CFG, "numel": 64,
+                   "keep_tier": False})
     res = _ok(run_scenario(tmp_path, phases))
+    assert [r["closed"] for r in _phase_results(res, 4, 8)] == [True] * 8
+    assert not (tmp_path / "node0" / "end").exists() and not (tmp_path / "node1" / "end").exists()
     for k in range(2):
         assert [r["flushed"] for r in _phase_results(res, 2 * k, 8)] == [True] * 8
         got = _phase_results(res, 2 * k + 1, 8)

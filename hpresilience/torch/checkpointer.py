@@ -97,6 +97,7 @@ class TieredCheckpointer(LoadMixin):
             register_module_forward_pre_hook(self._before_forward) if cfg.background_staging else None
         )
         self._inflight: Future[Any] | None = None
+        self._inflight_posted = threading.Event()
         self._capacity_checked = shard > 0
         self._pinned: set[int] = set()
         self._lock = threading.Lock()
@@ -167,14 +168,20 @@ class TieredCheckpointer(LoadMixin):
         )
         fut: Future[Any] = resp if isinstance(resp, Future) else resp.upload_completion
 
+        posted = threading.Event()
+
         def done(f: Future[Any], step: int = step) -> None:
-            if f.exception() is not None:
-                self._fail(step, Stage.SAVE, f.exception() or "failed")
-            else:
-                self._post_q.put(Committed(step, f.result(), to_s3))
+            try:
+                if f.exception() is not None:
+                    self._fail(step, Stage.SAVE, f.exception() or "failed")
+                else:
+                    self._post_q.put(Committed(step, f.result(), to_s3))
+            finally:
+                posted.set()
 
         fut.add_done_callback(done)
         self._inflight = fut
+        self._inflight_posted = posted
         return fut
 
     def wait_staged(self) -> float:
@@ -200,13 +207,17 @@ class TieredCheckpointer(LoadMixin):
         fut, self._inflight = self._inflight, None
         if fut is None:
             return True
+        ok = True
         try:
             fut.result()
         # CheckpointException derives from BaseException in torch 2.13: catch it by name, or a failed
         # background save would surface from whichever save/load/close comes next.
         except (Exception, CheckpointException):  # noqa: BLE001 - logged by the done callback
-            return False
-        return True
+            ok = False
+        # A future's waiters wake before its callbacks run: wait until the step's post-commit job is
+        # queued, or a flush() right after could miss it.
+        self._inflight_posted.wait(self.cfg.timeout_s)
+        return ok
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every committed step is copied to its peer and uploaded where due, at most
@@ -412,9 +423,10 @@ class TieredCheckpointer(LoadMixin):
         holding them, else from S3.
         """
         bad: set[tuple[int, Source, int]] = set()
+        bad_steps: set[int] = set()
         self.last_skipped = []
         while True:
-            prepared = self.prepare_load(step, bad, state_dict=state_dict)
+            prepared = self.prepare_load(step, bad, state_dict=state_dict, bad_steps=bad_steps)
             if prepared is None:
                 return None
             chosen, reader = prepared
@@ -424,8 +436,15 @@ class TieredCheckpointer(LoadMixin):
                 # Checksums are verified during the read; a damaged shard fails the load on every rank
                 # alike (DCP gathers the failures), and every rank then tries the next source.
                 damaged = sorted(r for r, (exc, _) in err.failures.items() if isinstance(exc, ChecksumError))
-                if not damaged or not self._last_sources:
+                if not damaged:
                     raise
+                if not self._last_sources:  # a resharding load: a gathered shard is damaged, skip the step
+                    bad_steps.add(chosen)
+                    self.last_skipped += [
+                        f"step {chosen} (resharded), read by rank {r}: {err.failures[r][0]}" for r in damaged
+                    ]
+                    log.warning("checkpoint_step_skipped", step=chosen, errors=self.last_skipped[-len(damaged):])
+                    continue
                 if self.rank in damaged:
                     # Whatever its source, the shard was read from this rank's step folder: drop it, or
                     # the next attempt would take it for an own copy and fail on it again.
@@ -472,18 +491,19 @@ class TieredCheckpointer(LoadMixin):
             log.error("checkpoint_close_timed_out", rank=self.rank, threads=stuck)
             return False
         if not keep_tier:
-            ok = self._remove_tier() and ok
+            ok = self._remove_tier(max(1.0, deadline - time.monotonic())) and ok
         for pg in (self._save_pg, self._repl_pg, self._s3_pg):
             if pg is not None:
                 dist.destroy_process_group(pg)
         self._save_pg = self._repl_pg = self._s3_pg = None
         return ok
 
-    def _remove_tier(self) -> bool:
-        """Every rank has flushed; then one rank per node removes the node's folder of this job."""
+    def _remove_tier(self, timeout: float) -> bool:
+        """Every rank has flushed; then one rank per node removes the node's folder of this job. A rank
+        that does not come (it kept its tier, or died) leaves the tier to the epilog after `timeout`."""
         if self.distributed:
             try:
-                dist.barrier(group=self._save_pg)
+                dist.monitored_barrier(group=self._save_pg, timeout=timedelta(seconds=timeout))
             except Exception as err:  # noqa: BLE001 - a missing rank: leave the tier to the epilog
                 log.error("checkpoint_tier_kept", rank=self.rank, reason=str(err))
                 return False

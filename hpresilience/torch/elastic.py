@@ -59,8 +59,13 @@ def gather_shards(
     sources: list[Source],
     s3_steps: set[int],
     state_dict: dict[str, Any] | None = None,
+    verify_first: bool = False,
 ) -> tuple[str | None, list[Path]]:
     """Bring the saved shards of `step` this rank needs within reach; (problem or None, folders to search).
+
+    Checksums are verified as DCP reads the items this rank needs (a damaged shard fails the load, and
+    the step is skipped); `verify_first` verifies every gathered shard whole beforehand instead, for
+    callers that cannot retry a failed dcp.load.
 
     What a rank needs comes from DCP's load planning over `state_dict` (each new rank reads the parts its
     layout covers); without a state dict, every saved shard.
@@ -103,18 +108,22 @@ def gather_shards(
             dirs.append(d)
     dirs.append(into)
     if problem is None:
-        problem = _verify_all(step, sorted(need), dirs)
+        problem = _verify_all(step, sorted(need), dirs, whole=verify_first)
     return problem, dirs
 
 
-def _verify_all(step: int, ranks: list[int], dirs: list[Path]) -> str | None:
+def _verify_all(step: int, ranks: list[int], dirs: list[Path], *, whole: bool) -> str | None:
     for r in ranks:
         d = next((x for x in dirs if all((x / n).is_file() for n in shard_names(r))), None)
         if d is None:
             return f"saved rank {r}'s shard of step {step} did not arrive"
         data, idx = (d / n for n in shard_names(r))
         try:
-            verify_shard(data, ShardIndex.from_json(read_trusted(idx), str(idx)))
+            index = ShardIndex.from_json(read_trusted(idx), str(idx))
+            if whole:
+                verify_shard(data, index)
+            elif data.stat().st_size != index.size:
+                return f"{data}: {data.stat().st_size} bytes, index says {index.size}"
         except (HPResilienceError, OSError) as err:
             return str(err)
     return None

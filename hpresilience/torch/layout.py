@@ -171,6 +171,13 @@ def _note_world(worlds: dict[int, int], step: int, d: Path) -> None:
         pass  # an unreadable marker tells nothing; the step may still come from another rank
 
 
+def _read_small(p: Path) -> str | None:
+    try:
+        return read_trusted(p).decode(errors="replace").strip()
+    except (OSError, HPResilienceError):
+        return None
+
+
 def _listdir(d: Path) -> list[str]:
     try:
         return os.listdir(d)
@@ -194,7 +201,7 @@ class MemoryTier:
             ensure_private_dir(self.root)
             ensure_private_dir(self.base)
             job = job_file_text()
-            if job is not None and not (self.base / JOB_FILE).is_file():
+            if job is not None and _read_small(self.base / JOB_FILE) != job:
                 atomic_write(self.base / JOB_FILE, job, make_parents=False)
         except TierSecurityError:
             raise

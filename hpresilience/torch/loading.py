@@ -59,28 +59,28 @@ class LoadMixin:
         bad: set[tuple[int, Source, int]] | None = None,
         verify_first: bool = False,
         state_dict: dict[str, Any] | None = None,
+        bad_steps: set[int] | None = None,
     ) -> tuple[int, TierStorageReader] | None:
         """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
         reader for it (None: nothing loadable). `load()` is this plus dcp.load. `state_dict`, when
         given, narrows a resharding load to the saved shards it asks for."""
         self.flush()
         inv = self.tier.inventory(self.rank)
-        inv["s3"], inv["s3_worlds"] = [], {}
+        inv["s3"] = []
         if self.durable is not None and self.rank == 0:
             try:
                 inv["s3"] = self.durable.committed_steps()
-                inv["s3_worlds"] = {s: self.durable.world_of(s) for s in inv["s3"][-3:]}
             except HPResilienceError as err:
-                log.warning("s3_listing_failed", error=str(err))
+                log.warning("durable_listing_failed", tier=self.durable.kind, error=str(err))
         invs = self._gather(inv)
         s3_steps = set(invs[0]["s3"])
-        s3_worlds = {k: v for k, v in invs[0]["s3_worlds"].items() if v is not None}
+        s3_worlds = self._durable_worlds(sorted(s3_steps)[-3:], invs)
         committed = s3_steps.union(*(set(i["committed"]) for i in invs))
         resharded = {s for s in committed if saved_world(s, invs, s3_worlds, self.world) != self.world}
         if bad is None:
             bad = set()
             self.last_skipped = []
-        bad_steps: set[int] = set()
+        bad_steps = set() if bad_steps is None else bad_steps
         while True:
             same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded)
             other = choose_elastic(invs, s3_steps, s3_worlds, bad_steps, self.world, step)
@@ -91,7 +91,7 @@ class LoadMixin:
             if other is not None and (same is None or other[0] > same[0]):
                 chosen, saved, el_sources = other
                 problem, dirs = self._materialize_elastic(
-                    chosen, saved, el_sources, invs, s3_steps, state_dict
+                    chosen, saved, el_sources, invs, s3_steps, state_dict, verify_first
                 )
                 errs = self._gather(problem)
                 if not any(errs):
@@ -119,9 +119,8 @@ class LoadMixin:
         if dirs:
             self.last_source = "resharded"
             self._last_sources = []
-            reader = TierStorageReader(
-                self.tier.step_dir(chosen), rank=self.rank, verify=False, shard_dirs=dirs
-            )
+            # Verified while DCP reads what this rank needs (only those bytes are hashed).
+            reader = TierStorageReader(self.tier.step_dir(chosen), rank=self.rank, verify=True, shard_dirs=dirs)
         else:
             kind = sources[self.rank][0]
             # "s3" in a source is the durable tier, whichever it is.
@@ -166,10 +165,27 @@ class LoadMixin:
         invs: list[dict[str, Any]],
         s3_steps: set[int],
         state_dict: dict[str, Any] | None = None,
+        verify_first: bool = False,
     ) -> tuple[str | None, list[Path]]:
         problem = self._ensure_metadata(step, invs, s3_steps)
-        problem2, dirs = elastic.gather_shards(self, step, saved, sources, s3_steps, state_dict)
+        problem2, dirs = elastic.gather_shards(self, step, saved, sources, s3_steps, state_dict, verify_first)
         return problem or problem2, dirs
+
+    def _durable_worlds(self, steps: list[int], invs: list[dict[str, Any]]) -> dict[int, int]:
+        """World sizes of the durable tier's newest steps that no node's marker told (one GET each, by
+        rank 0, shared with every rank); nothing is fetched when the memory tiers know them all."""
+        known = {s for inv in invs for s in inv.get("worlds", {})}
+        unknown = [s for s in steps if s not in known]
+        if not unknown or self.durable is None:
+            return {}
+        worlds: dict[int, int | None] = {}
+        if self.rank == 0:
+            worlds = {s: self.durable.world_of(s) for s in unknown}
+        if self.distributed:
+            box: list[Any] = [worlds]
+            dist.broadcast_object_list(box, src=0, group=self._save_pg)
+            worlds = box[0]
+        return {s: w for s, w in worlds.items() if w is not None}
 
     def _s3_fetcher(self, step: int) -> Any:
         def fetch(rank: int) -> Path | None:

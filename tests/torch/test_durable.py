@@ -4,6 +4,7 @@ saying which step and why. Single process; the multi-rank paths are in test_mult
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -176,8 +177,8 @@ def test_a_two_rank_step_in_the_filesystem_tier_reshards_onto_one_rank(tmp_path:
     shared = tmp_path / "shared"
     shared.mkdir()
     cfg = {"keep": 2, "fs_base": str(shared), "s3_every": 2}
-    res = run_ranks(tmp_path, "save", steps=[1, 2, 3], cfg=cfg)
-    assert [r.get("last_committed") for r in res] == [3, 3], res
+    res = run_ranks(tmp_path, "save", steps=[1, 2, 3, 4], cfg=cfg)
+    assert [r.get("last_committed") for r in res] == [4, 4], res
     for node in ("node0", "node1"):
         shutil.rmtree(tmp_path / node)
     ck = TieredCheckpointer(
@@ -185,6 +186,16 @@ def test_a_two_rank_step_in_the_filesystem_tier_reshards_onto_one_rank(tmp_path:
     )
     state = empty_state(0)
     state["local_1"] = empty_state(1)["local_1"]
-    assert ck.load(state) == 2 and ck.last_source == "resharded"
-    assert matches(state, 2, 0) and matches(state, 2, 1)
+    assert ck.load(state) == 4 and ck.last_source == "resharded"
+    assert matches(state, 4, 0) and matches(state, 4, 1)
+    # A flipped byte in a shard the resharding load reads: caught as it is read, the step skipped.
+    shard = shared / "job1/step_0000000004/rank_1.bin"
+    items = json.loads(shard.with_suffix(".idx").read_bytes())["items"]
+    at = next(i["offset"] for i in items if i["fqn"] == "local_1")
+    raw = bytearray(shard.read_bytes())
+    raw[at + 3] ^= 0x20
+    shard.write_bytes(bytes(raw))
+    assert ck.load(state) == 2 and matches(state, 2, 0) and matches(state, 2, 1)
+    assert len(ck.last_skipped) == 1 and "step 4 (resharded)" in ck.last_skipped[0]
+    assert "checksum" in ck.last_skipped[0]
     ck.close()

@@ -1,4 +1,5 @@
-"""TieredCheckpointer: memory tier in the save call, peer copy and S3 behind it, tiered restore.
+"""TieredCheckpointer: memory tier in the save call, peer copy and durable tier behind it (postcommit.py),
+tiered restore (loading.py).
 
 Threads and groups. Each kind of collective has its own gloo group, used by exactly one thread at a time
 and in the same order on every rank: DCP's save/load (`save` group, the DCP worker or the main thread),
@@ -8,14 +9,12 @@ Nothing shares the trainer's NCCL/default group, so a slow copy can neither dead
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -24,15 +23,13 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from hpresilience.errors import ConfigError, HPResilienceError
-from hpresilience.fileio import atomic_write
+from hpresilience.errors import ConfigError
 from hpresilience.log import get_logger
 from hpresilience.torch.direct import DirectSave, DirectWriter
 from hpresilience.torch.durable import durable_tier
 from hpresilience.torch.jobs import (
     CheckpointStats,
     Committed,
-    Failure,
     FailureLog,
     JobQueue,
     Stage,
@@ -40,14 +37,13 @@ from hpresilience.torch.jobs import (
     Upload,
 )
 from hpresilience.torch.layout import (
-    COMMIT,
-    METADATA,
     ChecksumError,
     MemoryTier,
     shard_names,
 )
 from hpresilience.torch.loading import LoadMixin
-from hpresilience.torch.replica import exchange, peer_of, source_of
+from hpresilience.torch.postcommit import PostCommitMixin
+from hpresilience.torch.replica import peer_of, source_of
 from hpresilience.torch.restore import Source
 from hpresilience.torch.settings import CheckpointConfig
 from hpresilience.torch.staging import CachedStager, local_bytes
@@ -56,7 +52,7 @@ from hpresilience.torch.storage import TierStorageWriter
 log = get_logger("hpresilience.torch")
 
 
-class TieredCheckpointer(LoadMixin):
+class TieredCheckpointer(PostCommitMixin, LoadMixin):
     """Save and restore one job's training state through the memory, peer and S3 tiers."""
 
     def __init__(self, cfg: CheckpointConfig, *, s3_client: Any = None) -> None:
@@ -219,50 +215,6 @@ class TieredCheckpointer(LoadMixin):
         self._inflight_posted.wait(self.cfg.timeout_s)
         return ok
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every committed step is copied to its peer and uploaded where due, at most
-        `timeout` seconds (default `timeout_s`). True when all of it finished and nothing failed since
-        the last flush; the failures themselves are in `failures` and counted in `stats`."""
-        deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
-        ok = self.wait()
-        for q in (self._post_q, self._s3_q):
-            if not q.join(max(0.0, deadline - time.monotonic())):
-                log.error("checkpoint_flush_timed_out", rank=self.rank, pending=q.pending())
-                ok = False
-        if self._failed.take():
-            ok = False
-        return ok
-
-    @property
-    def failures(self) -> list[Failure]:
-        """Every save and post-commit failure of this checkpointer, oldest first."""
-        return list(self._failed.all)
-
-    def _fail(self, step: int, stage: Stage, err: BaseException | str) -> None:
-        text = str(err) or type(err).__name__ if isinstance(err, BaseException) else err
-        self._failed.add(Failure(step=step, stage=stage, error=text, rank=self.rank))
-        event = "checkpoint_save_failed" if stage is Stage.SAVE else "checkpoint_post_commit_failed"
-        log.error(event, step=step, stage=stage.value, rank=self.rank, error=text)
-
-    def submit(self, job: Committed | DirectSave) -> None:
-        """Queue a saved step's post-commit work (for DirectWriter; save()/async_save() do it themselves)."""
-        self._post_q.put(job)
-
-    def _post_loop(self) -> None:
-        while True:
-            job = self._post_q.get()
-            try:
-                if isinstance(job, Stop):
-                    return
-                if isinstance(job, DirectSave):
-                    self._settle_direct(job)
-                else:
-                    self._after_commit(job.step, job.metadata, job.to_s3)
-            except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                self._fail(getattr(job, "step", -1), Stage.MARKERS, err)
-            finally:
-                self._post_q.done()
-
     def storage_writer(self, step: int, *, to_s3: bool | None = None) -> DirectWriter:
         """A writer for `dcp.save`/`dcp.async_save(storage_writer=...)` that carries the whole tiered
         behaviour: memory tier, then (in this checkpointer's background thread) commit markers on every
@@ -270,141 +222,6 @@ class TieredCheckpointer(LoadMixin):
         every rank."""
         self._check_to_s3(to_s3)
         return DirectWriter(self, step, to_s3)
-
-    def _settle_direct(self, job: DirectSave) -> None:
-        """Every rank, same order: did every rank write its shard, and did the coordinator commit?
-
-        DCP gives no rank but the coordinator a callback after its commit, so the ranks agree here, on
-        the post-commit group, and then run the same post-commit work as after async_save.
-        """
-        ok = self._agree(job.written)
-        md = None
-        if ok and self.rank == 0:
-            # Every shard is written, so the coordinator's DCP thread goes on to finish() at once.
-            job.finished.wait(self.cfg.timeout_s)
-            md = job.metadata
-        if self.distributed:
-            box: list[Any] = [md]
-            dist.broadcast_object_list(box, src=0, group=self._repl_pg)
-            md = box[0]
-        if md is None:
-            self._fail(job.step, Stage.SAVE, "not committed: a rank failed to write its shard")
-            return
-        self._after_commit(job.step, md, job.to_s3)
-
-    def _agree(self, ok: bool) -> bool:
-        """True on every rank iff `ok` on every rank (the post-commit group; same order everywhere)."""
-        if not self.distributed:
-            return ok
-        flag = torch.tensor([1 if ok else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._repl_pg)
-        return bool(flag.item())
-
-    def _after_commit(self, step: int, md: Any, to_s3: bool | None = None) -> None:
-        """Markers on this node, then (all ranks agreeing) the peer copy, retention and the upload queue.
-
-        Every failure is recorded and the worker goes on; the collectives run on every rank in the same
-        order whatever failed locally, so one rank's full tier cannot leave another waiting forever.
-        """
-        d = self.tier.step_dir(step)
-        marked = True
-        try:
-            if not self.tier.is_committed(d):
-                # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
-                atomic_write(d / METADATA, pickle.dumps(md), make_parents=False)
-                save_id = getattr(md.storage_meta, "save_id", "") or ""
-                self.tier.write_commit(d, step, self.world, str(save_id))
-        except OSError as err:
-            marked = False
-            self._fail(step, Stage.MARKERS, err)
-        self.stats.committed += 1
-        self.stats.last_committed_step = step
-        log.info("checkpoint_committed", step=step, rank=self.rank)
-        everywhere = self._agree(marked) if self.peer is not None and self._repl_ok else marked
-        if self.peer is not None and self._repl_ok:
-            if everywhere:
-                self._replicate(step)
-            else:
-                self._fail(step, Stage.PEER_COPY, "skipped: a rank could not write this step's markers")
-        due = self.durable is not None and (
-            to_s3 if to_s3 is not None else self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
-        )
-        with self._lock:
-            if due:
-                self._pinned.add(step)
-            pinned = set(self._pinned)
-        try:
-            self.tier.prune(self.rank, step, self.cfg.keep, pinned, peer_src=self.source)
-        except OSError as err:
-            self._fail(step, Stage.RETENTION, err)
-        self.last_committed = step
-        if due:
-            self._s3_q.put(Upload(step))
-
-    def _replicate(self, step: int) -> None:
-        assert self.peer is not None and self.source is not None
-        names = [*shard_names(self.rank), METADATA, COMMIT]
-        src_names = [*shard_names(self.source), METADATA, COMMIT]
-        d = self.tier.step_dir(step)
-        into = self.tier.peer_dir(self.source, step)
-        try:
-            exchange(
-                self._repl_pg, [d / n for n in names], self.peer, [into / n for n in src_names], self.source
-            )
-        except Exception as err:  # noqa: BLE001 - any failure here must stop replication, not training
-            # A broken exchange leaves the group's message order unknown: stop using it rather than hang.
-            self._repl_ok = False
-            self._fail(step, Stage.PEER_COPY, err)
-            log.error("peer_replica_disabled", step=step, peer=self.peer, error=str(err))
-            return
-        self.stats.peer_copies += 1
-        log.info("peer_replica_written", step=step, to_rank=self.peer, held_for_rank=self.source)
-
-    def _s3_loop(self) -> None:
-        assert self.durable is not None
-        while True:
-            job = self._s3_q.get()
-            try:
-                if isinstance(job, Stop):
-                    return
-                self._upload(job.step)
-            except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                self._fail(getattr(job, "step", -1), Stage.UPLOAD, err)
-            finally:
-                if isinstance(job, Upload):
-                    with self._lock:
-                        self._pinned.discard(job.step)
-                self._s3_q.done()
-
-    def _upload(self, step: int) -> None:
-        assert self.durable is not None
-        d = self.tier.step_dir(step)
-        ok = 1
-        try:
-            self.durable.upload_shard(d, step, self.rank)
-        except (HPResilienceError, OSError) as err:
-            ok = 0
-            self._fail(step, Stage.UPLOAD, err)
-        if self.distributed:
-            flag = torch.tensor([ok])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._s3_pg)
-            ok = int(flag.item())
-        if not ok:
-            if self.rank == 0:
-                log.error("durable_step_not_committed", step=step, tier=self.durable.kind)
-            return
-        if self.rank == 0:
-            self.durable.commit(d, step)
-            log.info(
-                "durable_checkpoint_committed", step=step, tier=self.durable.kind, marker=self.durable.marker(step)
-            )
-            if self.cfg.s3_keep:
-                try:
-                    self.durable.prune(self.cfg.s3_keep)
-                except HPResilienceError as err:
-                    self._fail(step, Stage.RETENTION, err)
-        self.stats.uploads += 1
-        self.stats.last_uploaded_step = step
 
     # ------------------------------------------------------------------ loading
     def _gather(self, obj: Any) -> list[Any]:

@@ -43,7 +43,7 @@ def test_per_save_to_s3_overrides_the_cadence_both_ways(tmp_path: Path, s3_endpo
 
 
 def test_to_s3_without_an_s3_tier_is_refused(tmp_path: Path) -> None:
-    with _ckpt(tmp_path) as ck, pytest.raises(ConfigError, match="no S3 tier"):
+    with _ckpt(tmp_path) as ck, pytest.raises(ConfigError, match="no durable tier"):
         ck.save(state_for(1, 0), 1, to_s3=True)
 
 

@@ -116,7 +116,7 @@ def main() -> int:
         dist.all_reduce(alive, op=dist.ReduceOp.MIN)
         if not alive.item():
             ckpt.save(state(step), step)
-            ckpt.close()
+            ckpt.close(keep_tier=True)  # the relaunched step restores from this node's memory
             if rank == 0:
                 print(f"preempted: saved step={step}, exiting", flush=True)
             dist.destroy_process_group()

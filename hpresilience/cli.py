@@ -85,6 +85,7 @@ LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "srun": "hpresilience.commands.srun:srun",
     "install": "hpresilience.commands.install:install",
     "uninstall": "hpresilience.commands.install:uninstall",
+    "epilog": "hpresilience.commands.epilog:epilog",
 })
 
 

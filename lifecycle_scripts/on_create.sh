@@ -51,7 +51,10 @@ if [ ! -x "$prefix/venv/bin/hpresilience" ]; then
     echo "on_create.sh: $python is older than 3.11; set PYTHON=/usr/bin/python3.11" >&2; exit 3; }
   say "creating $prefix/venv from $spec"
   "$python" -m venv "$prefix/venv"
-  "$prefix/venv/bin/pip" install -q "$spec"
+  # The `node` extra: the agent's, controller's and installer's dependencies (the base package is the
+  # training library's small set).
+  if [ -n "$wheel" ]; then req="$wheel[node]"; else req="hpresilience[node] @ $source"; fi
+  "$prefix/venv/bin/pip" install -q "$req"
 fi
 if [ -n "$wheel" ]; then src=(--wheel "$wheel"); else src=(--source "$source"); fi
 say "hpresilience install --role $role ${src[*]} ${args[*]}"

@@ -32,11 +32,11 @@ setup() {
   want=$(cat pyproject.toml setup.cfg | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   [ -x "$VENV/bin/python" ] || { say "creating $VENV"; python3 -m venv "$VENV"; }
-  say "installing torch 2.13.0 (CPU build) and hpresilience[test,torch] into $VENV"
+  say "installing torch 2.13.0 (CPU build) and hpresilience[node,test,torch] into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # torch first, pinned: a range in the extras that 2.13.0 satisfies then pulls nothing (never CUDA wheels).
   "$VENV/bin/python" -m pip install -q torch==2.13.0
-  "$VENV/bin/python" -m pip install -q -e ".[test,torch]"
+  "$VENV/bin/python" -m pip install -q -e ".[node,test,torch]"
   echo "$want" > "$stamp"
 }
 

@@ -37,3 +37,45 @@ def test_slurm_backend_auto_is_refused_not_ignored() -> None:
     with pytest.raises(ConfigError, match=r"cfg.yaml: slurm.backend: Input should be 'commands'"):
         config_from_mapping({"slurm": {"backend": "auto"}}, "cfg.yaml")
     assert config_from_mapping({"slurm": {"backend": "commands"}}).slurm.backend == "commands"
+
+
+def test_the_training_install_brings_only_what_the_torch_part_needs() -> None:
+    """Issue 22 item 7: `hpresilience[torch]` in a training environment pulls no node-side dependency;
+    boto3 comes only with the `s3` extra, and the installer puts the node side in with `[node]`."""
+    core = {re.split(r"[<>=\[ ]", d)[0].lower() for d in PYPROJECT["project"]["dependencies"]}
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    torch_side = core | {re.split(r"[<>=\[ ]", d)[0].lower() for d in extras["torch"]}
+    assert not torch_side & {"boto3", "google-re2", "nvidia-ml-py", "psutil", "prometheus-client", "python-hostlist"}
+    assert [d.split(">=")[0] for d in extras["s3"]] == ["boto3"]
+    assert {"boto3", "google-re2", "nvidia-ml-py", "psutil"} <= {d.split(">=")[0] for d in extras["node"]}
+
+
+def test_the_torch_part_checkpoints_with_no_node_side_package_importable(tmp_path: Path) -> None:
+    """Save and load through the filesystem tier in a process where importing boto3, re2, pynvml, psutil,
+    prometheus_client or hostlist fails, as in a training environment with only `hpresilience[torch]`."""
+    pytest.importorskip("torch")
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {{"boto3", "botocore", "re2", "pynvml", "psutil", "prometheus_client",
+                                   "hostlist"}}:
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+import torch
+from hpresilience.torch import CheckpointConfig, TieredCheckpointer
+cfg = CheckpointConfig(namespace="t", memory_dir={str(tmp_path / "m")!r}, replicate=False,
+                       fs_base={str(tmp_path)!r}, s3_every=1)
+ck = TieredCheckpointer(cfg)
+ck.save({{"w": torch.arange(5.0)}}, 1)
+assert ck.close()
+got = {{"w": torch.zeros(5)}}
+ck2 = TieredCheckpointer(cfg)
+assert ck2.load(got) == 1 and ck2.last_source == "filesystem" and got["w"].tolist() == [0, 1, 2, 3, 4]
+ck2.close()
+print("ok")
+"""
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]

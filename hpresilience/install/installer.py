@@ -145,6 +145,7 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
     changed_units: set[str] = set()
     if role == "compute":
         install_file(layout.healthcheck, render("healthcheck.sh", layout), 0o755, report)
+        install_file(layout.epilog, render("epilog.sh", layout), 0o755, report)
     for unit in layout.units(role):
         if install_file(layout.unit_dir / unit, render(unit, layout), 0o644, report):
             changed_units.add(unit)

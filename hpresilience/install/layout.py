@@ -72,6 +72,11 @@ class Layout:
         return self.base / "slurm" / "healthcheck.sh"
 
     @property
+    def epilog(self) -> Path:
+        """Slurm Epilog: removes the checkpoint memory tier a crashed job left on the node."""
+        return self.base / "slurm" / "epilog.sh"
+
+    @property
     def snippet(self) -> Path:
         return self.base / "slurm" / "slurm.conf.hpresilience"
 

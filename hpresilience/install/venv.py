@@ -41,6 +41,14 @@ def check_source(wheel: str | None, source: str | None) -> str | None:
     return None
 
 
+def with_node_extra(requirement: str) -> str:
+    """The requirement with the node side's dependencies (the `node` extra): a file as `FILE[node]`, a
+    pinned URL as `hpresilience[node] @ URL`."""
+    if Path(requirement).is_file():
+        return f"{requirement}[node]"
+    return f"hpresilience[node] @ {requirement}"
+
+
 def source_digest(requirement: str) -> str:
     """sha256 of a wheel/sdist file's bytes, or of a pinned URL (the commit is in it)."""
     p = Path(requirement)
@@ -110,7 +118,7 @@ def ensure_venv(layout: Layout, requirement: str | None, python: str) -> bool:
         if not r.ok:
             raise ExternalError(f"creating the venv {layout.venv} failed: {r.describe()}")
         log.info("venv_created", venv=str(layout.venv), python=python)
-    _pip(layout, requirement)
+    _pip(layout, with_node_extra(requirement))
     # Same version, new build (a rebuilt wheel): pip would keep the old files without this.
     _pip(layout, "--force-reinstall", "--no-deps", requirement)
     log.info("package_installed", venv=str(layout.venv), source=requirement, sha256=digest)

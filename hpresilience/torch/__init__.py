@@ -1,23 +1,55 @@
 """Training-side library: tiered torch.distributed.checkpoint storage and the preemption notice.
 
-Needs the optional extra `hpresilience[torch]`; nothing else in the package imports torch.
+Needs the optional extra `hpresilience[torch]`; nothing else in the package imports torch. The names
+below are imported on first use, so the torch-free parts (`hpresilience.torch.cleanup`, used by the
+Slurm epilog on nodes without torch) import without it.
 
     cfg = CheckpointConfig(namespace=f"job-{job_id}", s3_base="s3://b/ckpt", s3_every=100)
     ckpt = TieredCheckpointer(cfg)
     step = ckpt.load(state) or 0
     ...
-    ckpt.async_save(state, step)          # copies small tensors; the rest runs in the background
-    if not check_alive(): ckpt.save(state, step); ckpt.close()
+    ckpt.async_save(state, step)          # the state is copied before it returns; writing runs behind
+    if not check_alive(): ckpt.save(state, step); ckpt.close(keep_tier=True)
+    ckpt.close()                          # a clean end: also removes this job's memory tier
 """
 
-from hpresilience.torch.checkpointer import TieredCheckpointer
-from hpresilience.torch.layout import ChecksumError, MemoryTier
-from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
-from hpresilience.torch.private import TierSecurityError
-from hpresilience.torch.reader import TierStorageReader
-from hpresilience.torch.settings import CheckpointConfig, PreemptionConfig
-from hpresilience.torch.staging import TornStateError
-from hpresilience.torch.storage import TierStorageWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpresilience.torch.checkpointer import TieredCheckpointer
+    from hpresilience.torch.layout import ChecksumError, MemoryTier
+    from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
+    from hpresilience.torch.private import TierSecurityError
+    from hpresilience.torch.reader import TierStorageReader
+    from hpresilience.torch.settings import CheckpointConfig, PreemptionConfig
+    from hpresilience.torch.staging import TornStateError
+    from hpresilience.torch.storage import TierStorageWriter
+
+_WHERE = {
+    "TieredCheckpointer": "checkpointer",
+    "ChecksumError": "layout",
+    "MemoryTier": "layout",
+    "PreemptionWatcher": "preemption",
+    "check_alive": "preemption",
+    "install": "preemption",
+    "TierSecurityError": "private",
+    "TierStorageReader": "reader",
+    "CheckpointConfig": "settings",
+    "PreemptionConfig": "settings",
+    "TornStateError": "staging",
+    "TierStorageWriter": "storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hpresilience.torch' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"hpresilience.torch.{module}"), name)
+
 
 __all__ = [
     "CheckpointConfig",

@@ -1,4 +1,5 @@
-"""TieredCheckpointer: memory tier in the save call, peer copy and S3 behind it, tiered restore.
+"""TieredCheckpointer: memory tier in the save call, peer copy and durable tier behind it (postcommit.py),
+tiered restore (loading.py).
 
 Threads and groups. Each kind of collective has its own gloo group, used by exactly one thread at a time
 and in the same order on every rank: DCP's save/load (`save` group, the DCP worker or the main thread),
@@ -8,45 +9,50 @@ Nothing shares the trainer's NCCL/default group, so a slow copy can neither dead
 
 from __future__ import annotations
 
-import pickle
-import queue
 import threading
+import time
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from hpresilience.errors import ConfigError, HPResilienceError
-from hpresilience.fileio import atomic_write
+from hpresilience.errors import ConfigError
 from hpresilience.log import get_logger
 from hpresilience.torch.direct import DirectSave, DirectWriter
+from hpresilience.torch.durable import durable_tier
+from hpresilience.torch.jobs import (
+    CheckpointStats,
+    Committed,
+    FailureLog,
+    JobQueue,
+    Stage,
+    Stop,
+    Upload,
+)
 from hpresilience.torch.layout import (
-    COMMIT,
-    METADATA,
     ChecksumError,
     MemoryTier,
     shard_names,
 )
 from hpresilience.torch.loading import LoadMixin
-from hpresilience.torch.replica import exchange, peer_of, source_of
+from hpresilience.torch.postcommit import PostCommitMixin
+from hpresilience.torch.replica import peer_of, source_of
 from hpresilience.torch.restore import Source
-from hpresilience.torch.s3tier import S3Tier
 from hpresilience.torch.settings import CheckpointConfig
 from hpresilience.torch.staging import CachedStager, local_bytes
 from hpresilience.torch.storage import TierStorageWriter
 
 log = get_logger("hpresilience.torch")
-_STOP = object()
 
 
-class TieredCheckpointer(LoadMixin):
+class TieredCheckpointer(PostCommitMixin, LoadMixin):
     """Save and restore one job's training state through the memory, peer and S3 tiers."""
 
     def __init__(self, cfg: CheckpointConfig, *, s3_client: Any = None) -> None:
@@ -66,22 +72,28 @@ class TieredCheckpointer(LoadMixin):
             log.warning("peer_replica_unavailable", reason="all ranks are on one node", world_size=self.world)
         shard = int(cfg.shard_gib * (1 << 30)) if cfg.shard_gib else 0
         self.tier.check_capacity(shard, cfg.keep, self.local_ranks, 1 if self.peer is not None else 0)
-        self.s3 = S3Tier(cfg, s3_client) if cfg.s3_base else None
+        # S3 or a shared filesystem; the same upload, restore and fallback paths serve both.
+        self.durable = durable_tier(cfg, s3_client)
         timeout = timedelta(seconds=cfg.timeout_s)
         # Every rank creates the same groups in the same order (new_group is itself collective).
         self._save_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self._repl_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self._s3_pg = (
-            dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.s3 else None
+            dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.durable else None
         )
         self._stager = CachedStager(
             background=cfg.background_staging, inline_below=int(cfg.inline_staging_below_mib * (1 << 20))
         )
-        # The optimizer step is what changes the weights a background copy is still reading.
+        # The optimizer step and a module's forward (BatchNorm statistics, in-forward updates) are what
+        # change the state a background copy is still reading: both wait for it.
         self._step_hook = (
             register_optimizer_step_pre_hook(self._before_optimizer_step) if cfg.background_staging else None
         )
+        self._forward_hook = (
+            register_module_forward_pre_hook(self._before_forward) if cfg.background_staging else None
+        )
         self._inflight: Future[Any] | None = None
+        self._inflight_posted = threading.Event()
         self._capacity_checked = shard > 0
         self._pinned: set[int] = set()
         self._lock = threading.Lock()
@@ -90,12 +102,15 @@ class TieredCheckpointer(LoadMixin):
         # Where the last load took this rank's shard from: "own", "peer" or "s3".
         self.last_source: str | None = None
         self._last_sources: list[Source] = []
+        self.last_skipped: list[str] = []
         # Tests set this to crash a rank between writing its shard and renaming it into place.
         self.fault_hook: Any = None
-        self._post_q: queue.Queue[Any] = queue.Queue()
-        self._s3_q: queue.Queue[Any] = queue.Queue()
+        self.stats = CheckpointStats()
+        self._failed = FailureLog(self.stats)
+        self._post_q: JobQueue[Committed | DirectSave | Stop] = JobQueue()
+        self._s3_q: JobQueue[Upload | Stop] = JobQueue()
         self._threads = [threading.Thread(target=self._post_loop, name="ckpt-post", daemon=True)]
-        if self.s3 is not None:
+        if self.durable is not None:
             self._threads.append(threading.Thread(target=self._s3_loop, name="ckpt-s3", daemon=True))
         for t in self._threads:
             t.start()
@@ -116,8 +131,8 @@ class TieredCheckpointer(LoadMixin):
         self._capacity_checked = True
 
     def _check_to_s3(self, to_s3: bool | None) -> None:
-        if to_s3 and self.s3 is None:
-            raise ConfigError("to_s3=True, but the checkpoint has no S3 tier (set s3_base)")
+        if to_s3 and self.durable is None:
+            raise ConfigError("to_s3=True, but the checkpoint has no durable tier (set s3_base or fs_base)")
 
     def save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> None:
         """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background.
@@ -129,7 +144,7 @@ class TieredCheckpointer(LoadMixin):
         self.wait()
         self._check_capacity_once(state_dict)
         md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
-        self._post_q.put((step, md, to_s3))
+        self._post_q.put(Committed(step, md, to_s3))
 
     def async_save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> Future[Any]:
         """Stage `state_dict` (one memcpy; in the background when `background_staging`) and write it
@@ -149,23 +164,34 @@ class TieredCheckpointer(LoadMixin):
         )
         fut: Future[Any] = resp if isinstance(resp, Future) else resp.upload_completion
 
+        posted = threading.Event()
+
         def done(f: Future[Any], step: int = step) -> None:
-            if f.exception() is not None:
-                log.error("checkpoint_save_failed", step=step, error=str(f.exception()))
-            else:
-                self._post_q.put((step, f.result(), to_s3))
+            try:
+                if f.exception() is not None:
+                    self._fail(step, Stage.SAVE, f.exception() or "failed")
+                else:
+                    self._post_q.put(Committed(step, f.result(), to_s3))
+            finally:
+                posted.set()
 
         fut.add_done_callback(done)
         self._inflight = fut
+        self._inflight_posted = posted
         return fut
 
     def wait_staged(self) -> float:
         """Block until the state passed to the last async_save is copied; the seconds waited.
 
-        Needed only with `background_staging`, before changing large saved tensors in place other than
-        through optimizer.step() (which waits by itself).
+        Needed only with `background_staging`, before changing saved tensors other than through a
+        module's forward or optimizer.step() (which wait by themselves).
         """
         return self._stager.wait()
+
+    def _before_forward(self, module: Any, args: Any) -> None:
+        if self._stager.pending():
+            waited = self._stager.wait()
+            log.info("checkpoint_staging_waited", seconds=round(waited, 4), rank=self.rank, before="forward")
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         waited = self._stager.wait()
@@ -177,139 +203,25 @@ class TieredCheckpointer(LoadMixin):
         fut, self._inflight = self._inflight, None
         if fut is None:
             return True
+        ok = True
         try:
             fut.result()
         # CheckpointException derives from BaseException in torch 2.13: catch it by name, or a failed
         # background save would surface from whichever save/load/close comes next.
         except (Exception, CheckpointException):  # noqa: BLE001 - logged by the done callback
-            return False
-        return True
-
-    def flush(self) -> None:
-        """Wait until every committed step is copied to its peer and uploaded where due."""
-        self.wait()
-        self._post_q.join()
-        self._s3_q.join()
-
-    def _post_loop(self) -> None:
-        while True:
-            job = self._post_q.get()
-            try:
-                if job is _STOP:
-                    return
-                if isinstance(job, DirectSave):
-                    self._settle_direct(job)
-                else:
-                    self._after_commit(*job)
-            except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                log.error("checkpoint_post_commit_failed", step=job[0], error=str(err))
-            finally:
-                self._post_q.task_done()
+            ok = False
+        # A future's waiters wake before its callbacks run: wait until the step's post-commit job is
+        # queued, or a flush() right after could miss it.
+        self._inflight_posted.wait(self.cfg.timeout_s)
+        return ok
 
     def storage_writer(self, step: int, *, to_s3: bool | None = None) -> DirectWriter:
         """A writer for `dcp.save`/`dcp.async_save(storage_writer=...)` that carries the whole tiered
         behaviour: memory tier, then (in this checkpointer's background thread) commit markers on every
-        node, the peer copy, S3 where due (or as `to_s3` says) and retention. Call it on every rank."""
+        node, the peer copy, the durable tier where due (or as `to_s3` says) and retention. Call it on
+        every rank."""
         self._check_to_s3(to_s3)
         return DirectWriter(self, step, to_s3)
-
-    def _settle_direct(self, job: DirectSave) -> None:
-        """Every rank, same order: did every rank write its shard, and did the coordinator commit?
-
-        DCP gives no rank but the coordinator a callback after its commit, so the ranks agree here, on
-        the post-commit group, and then run the same post-commit work as after async_save.
-        """
-        ok = job.written
-        if self.distributed:
-            flag = torch.tensor([1 if ok else 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._repl_pg)
-            ok = bool(flag.item())
-        md = None
-        if ok and self.rank == 0:
-            # Every shard is written, so the coordinator's DCP thread goes on to finish() at once.
-            job.finished.wait(self.cfg.timeout_s)
-            md = job.metadata
-        if self.distributed:
-            box: list[Any] = [md]
-            dist.broadcast_object_list(box, src=0, group=self._repl_pg)
-            md = box[0]
-        if md is None:
-            log.error("checkpoint_save_failed", step=job.step, rank=self.rank, reason="not committed")
-            return
-        self._after_commit(job.step, md, job.to_s3)
-
-    def _after_commit(self, step: int, md: Any, to_s3: bool | None = None) -> None:
-        d = self.tier.step_dir(step)
-        if not self.tier.is_committed(d):
-            # Only the coordinator's node got COMMIT inside the save; the step is committed everywhere now.
-            atomic_write(d / METADATA, pickle.dumps(md), make_parents=False)
-            save_id = getattr(md.storage_meta, "save_id", "") or ""
-            self.tier.write_commit(d, step, self.world, str(save_id))
-        log.info("checkpoint_committed", step=step, rank=self.rank)
-        if self.peer is not None and self._repl_ok:
-            self._replicate(step)
-        due = self.s3 is not None and (
-            to_s3 if to_s3 is not None else self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
-        )
-        with self._lock:
-            if due:
-                self._pinned.add(step)
-            pinned = set(self._pinned)
-        self.tier.prune(self.rank, step, self.cfg.keep, pinned, peer_src=self.source)
-        self.last_committed = step
-        if due:
-            self._s3_q.put(step)
-
-    def _replicate(self, step: int) -> None:
-        assert self.peer is not None and self.source is not None
-        names = [*shard_names(self.rank), METADATA, COMMIT]
-        src_names = [*shard_names(self.source), METADATA, COMMIT]
-        d = self.tier.step_dir(step)
-        into = self.tier.peer_dir(self.source, step)
-        try:
-            exchange(
-                self._repl_pg, [d / n for n in names], self.peer, [into / n for n in src_names], self.source
-            )
-        except Exception as err:  # noqa: BLE001 - any failure here must stop replication, not training
-            # A broken exchange leaves the group's message order unknown: stop using it rather than hang.
-            self._repl_ok = False
-            log.error("peer_replica_disabled", step=step, peer=self.peer, error=str(err))
-            return
-        log.info("peer_replica_written", step=step, to_rank=self.peer, held_for_rank=self.source)
-
-    def _s3_loop(self) -> None:
-        assert self.s3 is not None
-        while True:
-            step = self._s3_q.get()
-            try:
-                if step is _STOP:
-                    return
-                self._upload(step)
-            except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                log.error("s3_upload_failed", step=step, error=str(err))
-            finally:
-                with self._lock:
-                    self._pinned.discard(step)
-                self._s3_q.task_done()
-
-    def _upload(self, step: int) -> None:
-        assert self.s3 is not None
-        d = self.tier.step_dir(step)
-        ok = 1
-        try:
-            self.s3.upload_shard(d, step, self.rank)
-        except HPResilienceError as err:
-            ok = 0
-            log.error("s3_upload_failed", step=step, rank=self.rank, error=str(err))
-        if self.distributed:
-            flag = torch.tensor([ok])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._s3_pg)
-            ok = int(flag.item())
-        if ok and self.rank == 0:
-            self.s3.commit(d, step)
-            log.info("s3_checkpoint_committed", step=step, key=self.s3.marker(step))
-            if self.cfg.s3_keep:
-                self.s3.prune(self.cfg.s3_keep)
 
     # ------------------------------------------------------------------ loading
     def _gather(self, obj: Any) -> list[Any]:
@@ -328,8 +240,10 @@ class TieredCheckpointer(LoadMixin):
         holding them, else from S3.
         """
         bad: set[tuple[int, Source, int]] = set()
+        bad_steps: set[int] = set()
+        self.last_skipped = []
         while True:
-            prepared = self.prepare_load(step, bad, state_dict=state_dict)
+            prepared = self.prepare_load(step, bad, state_dict=state_dict, bad_steps=bad_steps)
             if prepared is None:
                 return None
             chosen, reader = prepared
@@ -339,10 +253,25 @@ class TieredCheckpointer(LoadMixin):
                 # Checksums are verified during the read; a damaged shard fails the load on every rank
                 # alike (DCP gathers the failures), and every rank then tries the next source.
                 damaged = sorted(r for r, (exc, _) in err.failures.items() if isinstance(exc, ChecksumError))
-                if not damaged or not self._last_sources:
+                if not damaged:
                     raise
+                if not self._last_sources:  # a resharding load: a gathered shard is damaged, skip the step
+                    bad_steps.add(chosen)
+                    self.last_skipped += [
+                        f"step {chosen} (resharded), read by rank {r}: {err.failures[r][0]}" for r in damaged
+                    ]
+                    log.warning("checkpoint_step_skipped", step=chosen, errors=self.last_skipped[-len(damaged):])
+                    continue
+                if self.rank in damaged:
+                    # Whatever its source, the shard was read from this rank's step folder: drop it, or
+                    # the next attempt would take it for an own copy and fail on it again.
+                    for name in shard_names(self.rank):
+                        (self.tier.step_dir(chosen) / name).unlink(missing_ok=True)
                 for r in damaged:
                     bad.add((r, self._last_sources[r], chosen))
+                    self.last_skipped.append(
+                        f"step {chosen}, rank {r} from {self._name(self._last_sources[r])}: {err.failures[r][0]}"
+                    )
                     log.warning(
                         "checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0])
                     )
@@ -352,25 +281,57 @@ class TieredCheckpointer(LoadMixin):
             return chosen
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Finish pending copies and uploads, then stop the background threads."""
-        self.flush()
-        self._post_q.put(_STOP)
-        if self.s3 is not None:
-            self._s3_q.put(_STOP)
+    def close(self, *, keep_tier: bool = False, timeout: float | None = None) -> bool:
+        """Finish pending copies and uploads (within `timeout`, default `timeout_s`), stop the background
+        threads and, unless `keep_tier`, remove this job's memory tier on every node (collective).
+
+        Keep the tier (`keep_tier=True`) when the job goes on elsewhere in this allocation: a preemption
+        exit that auto-resume relaunches. A job that crashes never gets here; the Slurm epilog that
+        `hpresilience install --role compute` sets up removes its tier. True when everything finished.
+        """
+        deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
+        ok = self.flush(timeout=max(0.0, deadline - time.monotonic()))
+        self._post_q.put(Stop())
+        if self.durable is not None:
+            self._s3_q.put(Stop())
         for t in self._threads:
-            t.join()
-        if self._step_hook is not None:
-            self._step_hook.remove()
-            self._step_hook = None
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        for hook in (self._step_hook, self._forward_hook):
+            if hook is not None:
+                hook.remove()
+        self._step_hook = self._forward_hook = None
         self._stager.close()
+        if stuck:
+            # A thread still inside a collective would use a destroyed group: leave the groups (and the
+            # daemon threads) to the process's exit.
+            log.error("checkpoint_close_timed_out", rank=self.rank, threads=stuck)
+            return False
+        if not keep_tier:
+            ok = self._remove_tier(max(1.0, deadline - time.monotonic())) and ok
         for pg in (self._save_pg, self._repl_pg, self._s3_pg):
             if pg is not None:
                 dist.destroy_process_group(pg)
         self._save_pg = self._repl_pg = self._s3_pg = None
+        return ok
+
+    def _remove_tier(self, timeout: float) -> bool:
+        """Every rank has flushed; then one rank per node removes the node's folder of this job. A rank
+        that does not come (it kept its tier, or died) leaves the tier to the epilog after `timeout`."""
+        if self.distributed:
+            try:
+                dist.monitored_barrier(group=self._save_pg, timeout=timedelta(seconds=timeout))
+            except Exception as err:  # noqa: BLE001 - a missing rank: leave the tier to the epilog
+                log.error("checkpoint_tier_kept", rank=self.rank, reason=str(err))
+                return False
+        if self.rank % self.local_ranks == 0:
+            removed = self.tier.remove()
+            log.info("checkpoint_tier_removed", rank=self.rank, folder=str(self.tier.base), bytes=removed)
+        return True
 
     def __enter__(self) -> TieredCheckpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # An exception keeps the tier: the relaunched step may restore from it.
+        self.close(keep_tier=exc_type is not None)

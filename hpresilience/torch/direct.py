@@ -51,10 +51,10 @@ class DirectWriter(TierStorageWriter):
             fut = super().write_data(plan, planner)
         except BaseException:
             self.job.written = False
-            self.ck._post_q.put(self.job)
+            self.ck.submit(self.job)
             raise
         self.job.written = True
-        self.ck._post_q.put(self.job)
+        self.ck.submit(self.job)
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

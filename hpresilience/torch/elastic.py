@@ -3,8 +3,10 @@
 A job that shrank or grew (elastic training, a replaced node that came back) loads a step whose shards
 are numbered by the old ranks. DCP reshards from any set of shard files, so the only work is to bring
 each saved shard to the ranks that need it: from a node's memory tier over the checkpoint's gloo group
-(one transfer at a time, in the same order on every rank), else from S3. Fetched shards live under
-`<namespace>/.restore/` and are removed once the load is done.
+(one transfer at a time, in the same order on every rank), else from the durable tier. Fetched shards
+live under `<namespace>/.restore/rank_<loading rank>/`, one folder per loading rank: the ranks of one node
+share the memory tier and must never create or remove each other's folders (issue 22). They are removed
+once the load is done.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def restore_dir(ck: LoadMixin, step: int) -> Path:
-    return ck.tier.base / ".restore" / step_name(step)
+    return ck.tier.base / ".restore" / f"rank_{ck.rank}" / step_name(step)
 
 
 def needed_ranks(state_dict: dict[str, Any] | None, metadata_path: Path, saved: int) -> set[int]:
@@ -57,8 +59,13 @@ def gather_shards(
     sources: list[Source],
     s3_steps: set[int],
     state_dict: dict[str, Any] | None = None,
+    verify_first: bool = False,
 ) -> tuple[str | None, list[Path]]:
     """Bring the saved shards of `step` this rank needs within reach; (problem or None, folders to search).
+
+    Checksums are verified as DCP reads the items this rank needs (a damaged shard fails the load, and
+    the step is skipped); `verify_first` verifies every gathered shard whole beforehand instead, for
+    callers that cannot retry a failed dcp.load.
 
     What a rank needs comes from DCP's load planning over `state_dict` (each new rank reads the parts its
     layout covers); without a state dict, every saved shard.
@@ -89,11 +96,11 @@ def gather_shards(
     for r in missing:
         try:
             if not all((into / n).is_file() for n in shard_names(r)):
-                if ck.s3 is None or step not in s3_steps:
+                if ck.durable is None or step not in s3_steps:
                     raise HPResilienceError(
                         f"saved rank {r}'s shard of step {step} is on no node and not in S3"
                     )
-                ck.s3.download_shard(step, r, into)
+                ck.durable.download_shard(step, r, into)
         except (HPResilienceError, OSError) as err:
             problem = problem or str(err)
     for d in have.values():
@@ -101,25 +108,29 @@ def gather_shards(
             dirs.append(d)
     dirs.append(into)
     if problem is None:
-        problem = _verify_all(step, sorted(need), dirs)
+        problem = _verify_all(step, sorted(need), dirs, whole=verify_first)
     return problem, dirs
 
 
-def _verify_all(step: int, ranks: list[int], dirs: list[Path]) -> str | None:
+def _verify_all(step: int, ranks: list[int], dirs: list[Path], *, whole: bool) -> str | None:
     for r in ranks:
         d = next((x for x in dirs if all((x / n).is_file() for n in shard_names(r))), None)
         if d is None:
             return f"saved rank {r}'s shard of step {step} did not arrive"
         data, idx = (d / n for n in shard_names(r))
         try:
-            verify_shard(data, ShardIndex.from_json(read_trusted(idx), str(idx)))
+            index = ShardIndex.from_json(read_trusted(idx), str(idx))
+            if whole:
+                verify_shard(data, index)
+            elif data.stat().st_size != index.size:
+                return f"{data}: {data.stat().st_size} bytes, index says {index.size}"
         except (HPResilienceError, OSError) as err:
             return str(err)
     return None
 
 
 def cleanup(ck: LoadMixin, step: int) -> None:
-    shutil.rmtree(restore_dir(ck, step), ignore_errors=True)
+    shutil.rmtree(restore_dir(ck, step).parent, ignore_errors=True)
 
 
 def describe(sources: list[Source]) -> dict[str, Any]:

@@ -120,8 +120,11 @@ class SageMakerTieredStorageWriter(DirectWriter):
 
     @property
     def s3_checkpoint_dir(self) -> str:
-        assert self.ck.s3 is not None, "no S3 tier configured"
-        return f"s3://{self.ck.s3.bucket}/{self.ck.s3.base}/step_{self.step:010d}"
+        from hpresilience.torch.s3tier import S3Tier  # boto3 only where S3 is used
+
+        tier = self.ck.durable
+        assert isinstance(tier, S3Tier), "no S3 tier configured"
+        return f"s3://{tier.bucket}/{tier.base}/step_{self.step:010d}"
 
 
 class SageMakerTieredStorageReader(StorageReader):

@@ -27,6 +27,7 @@ from typing import Any
 from hpresilience.errors import ConfigError, HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
+from hpresilience.torch.cleanup import JOB_FILE, cgroup_headroom, job_file_text
 from hpresilience.torch.private import (
     TierSecurityError,
     ensure_private_dir,
@@ -170,6 +171,13 @@ def _note_world(worlds: dict[int, int], step: int, d: Path) -> None:
         pass  # an unreadable marker tells nothing; the step may still come from another rank
 
 
+def _read_small(p: Path) -> str | None:
+    try:
+        return read_trusted(p).decode(errors="replace").strip()
+    except (OSError, HPResilienceError):
+        return None
+
+
 def _listdir(d: Path) -> list[str]:
     try:
         return os.listdir(d)
@@ -183,12 +191,18 @@ class MemoryTier:
     def __init__(self, root: str | os.PathLike[str], namespace: str) -> None:
         self.root = Path(expand_root(str(root)))
         self.base = self.root / namespace
+        # Where the job's memory limit is read (tests point these at a recorded cgroup tree).
+        self.cgroup_paths = ("/proc/self/cgroup", "/sys/fs/cgroup")
 
     def ensure(self) -> None:
-        """Make (or accept) the user's root and the namespace as folders only this user can change."""
+        """Make (or accept) the user's root and the namespace as folders only this user can change, and
+        record the Slurm job writing it, so the epilog can remove it if the job crashes."""
         try:
             ensure_private_dir(self.root)
             ensure_private_dir(self.base)
+            job = job_file_text()
+            if job is not None and _read_small(self.base / JOB_FILE) != job:
+                atomic_write(self.base / JOB_FILE, job, make_parents=False)
         except TierSecurityError:
             raise
         except OSError as err:
@@ -324,6 +338,14 @@ class MemoryTier:
             spare.parent.mkdir(parents=True, exist_ok=True)
             os.replace(data, spare)
 
+    def remove(self) -> int:
+        """Remove this namespace's folder (own shards, peer copies, spares); the bytes it held."""
+        held = self.used_bytes()
+        # rmtree works on open descriptors here (shutil.rmtree.avoids_symlink_attacks): a link planted
+        # inside the folder is removed, never followed.
+        shutil.rmtree(self.base, ignore_errors=True)
+        return held
+
     def used_bytes(self) -> int:
         total = 0
         for dirpath, _, files in os.walk(self.base):
@@ -343,10 +365,24 @@ class MemoryTier:
             raise ConfigError(f"checkpoint memory tier {self.root}: cannot use it: {err}") from None
         if not os.access(self.base, os.W_OK):
             raise ConfigError(f"checkpoint memory tier {self.base}: not writable")
-        available = st.f_bavail * st.f_frsize + self.used_bytes()
+        used = self.used_bytes()
+        available = st.f_bavail * st.f_frsize + used
         need = (keep + 1) * shard_bytes * local_ranks * (1 + replicas)
+        gib = 1 << 30
+        # tmpfs pages are charged to the job's memory cgroup: a tier that fits /dev/shm may still get the
+        # job OOM-killed. The staging copy (one shard per rank) counts there too.
+        head = cgroup_headroom(*self.cgroup_paths)
+        ram = need - used + shard_bytes * local_ranks
+        if head is not None and ram > head.free:
+            raise ConfigError(
+                f"checkpoint memory tier {self.root}: the job's memory limit leaves {head.free / gib:.2f} GiB "
+                f"({head.cgroup}: limit {head.limit / gib:.2f} GiB, in use {head.usage / gib:.2f} GiB), the "
+                f"settings need {ram / gib:.2f} GiB more on this node = (keep {keep} + 1 in flight) x "
+                f"{shard_bytes / gib:.2f} GiB per rank x {local_ranks} rank(s) x {1 + replicas} "
+                f"(own{' + peer copy' if replicas else ''}) + a staging copy per rank, less "
+                f"{used / gib:.2f} GiB already in the tier. Ask Slurm for more memory (--mem) or lower `keep`."
+            )
         if need > available:
-            gib = 1 << 30
             raise ConfigError(
                 f"checkpoint memory tier {self.root} is too small: it has {available / gib:.2f} GiB for "
                 "this job, "

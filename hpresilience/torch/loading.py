@@ -6,6 +6,7 @@ Kept apart from saving so each module stays readable; the methods run on the che
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,8 @@ from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
 
 if TYPE_CHECKING:
+    from hpresilience.torch.durable import DurableTier
     from hpresilience.torch.layout import MemoryTier
-    from hpresilience.torch.s3tier import S3Tier
     from hpresilience.torch.settings import CheckpointConfig
 
 log = get_logger("hpresilience.torch")
@@ -34,17 +35,19 @@ class LoadMixin:
 
     cfg: CheckpointConfig
     tier: MemoryTier
-    s3: S3Tier | None
+    durable: DurableTier | None
     rank: int
     world: int
     distributed: bool
     last_source: str | None
+    # Why the last load passed over newer or nearer sources: "step N, rank R from SOURCE: reason".
+    last_skipped: list[str]
     last_committed: int | None
     _last_sources: list[Source]  # per rank, of the last same-world step prepared ([] after a reshard)
     _save_pg: Any
     _repl_pg: Any
 
-    def flush(self) -> None:
+    def flush(self, timeout: float | None = None) -> bool:
         raise NotImplementedError
 
     def _gather(self, obj: Any) -> list[Any]:
@@ -56,26 +59,28 @@ class LoadMixin:
         bad: set[tuple[int, Source, int]] | None = None,
         verify_first: bool = False,
         state_dict: dict[str, Any] | None = None,
+        bad_steps: set[int] | None = None,
     ) -> tuple[int, TierStorageReader] | None:
         """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
         reader for it (None: nothing loadable). `load()` is this plus dcp.load. `state_dict`, when
         given, narrows a resharding load to the saved shards it asks for."""
         self.flush()
         inv = self.tier.inventory(self.rank)
-        inv["s3"], inv["s3_worlds"] = [], {}
-        if self.s3 is not None and self.rank == 0:
+        inv["s3"] = []
+        if self.durable is not None and self.rank == 0:
             try:
-                inv["s3"] = self.s3.committed_steps()
-                inv["s3_worlds"] = {s: self.s3.world_of(s) for s in inv["s3"][-3:]}
+                inv["s3"] = self.durable.committed_steps()
             except HPResilienceError as err:
-                log.warning("s3_listing_failed", error=str(err))
+                log.warning("durable_listing_failed", tier=self.durable.kind, error=str(err))
         invs = self._gather(inv)
         s3_steps = set(invs[0]["s3"])
-        s3_worlds = {k: v for k, v in invs[0]["s3_worlds"].items() if v is not None}
+        s3_worlds = self._durable_worlds(sorted(s3_steps)[-3:], invs)
         committed = s3_steps.union(*(set(i["committed"]) for i in invs))
         resharded = {s for s in committed if saved_world(s, invs, s3_worlds, self.world) != self.world}
-        bad = set() if bad is None else bad
-        bad_steps: set[int] = set()
+        if bad is None:
+            bad = set()
+            self.last_skipped = []
+        bad_steps = set() if bad_steps is None else bad_steps
         while True:
             same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded)
             other = choose_elastic(invs, s3_steps, s3_worlds, bad_steps, self.world, step)
@@ -86,7 +91,7 @@ class LoadMixin:
             if other is not None and (same is None or other[0] > same[0]):
                 chosen, saved, el_sources = other
                 problem, dirs = self._materialize_elastic(
-                    chosen, saved, el_sources, invs, s3_steps, state_dict
+                    chosen, saved, el_sources, invs, s3_steps, state_dict, verify_first
                 )
                 errs = self._gather(problem)
                 if not any(errs):
@@ -94,6 +99,7 @@ class LoadMixin:
                 bad_steps.add(chosen)
                 elastic.cleanup(self, chosen)
                 log.warning("checkpoint_step_skipped", step=chosen, errors=[e for e in errs if e])
+                self.last_skipped += [f"step {chosen}, saved with {saved} ranks: {e}" for e in errs if e]
                 continue
             assert same is not None
             chosen, sources = same
@@ -106,17 +112,19 @@ class LoadMixin:
                 if e:
                     bad.add((r, sources[r], chosen))
                     log.warning("checkpoint_shard_skipped", step=chosen, rank=r, source=sources[r], error=e)
+                    self.last_skipped.append(f"step {chosen}, rank {r} from {self._name(sources[r])}: {e}")
         newer = [s for s in inv["own"] if s > chosen]
         if newer and step is None:  # an explicit older step is a choice, not a sign of damage
             log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
         if dirs:
             self.last_source = "resharded"
             self._last_sources = []
-            reader = TierStorageReader(
-                self.tier.step_dir(chosen), rank=self.rank, verify=False, shard_dirs=dirs
-            )
+            # Verified while DCP reads what this rank needs (only those bytes are hashed).
+            reader = TierStorageReader(self.tier.step_dir(chosen), rank=self.rank, verify=True, shard_dirs=dirs)
         else:
-            self.last_source = sources[self.rank][0]
+            kind = sources[self.rank][0]
+            # "s3" in a source is the durable tier, whichever it is.
+            self.last_source = self.durable.kind if kind == "s3" and self.durable is not None else kind
             self._last_sources = sources
             # Items saved by other ranks (DCP keeps one copy of an item every rank saved) are also found
             # in the peer copies this node holds.
@@ -132,9 +140,22 @@ class LoadMixin:
         self.last_committed = chosen
         return chosen, reader
 
+    def _fetch_dir(self) -> Path:
+        """Where this rank puts shards of other ranks it fetched for a load: its own folder, since the
+        ranks of one node share the tier; removed when the load is done."""
+        return self.tier.base / "s3cache" / f"rank_{self.rank}"
+
     def finish_load(self, step: int) -> None:
         elastic.cleanup(self, step)
-        log.info("checkpoint_loaded", step=step, rank=self.rank, source=self.last_source)
+        shutil.rmtree(self._fetch_dir(), ignore_errors=True)
+        log.info(
+            "checkpoint_loaded", step=step, rank=self.rank, source=self.last_source, skipped=self.last_skipped
+        )
+
+    def _name(self, src: Source) -> str:
+        if src[0] == "s3":
+            return self.durable.kind if self.durable is not None else "s3"
+        return "own memory tier" if src[0] == "own" else f"the peer copy on rank {src[1]}"
 
     def _materialize_elastic(
         self,
@@ -144,16 +165,33 @@ class LoadMixin:
         invs: list[dict[str, Any]],
         s3_steps: set[int],
         state_dict: dict[str, Any] | None = None,
+        verify_first: bool = False,
     ) -> tuple[str | None, list[Path]]:
         problem = self._ensure_metadata(step, invs, s3_steps)
-        problem2, dirs = elastic.gather_shards(self, step, saved, sources, s3_steps, state_dict)
+        problem2, dirs = elastic.gather_shards(self, step, saved, sources, s3_steps, state_dict, verify_first)
         return problem or problem2, dirs
+
+    def _durable_worlds(self, steps: list[int], invs: list[dict[str, Any]]) -> dict[int, int]:
+        """World sizes of the durable tier's newest steps that no node's marker told (one GET each, by
+        rank 0, shared with every rank); nothing is fetched when the memory tiers know them all."""
+        known = {s for inv in invs for s in inv.get("worlds", {})}
+        unknown = [s for s in steps if s not in known]
+        if not unknown or self.durable is None:
+            return {}
+        worlds: dict[int, int | None] = {}
+        if self.rank == 0:
+            worlds = {s: self.durable.world_of(s) for s in unknown}
+        if self.distributed:
+            box: list[Any] = [worlds]
+            dist.broadcast_object_list(box, src=0, group=self._save_pg)
+            worlds = box[0]
+        return {s: w for s, w in worlds.items() if w is not None}
 
     def _s3_fetcher(self, step: int) -> Any:
         def fetch(rank: int) -> Path | None:
-            assert self.s3 is not None
-            into = self.tier.base / "s3cache" / str(rank)
-            self.s3.download_shard(step, rank, into)
+            assert self.durable is not None
+            into = self._fetch_dir() / str(rank)
+            self.durable.download_shard(step, rank, into)
             return into
 
         return fetch
@@ -180,9 +218,9 @@ class LoadMixin:
                 atomic_write(d / COMMIT, box[0][1], make_parents=False)
         try:
             if not self.tier.is_committed(d):
-                if self.s3 is None or step not in s3_steps:
+                if self.durable is None or step not in s3_steps:
                     return "no committed metadata reached this rank"
-                self.s3.download_metadata(step, d)
+                self.durable.download_metadata(step, d)
         except (HPResilienceError, OSError) as err:
             return str(err)
         return None
@@ -210,8 +248,8 @@ class LoadMixin:
             return problem
         try:
             if sources[self.rank][0] == "s3":
-                assert self.s3 is not None
-                self.s3.download_shard(step, self.rank, d)
+                assert self.durable is not None
+                self.durable.download_shard(step, self.rank, d)
             # The checksums are checked while the load reads the bytes (one pass); here only the size.
             data, idx = (d / n for n in shard_names(self.rank))
             index = ShardIndex.from_json(read_trusted(idx), str(idx))

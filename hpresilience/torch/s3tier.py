@@ -28,6 +28,8 @@ _MARKERS = "_committed"
 
 
 class S3Tier:
+    kind = "s3"
+
     def __init__(self, cfg: CheckpointConfig, client: Any = None) -> None:
         self.bucket, prefix = cfg.s3_bucket_prefix()
         self.base = f"{prefix}/{cfg.namespace}" if prefix else cfg.namespace
@@ -111,7 +113,8 @@ class S3Tier:
         dest.parent.mkdir(parents=True, exist_ok=True)
         # boto3 streams the object into a file of its own choosing, so this is a rename of a downloaded
         # file, not fileio.atomic_write's write of a buffer: the temp-then-rename idea, done by hand.
-        tmp = dest.with_name(dest.name + ".s3part")
+        # The pid keeps two ranks of one node (one shared tier) fetching the same file apart.
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.s3part")
         self._call("download", self.client.download_file, self.bucket, key, str(tmp), Config=self.transfer)
         # boto3 creates the file with the process umask; the tier's files are this user's alone (a
         # group-writable one would rightly be refused when read back).

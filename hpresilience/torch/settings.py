@@ -42,21 +42,25 @@ class CheckpointConfig(Section):
     replicate: bool = True
     # Expected bytes of one rank's shard; when set, the memory tier size is checked at start.
     shard_gib: float | None = Field(default=None, gt=0)
-    # s3://bucket/prefix; None disables the S3 tier.
+    # The durable tier, at most one of the two. s3://bucket/prefix for S3 (needs boto3: the `s3` extra).
     s3_base: str | None = None
-    # Steps that are a multiple of this go to S3 after they commit in memory (0: none).
+    # An absolute folder on a shared filesystem (Lustre, GPFS, NFS, FSx) for the filesystem tier;
+    # `{uid}` becomes the user's uid. Same layout and commit rule as S3.
+    fs_base: str | None = None
+    # Steps that are a multiple of this go to the durable tier (S3 or filesystem) after they commit in
+    # memory (0: none). The name predates the filesystem tier; it applies to either.
     s3_every: int = Field(default=0, ge=0)
-    # Committed steps kept in S3 (0: all).
+    # Committed steps kept in the durable tier (0: all).
     s3_keep: int = Field(default=0, ge=0)
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_max_concurrency: int = Field(default=4, ge=1, le=64)
     s3_part_size_mib: int = Field(default=64, ge=5, le=5120)
-    # async_save copies large tensors in a background thread and returns at once; every optimizer.step()
-    # in the process waits for that copy. If anything else changes a large saved tensor in place before
-    # the copy ends (an EMA update, a hand edit), that save fails loudly (TornStateError) rather than
-    # storing a torn state: call wait_staged() first, or turn this off.
-    background_staging: bool = True
+    # False (the default): async_save copies the whole state before it returns, so the checkpoint is the
+    # state at the call whatever is written afterwards. True: large tensors are copied in a background
+    # thread until the next module forward or optimizer.step(), which wait for it; writing saved tensors
+    # by any other path before then is not allowed (caught where possible: TornStateError fails that save).
+    background_staging: bool = False
     # With background staging, tensors smaller than this are still copied inside async_save (BatchNorm
     # statistics and counters that forward updates in place).
     inline_staging_below_mib: float = Field(default=1.0, ge=0)
@@ -98,10 +102,19 @@ class CheckpointConfig(Section):
             raise ValueError("must look like s3://bucket[/prefix]")
         return v.rstrip("/")
 
+    @field_validator("fs_base")
+    @classmethod
+    def _fs_path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path (a folder on a filesystem every node mounts)")
+        return v.rstrip("/") or "/" if v is not None else v
+
     @model_validator(mode="after")
     def _s3_cadence_needs_base(self) -> CheckpointConfig:
-        if self.s3_every and not self.s3_base:
-            raise ValueError("s3_every is set but s3_base is not")
+        if self.s3_base and self.fs_base:
+            raise ValueError("s3_base and fs_base are both set; the durable tier is one of them")
+        if self.s3_every and not (self.s3_base or self.fs_base):
+            raise ValueError("s3_every is set but neither s3_base nor fs_base is")
         return self
 
     def local_ranks(self) -> int:

@@ -4,12 +4,17 @@ DCP's default staging allocates a fresh CPU copy per save; on a fresh allocation
 which costs several times the copy itself. We keep one copy per rank (the "cache_staged_state_dict" idea)
 and rebuild it only when the state's layout changes.
 
+The default copies everything inside `async_save`: what the checkpoint holds is the state at the call,
+whatever the training loop writes afterwards and by whatever path.
+
 Background staging (opt-in) moves the copy of large tensors off the training thread, as torchtitan's
-"async_with_pinned_mem" mode does: the copy then overlaps the next forward and backward, which read the
-weights but do not write them. What does write them is the optimizer step, so every `optimizer.step()` in
-the process waits for the copy (the checkpointer registers that hook). Small tensors are copied inside the
-call: forward updates some buffers in place (BatchNorm running statistics, step counters), and those
-are small.
+"async_with_pinned_mem" mode does. The copy then runs until the next `forward` of any nn.Module or the
+next `optimizer.step()` in the process, both of which wait for it (the checkpointer registers those
+hooks), so it overlaps the data loading in between. Small tensors are copied inside the call. Writing a
+saved tensor in that window by another path is not allowed; it is caught where it can be: an in-place op
+bumps the tensor's version counter, and each tensor is compared with its copy once all are copied (a
+write through `.data`, which bumps no counter, to a tensor already copied). Either fails that save with
+TornStateError. A `.data` write to a tensor not yet copied cannot be seen.
 """
 
 from __future__ import annotations
@@ -119,8 +124,9 @@ class CachedStager(AsyncStager):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stage")
         # The guard: every in-place change bumps a tensor's version counter (shared with its detached
-        # views, which is what state_dict() returns). A change between the call and the end of the copy
-        # would mix two states, so that save fails instead of storing it.
+        # views, which is what state_dict() returns), and each copy is compared with its source at the
+        # end. A change between the call and the end of the copy would mix two states, so that save
+        # fails instead of storing it.
         versions = [src._version for _, src in deferred]
         self._pending = self._pool.submit(self._copy_checked, deferred, versions, view)
         return self._pending
@@ -128,13 +134,17 @@ class CachedStager(AsyncStager):
     def _copy_checked(self, pairs: list[Pair], versions: list[int], view: dict[str, Any]) -> dict[str, Any]:
         out = self._copy(pairs, view)
         changed = [src for (_, src), v in zip(pairs, versions, strict=True) if src._version != v]
+        if not changed:
+            # `.data` writes bump no counter: a source that no longer equals its copy changed after it.
+            changed = [src for dst, src in pairs if not torch.equal(dst, src)]
         if changed:
             t = changed[0]
             raise TornStateError(
                 f"{len(changed)} saved tensor(s) (the first: shape {tuple(t.shape)}, {t.dtype}) changed in "
                 "place while async_save was still copying them in the background; the checkpoint would mix "
-                "two training states, so this save is dropped. Call ckpt.wait_staged() before changing "
-                "saved tensors anywhere but in optimizer.step(), or set background_staging=False."
+                "two training states, so this save is dropped. With background_staging, call "
+                "ckpt.wait_staged() before changing saved tensors other than through a module's forward or "
+                "optimizer.step(), or leave background_staging off (the default)."
             )
         return out
 
@@ -142,8 +152,16 @@ class CachedStager(AsyncStager):
         # Grad mode is per thread: this one starts with it on.
         with torch.no_grad():
             for dst, src in pairs:
-                dst.copy_(src)
+                self._copy_one(dst, src)
         return view
+
+    @staticmethod
+    def _copy_one(dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def pending(self) -> bool:
+        fut = self._pending
+        return fut is not None and not fut.done()
 
     def wait(self) -> float:
         """Block until a background copy has finished; the seconds waited (0.0 when none was running).

@@ -68,3 +68,15 @@ def test_on_create_rejects_unknown_arguments() -> None:
     res = subprocess.run(["bash", str(REPO / "lifecycle_scripts" / "on_create.sh"), "compute", "--bogus"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "unknown argument --bogus" in res.stderr
+
+
+def test_the_installer_and_on_create_install_the_node_extra(tmp_path: Path) -> None:
+    """The base package is the training library's small set; the node side comes with `[node]`."""
+    from hpresilience.install.venv import with_node_extra
+
+    whl = tmp_path / "hpresilience-0.1.0-py3-none-any.whl"
+    whl.write_bytes(b"")
+    assert with_node_extra(str(whl)) == f"{whl}[node]"
+    url = "git+https://example.org/hpr@" + "a" * 40
+    assert with_node_extra(url) == f"hpresilience[node] @ {url}"
+    assert 'req="$wheel[node]"' in (REPO / "lifecycle_scripts" / "on_create.sh").read_text()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from hpresilience.torch import CheckpointConfig, TieredCheckpointer
 
@@ -95,6 +98,18 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
                     os._exit(0)  # the job is dead: no orderly shutdown with a missing rank
             ckpt.flush()
             res["last_committed"] = ckpt.last_committed
+        elif task == "post_commit_failure":
+            _post_commit_failure(rank, ckpt, res)
+            if rank == 1:
+                out.write_text(json.dumps(res))
+                os._exit(0)  # gone without a goodbye: rank 0 must still get out of flush() and close()
+            t0 = time.monotonic()
+            res["third_save_ok"] = ckpt.async_save(state_for(3, rank), 3) is not None and ckpt.wait()
+            res["flush_dead_peer"] = ckpt.flush(timeout=3.0)
+            res["close_ok"] = ckpt.close(keep_tier=True, timeout=3.0)
+            res["dead_peer_s"] = time.monotonic() - t0
+            out.write_text(json.dumps(res))
+            os._exit(0)
         elif task == "load":
             state = empty_state(rank)
             step = ckpt.load(state, kw.get("step"))
@@ -121,12 +136,34 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
             res["restore_left"] = (Path(ckpt.tier.base) / ".restore").exists() and any(
                 (Path(ckpt.tier.base) / ".restore").iterdir()
             )
-        ckpt.close()
+        ckpt.close(keep_tier=True)
         dist.destroy_process_group()
         out.write_text(json.dumps(res))
     except BaseException:  # noqa: BLE001 - reported to the parent through the result file
         out.write_text(json.dumps({"error": traceback.format_exc()}))
         sys.exit(1)
+
+
+def _post_commit_failure(rank: int, ckpt: TieredCheckpointer, res: dict[str, Any]) -> None:
+    """Issue 22 item 3: rank 1 cannot write the markers of a step saved through dcp.save with the
+    checkpointer's writer (a folder sits where `.metadata` goes); every rank's flush() must return and
+    say so, and the next save must go through."""
+    planted = ckpt.tier.step_dir(1) / ".metadata"
+    if rank == 1:
+        (planted / "x").mkdir(parents=True)
+    dcp_save(state_for(1, rank), storage_writer=ckpt.storage_writer(1))
+    t0 = time.monotonic()
+    res["flush1"] = ckpt.flush(timeout=30.0)
+    res["flush1_s"] = time.monotonic() - t0
+    res["stages"] = sorted({f.stage.value for f in ckpt.failures})
+    if rank == 1:
+        shutil.rmtree(planted)
+    dist.barrier()
+    dcp_save(state_for(2, rank), storage_writer=ckpt.storage_writer(2))
+    res["flush2"] = ckpt.flush(timeout=30.0)
+    res["committed"] = ckpt.stats.committed
+    res["last_committed"] = ckpt.last_committed
+    dist.barrier()
 
 
 def run_ranks(
@@ -150,5 +187,79 @@ def run_ranks(
     results = []
     for r in range(world):
         f = base / f"result_{task}_{r}.json"
+        results.append(json.loads(f.read_text()) if f.exists() else {"exitcode": procs[r].exitcode})
+    return results
+
+
+def _phase(rank: int, base: Path, ph: dict[str, Any]) -> dict[str, Any]:
+    """One phase of a scenario on this rank: save, or load (same world or resharded)."""
+    world, rpn, numel = ph["world"], ph["rpn"], ph.get("numel", 1000)
+    if rank == 0:  # before the rendezvous, which no other rank passes without rank 0
+        for node in ph.get("drop", []):
+            shutil.rmtree(base / node / ph["ns"], ignore_errors=True)
+    _init(rank, world, ph["port"], 60.0)
+    try:
+        cfg = CheckpointConfig(
+            namespace=ph["ns"], memory_dir=str(base / f"node{rank // rpn}"), ranks_per_node=rpn,
+            timeout_s=60.0, **ph.get("cfg", {}),
+        )
+        ckpt = TieredCheckpointer(cfg)
+        res: dict[str, Any] = {}
+        if ph["task"] == "save":
+            for step in ph["steps"]:
+                ckpt.async_save(state_for(step, rank, numel=numel), step)
+            res["flushed"] = ckpt.flush()
+            res["last_committed"] = ckpt.last_committed
+            res["steps_on_node"] = ckpt.tier.steps()
+            res["spare"] = ckpt.tier.spare(rank).is_file()
+        else:
+            saved = ph["saved_world"]
+            # Same world: each rank asks for its own part; resharded: for the union of the saved parts.
+            parts = [rank] if saved == world else list(range(saved))
+            state = empty_state(parts[0], numel=numel)
+            for r in parts[1:]:
+                state[f"local_{r}"] = torch.full((3, 5), -1.0)
+            step = ckpt.load(state)
+            res["step"] = step
+            res["source"] = ckpt.last_source
+            res["match"] = step is not None and all(matches(state, step, r) for r in parts)
+        res["closed"] = ckpt.close(keep_tier=ph.get("keep_tier", True))
+        return res
+    finally:
+        dist.destroy_process_group()
+
+
+def _scenario_body(rank: int, base: str, phases: list[dict[str, Any]]) -> None:
+    out = Path(base) / f"result_scenario_{rank}.json"
+    results: list[Any] = []
+    try:
+        for ph in phases:
+            results.append(_phase(rank, Path(base), dict(ph)) if rank < ph["world"] else None)
+        out.write_text(json.dumps(results))
+    except BaseException:  # noqa: BLE001 - reported to the parent through the result file
+        out.write_text(json.dumps({"error": traceback.format_exc(), "done": results}))
+        sys.exit(1)
+
+
+def run_scenario(base: Path, phases: list[dict[str, Any]], timeout: float = 240.0) -> list[Any]:
+    """Run `phases` one after another on one set of spawned processes (torch is imported once per
+    process, which matters on 2 cores): a phase of world size W runs on processes 0..W-1, the others
+    skip it. Each phase has its own rendezvous port. Returns each process's list of phase results."""
+    ctx = mp.get_context("spawn")
+    procs_n = max(ph["world"] for ph in phases)
+    phases = [{**ph, "port": free_port()} for ph in phases]
+    for r in range(procs_n):
+        (base / f"result_scenario_{r}.json").unlink(missing_ok=True)
+    procs = [ctx.Process(target=_scenario_body, args=(r, str(base), phases)) for r in range(procs_n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results = []
+    for r in range(procs_n):
+        f = base / f"result_scenario_{r}.json"
         results.append(json.loads(f.read_text()) if f.exists() else {"exitcode": procs[r].exitcode})
     return results

@@ -39,11 +39,11 @@ def test_per_save_to_s3_overrides_the_cadence_both_ways(tmp_path: Path, s3_endpo
         ck.async_save(state_for(2, 0), 2, to_s3=False).result()  # due by cadence, skipped on request
         ck.save(state_for(4, 0), 4)
         ck.flush()
-        assert ck.s3 is not None and ck.s3.committed_steps() == [1, 4]
+        assert ck.durable is not None and ck.durable.committed_steps() == [1, 4]
 
 
 def test_to_s3_without_an_s3_tier_is_refused(tmp_path: Path) -> None:
-    with _ckpt(tmp_path) as ck, pytest.raises(ConfigError, match="no S3 tier"):
+    with _ckpt(tmp_path) as ck, pytest.raises(ConfigError, match="no durable tier"):
         ck.save(state_for(1, 0), 1, to_s3=True)
 
 
@@ -56,7 +56,7 @@ def test_writer_from_the_checkpointer_given_to_dcp_async_save_carries_s3_and_ret
             dcp_async_save(state_for(s, 0), storage_writer=ck.storage_writer(s, to_s3=s == 2)).result()
             ck.flush()  # an upload in progress pins its step; flushing lets the next commit prune it
         assert ck.tier.steps() == [3]  # retention ran: keep=1
-        assert ck.s3 is not None and ck.s3.committed_steps() == [2]
+        assert ck.durable is not None and ck.durable.committed_steps() == [2]
     with _ckpt(tmp_path / "b", **cfg) as ck2:
         got = empty_state(0)
         assert ck2.load(got) == 2 and ck2.last_source == "s3" and matches(got, 2, 0)
@@ -82,7 +82,7 @@ def test_hyperpod_reader_finds_the_latest_step_itself_and_raises_when_there_is_n
     got = empty_state(0)
     dcp_load(got, storage_reader=SageMakerTieredStorageReader(checkpoint_config=conf, step=10))
     assert matches(got, 10, 0)
-    assert reader.ck.s3 is not None and reader.ck.s3.committed_steps() == [10]
+    assert reader.ck.durable is not None and reader.ck.durable.committed_steps() == [10]
     # A damaged newest shard: dcp.load cannot retry, so the reader checks first and takes step 10.
     shard = reader.ck.tier.step_dir(20) / "rank_0.bin"
     raw = bytearray(shard.read_bytes())

@@ -73,6 +73,22 @@ def test_flipped_byte_in_a_shard_is_caught_and_the_peer_copy_used(cluster: Path,
     assert [(r["step"], r["source"], r["match"]) for r in res] == [(3, "own", True), (3, "peer", True)]
 
 
+def test_damaged_own_shard_and_damaged_peer_copy_fall_back_to_the_previous_step(
+    cluster: Path, s3_endpoint: str
+) -> None:
+    """Issue 22 item 4: the peer copy is verified like every tier; with both copies of rank 1's newest
+    shard damaged (and that step not in S3), every rank loads the previous step, exactly."""
+    for shard in (
+        cluster / "node1/job1/step_0000000003/rank_1.bin",
+        cluster / "node0/job1/peer/1/step_0000000003/rank_1.bin",
+    ):
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) // 3] ^= 0x04
+        shard.write_bytes(bytes(raw))
+    res = _ok(run_ranks(cluster, "load", cfg=_cfg(s3_endpoint)))
+    assert [(r["step"], r["source"], r["match"]) for r in res] == [(2, "own", True), (2, "own", True)]
+
+
 def test_rank_killed_mid_save_leaves_previous_step_loadable_and_partial_one_ignored(tmp_path: Path) -> None:
     res = run_ranks(tmp_path, "save", steps=[1, 2], crash_step=2, cfg={"timeout_s": 4.0})
     assert res[0].get("crash_save", "").startswith("failed"), res  # rank 0 saw its peer die mid-save

@@ -147,8 +147,8 @@ def test_the_optimizer_guard_exists_only_while_a_background_checkpointer_is_open
     assert len(hooks) == n
 
 
-def test_background_staging_is_the_default() -> None:
-    assert CheckpointConfig(namespace="d").background_staging is True
+def test_inline_staging_is_the_default() -> None:
+    assert CheckpointConfig(namespace="d").background_staging is False
 
 
 def test_in_place_change_during_the_background_copy_fails_that_save_loudly(bg: TieredCheckpointer) -> None:

@@ -137,7 +137,7 @@ def test_single_process_s3_tier_upload_then_restore(tmp_path: Path, s3_endpoint:
         for s in (1, 2, 3):
             ck.save(state_for(s, 0), s)
         ck.flush()
-        assert ck.s3 is not None and ck.s3.committed_steps() == [2]
+        assert ck.durable is not None and ck.durable.committed_steps() == [2]
     with _ckpt(tmp_path / "b", **cfg) as ck2:  # a fresh node: empty memory tier
         got = empty_state(0)
         assert ck2.load(got) == 2 and ck2.last_source == "s3" and matches(got, 2, 0)
@@ -148,11 +148,11 @@ def test_s3_copy_with_a_flipped_byte_is_refused(tmp_path: Path, s3_endpoint: str
     with _ckpt(tmp_path / "a", **cfg) as ck:
         ck.save(state_for(1, 0), 1)
         ck.flush()
-        assert ck.s3 is not None
-        key = ck.s3.key(1, "rank_0.bin")
-        body = bytearray(ck.s3.client.get_object(Bucket="ckpt", Key=key)["Body"].read())
+        assert ck.durable is not None
+        key = ck.durable.key(1, "rank_0.bin")
+        body = bytearray(ck.durable.client.get_object(Bucket="ckpt", Key=key)["Body"].read())
         body[5] ^= 0x01
-        ck.s3.client.put_object(Bucket="ckpt", Key=key, Body=bytes(body))
+        ck.durable.client.put_object(Bucket="ckpt", Key=key, Body=bytes(body))
     with _ckpt(tmp_path / "b", **cfg) as ck2:
         assert ck2.load(empty_state(0)) is None
 

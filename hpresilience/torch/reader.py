@@ -57,8 +57,12 @@ class TierStorageReader(StorageReader):
         self.fetch_missing = fetch_missing
         self.storage_data: dict[MetadataIndex, ItemLoc] = {}
         self._indexes: dict[int, tuple[Path, ShardIndex] | None] = {}
-        self._pending: list[tuple[Any, ItemLoc, Path, Any]] = []
+        self._pending: list[tuple[Any, ...]] = []
         self._pool: Any = None
+        # GPU targets: two pinned host buffers, each read into while the other's bytes go to the device.
+        self._pinned: list[torch.Tensor | None] = [None, None]
+        self._in_flight: list[Any] = [None, None]  # per buffer: the CUDA event after its copy out
+        self._slot = 0
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         # DCP's contract: an id given here names the checkpoint to read (FileSystemReader honours it too).
@@ -149,12 +153,16 @@ class TierStorageReader(StorageReader):
                     if path not in fds:
                         fds[path] = open_trusted(path)
                     self._read_one(fds[path], path, loc, req, planner)
-                for fut_hash, loc, path, req in self._pending:
+                for ev in self._in_flight:
+                    if ev is not None:
+                        ev.synchronize()
+                for fut_hash, loc, path, req, *_ in self._pending:
                     self._compare(fut_hash.result(), loc, path, req)
             finally:
                 for fd in fds.values():
                     os.close(fd)
                 self._pending = []
+                self._pinned, self._in_flight = [None, None], [None, None]
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
@@ -177,6 +185,8 @@ class TierStorageReader(StorageReader):
             if self.verify:
                 # A mismatch fails the whole load once all items are read; the caller tries another source.
                 self._pending.append((self._pool.submit(hasher(loc.algo), buf), loc, path, req))
+        elif whole and target.device.type == "cuda" and target.is_contiguous() and str(target.dtype) == loc.dtype:
+            self._read_to_device(fd, path, loc, req, target)
         else:
             src = torch.empty(loc.shape, dtype=_dtype(loc.dtype))
             buf = tensor_bytes(src)
@@ -186,6 +196,36 @@ class TierStorageReader(StorageReader):
                 src = src.narrow(dim, start, length)
             target.copy_(src)
         planner.commit_tensor(req, target)
+
+    def _read_to_device(self, fd: int, path: Path, loc: ItemLoc, req: Any, target: torch.Tensor) -> None:
+        """A whole item for a GPU tensor: read into a pinned buffer, then an asynchronous copy to the device
+        and the checksum in the verify thread, while the next item is read into the other buffer (a fresh
+        pageable tensor per item ran at 2 % of a pinned host-to-device copy on an H100)."""
+        slot, self._slot = self._slot, self._slot ^ 1
+        if self._in_flight[slot] is not None:
+            self._in_flight[slot].synchronize()  # the device has taken this buffer's previous bytes
+            self._wait_hashes_of(slot)
+        pinned = self._pinned[slot]
+        if pinned is None or pinned.numel() < loc.length:
+            pinned = self._pinned[slot] = torch.empty(loc.length, dtype=torch.uint8, pin_memory=True)
+        raw = pinned[: loc.length]
+        buf = tensor_bytes(raw)
+        _pread_into(fd, buf, loc.offset, path)
+        if self.verify:
+            self._pending.append((self._pool.submit(hasher(loc.algo), buf), loc, path, req, slot))
+        with torch.cuda.device(target.device):
+            target.copy_(raw.view(target.dtype).view(target.shape), non_blocking=True)
+            self._in_flight[slot] = torch.cuda.current_stream().record_event()
+
+    def _wait_hashes_of(self, slot: int) -> None:
+        """Finish (compare) the checksums still reading `slot`'s buffer before it is overwritten."""
+        keep = []
+        for item in self._pending:
+            if len(item) == 5 and item[4] == slot:
+                self._compare(item[0].result(), *item[1:4])
+            else:
+                keep.append(item)
+        self._pending = keep
 
     def _check(self, buf: Any, loc: ItemLoc, path: Path, req: Any) -> None:
         if self.verify:

@@ -136,7 +136,7 @@ class CachedStager(AsyncStager):
         changed = [src for (_, src), v in zip(pairs, versions, strict=True) if src._version != v]
         if not changed:
             # `.data` writes bump no counter: a source that no longer equals its copy changed after it.
-            changed = [src for dst, src in pairs if not torch.equal(dst, src)]
+            changed = [src for dst, src in pairs if not _same(dst, src)]
         if changed:
             t = changed[0]
             raise TornStateError(
@@ -188,3 +188,21 @@ class CachedStager(AsyncStager):
             self._pool = None
         self._cache = None
         self._layout = None
+
+
+# A host copy is compared with its GPU source a slice at a time on the GPU: bounded extra device memory, and
+# the bytes cross the bus once more only in the background thread. (torch.equal refuses two devices.)
+_COMPARE_CHUNK_BYTES = 64 << 20
+
+
+def _same(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    if dst.device == src.device:
+        return bool(torch.equal(dst, src))
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        return False
+    if not (dst.is_contiguous() and src.is_contiguous()):
+        return bool(torch.equal(dst.to(src.device), src))
+    a, b = dst.reshape(-1), src.reshape(-1)
+    step = max(1, _COMPARE_CHUNK_BYTES // max(1, src.element_size()))
+    return all(bool(torch.equal(a[i:i + step].to(src.device), b[i:i + step])) for i in range(0, a.numel(), step))
+

@@ -8,8 +8,10 @@ Needs the optional extra `hpresilience[torch]`; nothing else in the package impo
     ...
     ckpt.async_save(state, step)          # copies small tensors; the rest runs in the background
     if not check_alive(): ckpt.save(state, step); ckpt.close()
+    heartbeat.beat(step)                  # progress for srun --auto-resume=1 (hangs, stragglers)
 """
 
+from hpresilience.torch import heartbeat
 from hpresilience.torch.checkpointer import TieredCheckpointer
 from hpresilience.torch.layout import ChecksumError, MemoryTier
 from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
@@ -31,5 +33,6 @@ __all__ = [
     "TieredCheckpointer",
     "TornStateError",
     "check_alive",
+    "heartbeat",
     "install",
 ]

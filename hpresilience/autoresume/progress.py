@@ -207,7 +207,9 @@ class ProgressStream:
         if info is None:
             a.tasks[tid] = RankInfo(node, t, value)
         else:
-            if last is not None and value > last and fmt != "hf":
+            # Output lines give wall time per step; once ranks send heartbeats (work time), only those count:
+            # mixed, a node's median would blend the two.
+            if last is not None and value > last and fmt != "hf" and not a.ranks:
                 self._sample(StepTime(t, node, f"task{tid}", (t - info.last_at) / (value - last)))
             info.last_at, info.last_step = t, value
 

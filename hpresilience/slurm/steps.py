@@ -128,9 +128,10 @@ def run_on_nodes(client: SlurmClient, job_id: int, nodes: list[str], command: st
         command, timeout=timeout, check=False, retry=False, env=env)
 
 
-# Evidence of a hang on one node: asks every listed pid for its stacks (the signal its heartbeat announced),
-# then prints one line per process of the job (the marker in its environment): pid, state, RANK, wchan,
-# command. Read-only but for that signal; the probe itself is started without the marker.
+# Evidence of a hang on one node: asks every listed pid for its stacks (the signal its heartbeat announced,
+# only if the pid carries the job's marker), then prints one line per process of the job on this node (the
+# marker in its environment): pid, state, RANK, wchan, command. Read-only but for that signal; the probe
+# itself is started without the marker.
 PROBE_SCRIPT = r"""
 m=$1; shift
 for ps in "$@"; do
@@ -140,8 +141,12 @@ done
 for f in $(grep -l -z -s -x -F -e "$m" /proc/[0-9]*/environ); do
   p=${f#/proc/}; p=${p%/environ}
   [ "$p" = "$$" ] && continue
+  e=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null)
+  n=$(printf '%s\n' "$e" | sed -n 's/^SLURMD_NODENAME=//p' | head -n1)
+  # Only this node's tasks (nodes that share a kernel, as on a test cluster, see each other's).
+  [ -n "$n" ] && [ "$n" != "${SLURMD_NODENAME:-}" ] && continue
   s=$(sed -e 's/^.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f1)
-  r=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^RANK=//p' | head -n1)
+  r=$(printf '%s\n' "$e" | sed -n 's/^RANK=//p' | head -n1)
   w=$(cat /proc/$p/wchan 2>/dev/null)
   c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-120)
   echo "hpr-proc ${SLURMD_NODENAME:-?} $p ${s:-?} ${r:--} ${w:-0} $c"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 
 import pytest
@@ -69,7 +68,8 @@ def test_heartbeats_round_trip_from_the_training_side_and_give_work_time_samples
         clock.t += 0.7
         hb.beat(step)
     os.close(w)
-    lines = io.open(r).read().splitlines()  # noqa: UP020 - a raw fd
+    with open(r) as f:
+        lines = f.read().splitlines()
     # Rate-limited: the first beat, then one per 5 s (steps take 1 s), not one per step.
     assert 2 <= len(lines) <= 3 and all(ln.startswith(PREFIX) for ln in lines)
     beat = parse_heartbeat(lines[1])
@@ -110,3 +110,17 @@ def test_the_filter_passes_user_lines_that_only_start_like_a_heartbeat() -> None
     f = OutputFilter(strip_labels=False)
     out = f.push(b"[hpr") + f.push(b"] user text\n") + f.push(b"[hpr-heartbeat] rank=0 pid=1 step=1\nend\n")
     assert out == b"[hpr] user text\nend\n"
+
+
+def test_once_ranks_beat_output_lines_give_no_step_time_samples() -> None:
+    clock = Clock()
+    s = ProgressStream(clock)
+    s.reset(["n1", "n2"])
+    s.feed_lines(["0: step=1"])
+    clock.t += 1
+    s.feed_lines(["0: step=2"])
+    assert [x.key for x in s.samples] == ["task0"]
+    s.feed_lines([f"1: {PREFIX} rank=1 node=n2 pid=5 step=2 steps=1 step_s=1.0 work_s=0.4"])
+    clock.t += 1
+    s.feed_lines(["0: step=3"])
+    assert [x.key for x in s.samples] == ["task0", "rank1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import pytest
@@ -124,3 +125,25 @@ def test_once_ranks_beat_output_lines_give_no_step_time_samples() -> None:
     clock.t += 1
     s.feed_lines(["0: step=3"])
     assert [x.key for x in s.samples] == ["task0", "rank1"]
+
+
+def test_the_pump_feeds_the_stream_and_the_rules_and_forwards_only_the_users_lines() -> None:
+    from hpresilience.autoresume.rules import RuleSet
+    from hpresilience.autoresume.settings import LogRuleSettings
+    from hpresilience.autoresume.stream import Pump, RuleFeed
+
+    rule = LogRuleSettings.model_validate({"name": "beat", "logPattern": ".*hpr-heartbeat.*",
+                                           "faultOnMatch": True})
+    feed = RuleFeed(RuleSet([rule], strip_task_label=True))
+    stream = ProgressStream()
+    stream.reset(["n1", "n2"])
+    r, w = os.pipe()
+    sink = io.BytesIO()
+    pump = Pump(os.fdopen(r, "rb"), sink, feed, 65536, "stdout", stream, strip_labels=True)
+    pump.start()
+    os.write(w, b"0: step=3\n1: " + PREFIX.encode() + b" rank=1 node=n2 pid=9 step=3 stack_signal=37\n1: bye\n")
+    os.close(w)
+    pump.join(5)
+    assert sink.getvalue() == b"step=3\nbye\n"
+    assert stream.tasks()[0].node == "n1" and stream.ranks()[1].stack_signal == 37
+    assert feed.tick() == []  # the rules never saw the heartbeat line

@@ -67,8 +67,9 @@ def test_a_stopped_rank_is_declared_hung_within_a_minute_its_node_named_and_the_
     assert (evidence / "hang.json").exists() and (evidence / f"procs-{victim_node}.txt").exists()
     assert attributed["stacks"] >= 1  # rank 0 answered the stack request; its stack file is evidence
     assert next(iter(evidence.glob("stacks-rank0-*.txt"))).read_text().count("File ") > 0
+    marked = run.wait(lambda: run.named("suspect_node_marked"), "the mark")[0]
     node = slurm.node(victim_node)
-    assert "Action:Reboot" in node.reason and "hang" in node.reason
+    assert marked["node"] == victim_node and "Action:Reboot" in node.reason and "hang" in node.reason
     assert run.wait_finished() == pytest.approx(reference_weight(STEPS, 2), abs=1e-5)
     starts = run.named("attempt_started")
     assert len(starts) == 2 and victim_node not in starts[1]["nodes"].split(",")

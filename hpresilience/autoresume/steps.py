@@ -76,6 +76,8 @@ class StepRunner:
         self.hang_clock = (HangClock(self.progress, w.hang_floor_s, w.hang_interval_factor, w.hang_first_step_s)
                            if w.hang_detection and not opts.run_policy.log_monitoring_configuration else None)
         self.stragglers: StragglerDetector | None = None
+        # Set from the loop's own callbacks (a straggler with a spare at hand): stop the step as a rule would.
+        self.pending_trip: RuleTripped | None = None
         self.client = client
         self.feed = feed
         self.reporter = reporter
@@ -107,6 +109,7 @@ class StepRunner:
         argv = launch.srun_argv(self.opts.srun_bin, self.opts.job_id, name, passthrough,
                                 self.opts.srun.command, self.opts.srun.export, overlap=self.overlap)
         self.feed.reset()
+        self.pending_trip = None
         self.progress.reset([node for node in launch.nodes for _ in range(launch.tasks_per_node)])
         w = self.opts.watch
         self.stragglers = StragglerDetector(w.straggler_fraction, w.straggler_windows, w.straggler_window_s,
@@ -151,6 +154,8 @@ class StepRunner:
                                        detail=t.detail, action=t.action, attempt=launch.attempt)
                 if t.action == "restart" and trip is None:
                     trip, decided_at = t, now
+            if self.pending_trip is not None and trip is None:
+                trip, decided_at, self.pending_trip = self.pending_trip, now, None
             if trip is not None:
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
                 continue

@@ -292,13 +292,24 @@ class Supervisor:
         return Diagnosis(Cause.COLLECTIVE, (), f"{sig.kind}: {sig.line[:200]} (exit code {exit_code}, "
                          f"first failed node {node or 'unknown'})")
 
-    def _straggler(self, launch: object, s: Straggler) -> None:
+    def _straggler(self, launch: AttemptLaunch, s: Straggler) -> None:
         self.reporter.straggler(s.node, s.ratio)
         self.reporter.decision("straggler_detected", node=s.node, ratio=s.ratio, slow_windows=s.slow_windows,
                                windows=s.windows, fraction=self.opts.watch.straggler_fraction,
                                exclude=self.opts.watch.exclude_stragglers)
-        if self.opts.watch.exclude_stragglers:
-            self.exclude.add(s.node)
+        if not self.opts.watch.exclude_stragglers:
+            return
+        self.exclude.add(s.node)
+        try:  # a hot spare at hand: swap now (the step stops as for a tripped rule); else at the next relaunch
+            job = self.client.job(self.job_id)
+            bad = self.capacity.unhealthy(job)
+        except HPResilienceError:
+            return
+        spares = [n for n in job.nodes if n not in launch.nodes and n not in bad]
+        if spares:
+            self.reporter.decision("straggler_swap_now", node=s.node, spare=spares[0])
+            self.steps.pending_trip = RuleTripped("straggler", LogState.SLOW, f"{s.node} is a straggler "
+                                                  f"({s.ratio:g} x the other nodes' step time)", time.monotonic())
 
     def _check_life(self, diagnosis: Diagnosis, plan: list[str], exit_code: int) -> Diagnosis:
         """A step ended by a signal with every node healthy in Slurm's eyes: a node that died outright

@@ -43,19 +43,22 @@ def test_hf_trainer_dicts_count_as_one_step_each() -> None:
     assert s.progress_events() == 3 and s.tasks()[0].last_step == 3
 
 
-def test_only_an_increasing_counter_of_the_same_task_is_progress_and_labels_name_the_node() -> None:
+def test_a_changed_counter_of_the_same_task_is_progress_a_repeated_one_is_not_and_labels_name_the_node() -> None:
     clock = Clock()
     s = ProgressStream(clock)
     s.reset(["n1", "n1", "n2", "n2"])  # two tasks per node
     s.feed_lines(["0: step=5", "2: step=5"])
     clock.t += 1
-    s.feed_lines(["0: step=5", "2: step=4", "0: checkpoint saved"])  # repeated, lower, no counter
+    s.feed_lines(["0: step=5", "2: step 5 done", "0: checkpoint saved"])  # repeated, repeated, no counter
     assert s.last_progress() == 100.0 and s.progress_events() == 2
     clock.t += 1
     s.feed_lines(["2: step=6"])
     assert s.last_progress() == 102.0
     assert s.tasks()[2].node == "n2" and s.tasks()[0].node == "n1"
-    assert s.median_interval() == 2.0
+    assert s.median_interval() == 2.0  # task 2's own interval, not the one between tasks
+    clock.t += 1
+    s.feed_lines(["0: epoch 2 step 1"])  # a per-epoch counter starting again is a new phase, not silence
+    assert s.last_progress() == 103.0
 
 
 def test_heartbeats_round_trip_from_the_training_side_and_give_work_time_samples() -> None:

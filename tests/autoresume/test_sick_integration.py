@@ -113,10 +113,33 @@ def test_a_healthy_job_logging_every_20_s_is_never_declared_hung(
     # if hang detection ignored how often the job logs.
     config = tmp_path / "config.yaml"
     config.write_text("autoresume:\n  hang_floor_s: 10\n")
-    run = Recipe(cluster, tmp_path / "job", steps=4, extra_env={
+    run = Recipe(cluster, tmp_path / "job", steps=3, extra_env={
         "TRAIN_STEP_SLEEP": "20", "HPRESILIENCE_CONFIG": str(config)})
     leftovers.append(run.job_id)
     run.wait(lambda: run.named("job_step_succeeded") or run.named("hang_detected"), "the end", timeout=150)
     assert not run.named("hang_detected") and run.named("job_step_succeeded")
-    assert re.search(r"training finished step=4 ", run.out)
+    assert re.search(r"training finished step=3 ", run.out)
     assert len(run.named("attempt_started")) == 1
+
+
+def test_with_exclude_stragglers_a_straggler_is_swapped_for_the_hot_spare_at_once(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """Small windows (2 s) keep it short; the stand-in trainer's ranks print their own step lines, so the
+    step times come from the output of each task (no heartbeats)."""
+    from tests.autoresume.test_wrapper_integration import TRAINER, Run
+
+    config = tmp_path / "config.yaml"
+    config.write_text("autoresume:\n  exclude_stragglers: true\n  straggler_window_s: 2\n")
+    (tmp_path / "job").mkdir()
+    run = Run(cluster, slurm, tmp_path / "job", "--auto-resume-spares=1 --auto-resume-shutdown-timeout=1",
+              str(TRAINER), nodes=3, env={"TRAIN_STEPS": "60", "STEP_SLEEP": "0.25", "SLOW_RANK": "1",
+                                          "SLOW_SLEEP": "0.4", "HPRESILIENCE_CONFIG": str(config)})
+    assert run.wait_done(120) == "0", run.err
+    flagged = run.named("straggler_detected")
+    assert flagged and flagged[0]["node"] == "n2", run.events()
+    swap = run.named("straggler_swap_now")[0]
+    assert swap["node"] == "n2" and swap["spare"] == "n3"
+    starts = run.named("attempt_started")
+    assert [s["nodes"] for s in starts] == ["n1,n2", "n1,n3"]
+    assert [f["cause"] for f in run.named("fault_seen")] == ["slow"]
+    assert "rank=0 training finished step=60" in run.out

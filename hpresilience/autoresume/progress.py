@@ -46,11 +46,6 @@ MAX_HELD = 1024
 MAX_SIGNATURES = 50
 
 
-class Source:
-    OUTPUT = "output"
-    HEARTBEAT = "heartbeat"
-
-
 @dataclass(frozen=True)
 class Beat:
     """One parsed heartbeat line."""

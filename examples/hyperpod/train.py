@@ -4,7 +4,12 @@ checkpoints every CKPT_EVERY steps in CKPT_DIR (a shared directory), resumed on 
 
 The data of a step depends only on (step, rank), so a run interrupted and resumed from its checkpoint ends
 with the same weights as an uninterrupted one (`reference()`): `training finished step=N weight0=W`.
-Environment: CKPT_DIR (default ./ckpt), TRAIN_STEPS (40), CKPT_EVERY (5), TRAIN_STEP_SLEEP (0.2 s).
+Environment: CKPT_DIR (default ./ckpt), TRAIN_STEPS (40), CKPT_EVERY (5), TRAIN_STEP_SLEEP (0.2 s),
+DIST_TIMEOUT_S (600: a collective that waits longer fails).
+
+Each rank calls `heartbeat.beat(step)` once per step (hpresilience.torch; a no-op outside
+`srun --auto-resume=1`), with its own work timed by `heartbeat.working()`: the wrapper then sees every
+rank's progress and step time, for hang attribution and stragglers (docs/hangs.md).
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+try:
+    from hpresilience.torch import heartbeat
+except ImportError:  # the script also runs where hpresilience is not installed
+    heartbeat = None  # type: ignore[assignment]
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +58,8 @@ def main() -> int:
     every = int(os.environ.get("CKPT_EVERY", "5"))
     pause = float(os.environ.get("TRAIN_STEP_SLEEP", "0.2"))
     ckpt = Path(os.environ.get("CKPT_DIR", "ckpt")) / "checkpoint.pt"
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # torchrun sets RANK, WORLD_SIZE, MASTER_*
+    timeout = timedelta(seconds=float(os.environ.get("DIST_TIMEOUT_S", "600")))
+    dist.init_process_group("gloo", timeout=timeout)  # torchrun sets RANK, WORLD_SIZE, MASTER_*
     rank, world = dist.get_rank(), dist.get_world_size()
     model, opt = new_model()
     ddp = DistributedDataParallel(model)
@@ -73,7 +84,12 @@ def main() -> int:
                 tmp = ckpt.with_suffix(".tmp")
                 torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, tmp)
                 tmp.replace(ckpt)
-        time.sleep(pause)
+        if heartbeat is None:
+            time.sleep(pause)
+            continue
+        with heartbeat.working():
+            time.sleep(pause)  # stands for the rank's own work (data loading, compute) between collectives
+        heartbeat.beat(step)
     if rank == 0:
         print(f"training finished step={step} weight0={float(model.weight.detach().flatten()[0]):.6f}", flush=True)
     dist.destroy_process_group()

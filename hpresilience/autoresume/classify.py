@@ -23,6 +23,7 @@ log = get_logger("hpresilience.autoresume")
 class Cause(str, Enum):
     HARDWARE = "hardware"
     HANG = "hang"
+    COLLECTIVE = "collective"  # a collective timeout/abort with every node healthy
     SLOW = "slow"
     APPLICATION = "application"
     NONE = "none"  # the step succeeded

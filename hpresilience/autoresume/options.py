@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpresilience.autoresume.report import default_metrics_path
@@ -37,6 +37,8 @@ class WrapperOptions:
     post_train_script: str | None = None
     script_timeout_s: float = 600.0
     requeue_wait_s: float = 120.0
+    # The sick-not-dead knobs (hangs, collective failures, stragglers), as the configuration file gives them.
+    watch: AutoResumeSettings = field(default_factory=AutoResumeSettings)
 
     def step_size(self, allocation_size: int) -> int:
         """Nodes per step: srun's -N when given, else the allocation minus the hot spares."""
@@ -83,4 +85,4 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
         poll_interval_s=poll_interval_s or settings.poll_interval_s, metrics_path=metrics_path or None,
         master_port_base=master_port_base or settings.master_port_base,
         script_timeout_s=settings.script_timeout_s, requeue_wait_s=settings.requeue_wait_s,
-        pre_train_script=pre_train_script, post_train_script=post_train_script)
+        pre_train_script=pre_train_script, post_train_script=post_train_script, watch=settings)

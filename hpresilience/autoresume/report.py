@@ -73,6 +73,8 @@ class Reporter:
                                          buckets=LATENCY_BUCKETS, registry=self.registry)
         self.attempts = Gauge("hpr_autoresume_attempts", "Steps launched for this job so far", labels,
                               registry=self.registry)
+        self.stragglers = Gauge("hpr_job_straggler", "1 for a node of this job found slower than the others "
+                                "(straggler_detected)", [*labels, "node"], registry=self.registry)
         self.last_restart = Gauge("hpr_autoresume_last_restart_latency_seconds",
                                   "The latest restart latency", labels, registry=self.registry)
 
@@ -96,6 +98,9 @@ class Reporter:
     def observe_restart(self, seconds: float) -> None:
         self.restart_latency.labels(str(self.job_id)).observe(seconds)
         self.last_restart.labels(str(self.job_id)).set(seconds)
+
+    def straggler(self, node: str, ratio: float) -> None:
+        self.stragglers.labels(str(self.job_id), node).set(1)
 
     def set_attempts(self, attempts: int) -> None:
         self.attempts.labels(str(self.job_id)).set(attempts)

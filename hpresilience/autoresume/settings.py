@@ -138,6 +138,31 @@ class AutoResumeSettings(Section):
     script_timeout_s: float = Field(default=600.0, gt=0)
     # After asking Slurm to requeue the job, how long the wrapper waits to be replaced by the new batch run.
     requeue_wait_s: float = Field(default=120.0, gt=0)
+    # Sick, not dead (docs/hangs.md). Progress is read from the step's output and hpresilience.torch heartbeats.
+    # Hang: once the step showed progress, silence longer than max(hang_floor_s, hang_interval_factor x the
+    # median interval between progress events); between the first and the second event, hang_first_step_s.
+    hang_detection: bool = True
+    hang_floor_s: float = Field(default=60.0, gt=0)
+    hang_interval_factor: float = Field(default=10.0, gt=0)
+    hang_first_step_s: float = Field(default=300.0, gt=0)
+    # Stacks and process states of every rank are collected within this bound before the step is killed.
+    hang_evidence_timeout_s: float = Field(default=10.0, gt=0)
+    # A node named by unambiguous evidence (a hang, or a collective failure twice) is marked Action:Reboot.
+    mark_suspect_nodes: bool = True
+    # A collective timeout/abort with every node healthy: wait this long for a verdict, then relaunch on the
+    # same nodes, at most collective_retries times per runPolicy.restartPolicy.evalPeriodSeconds.
+    collective_settle_s: float = Field(default=5.0, ge=0, le=120)
+    collective_retries: int = Field(default=2, ge=0)
+    # Stragglers: a node slower than the other nodes' median by more than straggler_fraction in most of the
+    # last straggler_windows windows of straggler_window_s seconds.
+    straggler_fraction: float = Field(default=0.2, gt=0)
+    straggler_windows: int = Field(default=5, ge=1)
+    straggler_window_s: float = Field(default=10.0, gt=0)
+    exclude_stragglers: bool = False
+    # Per-task output labels (srun --label, removed again from what the user sees) name a line's node.
+    label_tasks: bool = True
+    # hpresilience.torch heartbeats write at most one line per rank this often (HPR_HEARTBEAT_EVERY_S).
+    heartbeat_every_s: float = Field(default=5.0, ge=0)
 
     @field_validator("shutdown_signal")
     @classmethod

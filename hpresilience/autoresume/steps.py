@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from hpresilience.autoresume.classify import node_is_bad
+from hpresilience.autoresume.hang import Attribution, HangClock, HangDue
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.plan import AttemptLaunch
+from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.rules import RuleTripped
+from hpresilience.autoresume.stragglers import Straggler, StragglerDetector
 from hpresilience.autoresume.stream import Pump, RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
@@ -48,13 +51,33 @@ class AttemptResult:
     failed_at: float  # monotonic time the failure was seen (the kill decision, or srun's exit)
     blamed: list[str] = field(default_factory=list)
     trip: RuleTripped | None = None
+    hang: Attribution | None = None  # the built-in hang detection stopped the step
+
+
+def user_labels(passthrough: list[str]) -> bool:
+    """Whether the user asked srun for task labels themselves (then they see them, as before)."""
+    return any(w in ("-l", "--label") or w.startswith("--label=") for w in passthrough)
 
 
 class StepRunner:
     def __init__(self, opts: WrapperOptions, client: SlurmClient, feed: RuleFeed, reporter: Reporter,
                  env: Mapping[str, str], stdout: IO[bytes], stderr: IO[bytes],
-                 should_stop: Callable[[], bool] = lambda: False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False, progress: ProgressStream | None = None,
+                 on_hang: Callable[[AttemptLaunch, HangDue], Attribution] | None = None,
+                 on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None) -> None:
         self.opts = opts
+        self.progress = progress or ProgressStream()
+        self.on_hang = on_hang
+        self.on_straggler = on_straggler
+        w = opts.watch
+        # Our own labels name each line's task; they are taken off again before the user sees the output.
+        self.add_labels = w.label_tasks and not user_labels(opts.srun.passthrough)
+        # The user's rules take precedence: with any rule configured the built-in hang detection is off.
+        self.hang_clock = (HangClock(self.progress, w.hang_floor_s, w.hang_interval_factor, w.hang_first_step_s)
+                           if w.hang_detection and not opts.run_policy.log_monitoring_configuration else None)
+        self.stragglers: StragglerDetector | None = None
+        # Set from the loop's own callbacks (a straggler with a spare at hand): stop the step as a rule would.
+        self.pending_trip: RuleTripped | None = None
         self.client = client
         self.feed = feed
         self.reporter = reporter
@@ -71,23 +94,36 @@ class StepRunner:
         return f"hpr-autoresume-{self.opts.job_id}-{attempt}"
 
     # -- one attempt ---------------------------------------------------------------------------------
-    def run_attempt(self, launch: AttemptLaunch, restarts: int, failed_at: float | None) -> AttemptResult:
+    def run_attempt(self, launch: AttemptLaunch, restarts: int, failed_at: float | None,
+                    evidence_dir: str = "") -> AttemptResult:
         env = launch.environment(self.env, restarts)
+        env["HPR_HEARTBEAT_EVERY_S"] = f"{self.opts.watch.heartbeat_every_s:g}"
+        if evidence_dir:
+            env["HPR_EVIDENCE_DIR"] = evidence_dir
         if self.opts.pre_train_script:
             rc = self._script("pre_train", self.opts.pre_train_script, launch, env)
             if rc != 0:
                 return AttemptResult(rc, time.monotonic())
         name = self.step_name(launch.attempt)
-        argv = launch.srun_argv(self.opts.srun_bin, self.opts.job_id, name, self.opts.srun.passthrough,
+        passthrough = [*self.opts.srun.passthrough, *(["--label"] if self.add_labels else [])]
+        argv = launch.srun_argv(self.opts.srun_bin, self.opts.job_id, name, passthrough,
                                 self.opts.srun.command, self.opts.srun.export, overlap=self.overlap)
         self.feed.reset()
+        self.pending_trip = None
+        self.progress.reset([node for node in launch.nodes for _ in range(launch.tasks_per_node)])
+        w = self.opts.watch
+        self.stragglers = StragglerDetector(w.straggler_fraction, w.straggler_windows, w.straggler_window_s,
+                                            self.progress.attempt_started)
+        self.progress.listeners = [self.stragglers.add]
         self._stopping = False
         step = StepProcess(argv, env)
         self.current, self.current_name = step, name
         self.reporter.decision("attempt_started", attempt=launch.attempt, nodes=",".join(launch.nodes),
                                master_addr=launch.master_addr, master_port=launch.master_port, step_name=name)
-        pumps = [Pump(step.stdout, self.stdout, self.feed, self.opts.max_line_bytes, "stdout"),
-                 Pump(step.stderr, self.stderr, self.feed, self.opts.max_line_bytes, "stderr")]
+        pumps = [Pump(step.stdout, self.stdout, self.feed, self.opts.max_line_bytes, "stdout", self.progress,
+                      self.add_labels),
+                 Pump(step.stderr, self.stderr, self.feed, self.opts.max_line_bytes, "stderr", self.progress,
+                      self.add_labels)]
         for p in pumps:
             p.start()
         result = self._watch(step, launch, failed_at)
@@ -102,6 +138,7 @@ class StepRunner:
     def _watch(self, step: StepProcess, launch: AttemptLaunch, failed_at: float | None) -> AttemptResult:
         blamed: list[str] = []
         trip: RuleTripped | None = None
+        hang: Attribution | None = None
         decided_at: float | None = None
         next_poll = time.monotonic() + self.opts.poll_interval_s
         seen_running = failed_at is None
@@ -117,8 +154,18 @@ class StepRunner:
                                        detail=t.detail, action=t.action, attempt=launch.attempt)
                 if t.action == "restart" and trip is None:
                     trip, decided_at = t, now
+            if self.pending_trip is not None and trip is None:
+                trip, decided_at, self.pending_trip = self.pending_trip, now, None
             if trip is not None:
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
+                continue
+            self._watch_stragglers(launch, now)
+            due = self.hang_clock.check(now) if self.hang_clock is not None else None
+            if due is not None:
+                decided_at = now
+                hang = self.on_hang(launch, due) if self.on_hang is not None else Attribution()
+                # A hung step cannot save or finish: no grace period.
+                self.kill_now(step, f"no progress for {due.silent_s:.0f} s")
                 continue
             if not seen_running and failed_at is not None:
                 seen_running = self._check_running(failed_at)
@@ -131,7 +178,16 @@ class StepRunner:
                     self.kill_now(step, f"node(s) {','.join(blamed)} marked bad")
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
-        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip)
+        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang)
+
+    def _watch_stragglers(self, launch: AttemptLaunch, now: float) -> None:
+        if self.stragglers is None:
+            return
+        with self.progress.lock:
+            found = self.stragglers.tick(now)
+        for s in found:
+            if self.on_straggler is not None:
+                self.on_straggler(launch, s)
 
     def _check_running(self, failed_at: float) -> bool:
         try:

@@ -1,8 +1,9 @@
-"""Forwarding a step's output unchanged while the log rules read it.
+"""Forwarding a step's output while the log rules and the progress stream read it.
 
 One thread per stream reads whatever the pipe has (no waiting for a newline, so progress bars and
-prompts reach the user as they come), writes the bytes as they are to the user's stream, and hands
-whole lines to the rule set. srun's own error lines are kept for the classifier (node failures).
+prompts reach the user as they come), writes the bytes to the user's stream (minus heartbeat lines and
+the task labels the wrapper added, progress.OutputFilter), and hands whole lines to the progress stream
+(labels on) and to the rule set (heartbeats off). srun's own error lines are kept for the classifier.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
+from hpresilience.autoresume.progress import HEARTBEAT_PREFIX, OutputFilter, ProgressStream
 from hpresilience.autoresume.rules import LineBuffer, RuleSet, RuleTripped
 from hpresilience.log import get_logger
 from hpresilience.slurm.srun import srun_error_lines
@@ -58,11 +60,14 @@ class RuleFeed:
 
 
 class Pump(threading.Thread):
-    def __init__(self, source: IO[bytes], sink: IO[bytes], feed: RuleFeed, max_line_bytes: int, name: str) -> None:
+    def __init__(self, source: IO[bytes], sink: IO[bytes], feed: RuleFeed, max_line_bytes: int, name: str,
+                 progress: ProgressStream | None = None, strip_labels: bool = False) -> None:
         super().__init__(name=f"pump-{name}", daemon=True)
         self.source = source
         self.sink = sink
         self.feed = feed
+        self.progress = progress
+        self.filter = OutputFilter(strip_labels)
         self.buffer = LineBuffer(max_line_bytes)
 
     def run(self) -> None:
@@ -74,19 +79,33 @@ class Pump(threading.Thread):
                 break
             if not chunk:
                 break
-            self._forward(chunk)
+            self._forward(self.filter.push(chunk))
             text = self.buffer.push(chunk)
             if text:
-                self.feed.feed(text)
+                self._lines(text)
+        self._forward(self.filter.flush())
         tail = self.buffer.flush()
         if tail:
-            self.feed.feed(tail)
+            self._lines(tail)
         try:
             self.source.close()
         except OSError:
             pass
 
+    def _lines(self, text: str) -> None:
+        if self.progress is not None:
+            lines = text.split("\n")
+            if lines[-1] == "":
+                lines.pop()
+            self.progress.feed_lines(lines)
+            if HEARTBEAT_PREFIX in text:
+                text = "".join(ln + "\n" for ln in lines if HEARTBEAT_PREFIX not in ln[:24])
+        if text:
+            self.feed.feed(text)
+
     def _forward(self, chunk: bytes) -> None:
+        if not chunk:
+            return
         try:
             self.sink.write(chunk)
             self.sink.flush()

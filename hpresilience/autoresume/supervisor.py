@@ -18,21 +18,26 @@ from collections.abc import Mapping
 from typing import IO
 
 from hpresilience.autoresume.capacity import BatchHostLost, Capacity, NoReplacement
-from hpresilience.autoresume.classify import Cause, Diagnosis, classify
+from hpresilience.autoresume.classify import Cause, Diagnosis, classify, node_is_bad
+from hpresilience.autoresume.collective import CollectiveBudget
+from hpresilience.autoresume.evidence import HangInvestigator
+from hpresilience.autoresume.hang import Attribution
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
+from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.rules import LogState, RuleSet, RuleTripped
 from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState
-from hpresilience.autoresume.steps import StepRunner
+from hpresilience.autoresume.steps import TASK_MARKER, StepRunner, user_labels
+from hpresilience.autoresume.stragglers import Straggler
 from hpresilience.autoresume.stream import RuleFeed
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.jobs import REQUEUE_MARKER, job_details, set_job_comment, with_requeue_marker
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.srun import application_exit_code
+from hpresilience.slurm.srun import TASK_END_LINE, application_exit_code
 from hpresilience.slurm.steps import nodes_answering
 
 log = get_logger("hpresilience.autoresume")
@@ -41,7 +46,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Signals passed on to the step and otherwise ignored (preemption notices sent with --signal=B:USR1@T).
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 KIND_OF = {Cause.HARDWARE: FailureKind.NODE_FAULT, Cause.HANG: FailureKind.RULE_TRIPPED,
-           Cause.SLOW: FailureKind.RULE_TRIPPED, Cause.APPLICATION: FailureKind.APPLICATION_ERROR}
+           Cause.SLOW: FailureKind.RULE_TRIPPED, Cause.COLLECTIVE: FailureKind.RULE_TRIPPED,
+           Cause.APPLICATION: FailureKind.APPLICATION_ERROR}
 EXIT_REQUEUE_DID_NOT_STOP = 1
 # A step that ended by a signal may have lost a node that Slurm still calls healthy (slurmd dead, nobody
 # marked it; Slurm notices after SlurmdTimeout, 300 s by default): every node must answer within this.
@@ -65,12 +71,22 @@ class Supervisor:
         self.policy = self._load_policy()
         self.capacity = Capacity(client, opts.job_id, self.state, self.reporter, grow=opts.grow,
                                  replace_timeout_s=opts.replace_timeout_s)
-        self.feed = RuleFeed(RuleSet(opts.run_policy.log_monitoring_configuration,
+        labels_ours = opts.watch.label_tasks and not user_labels(opts.srun.passthrough)
+        self.feed = RuleFeed(RuleSet(opts.run_policy.log_monitoring_configuration, strip_task_label=labels_ours,
                                      max_line_chars=opts.max_line_bytes))
         self.stop_signal: int | None = None
+        # The one progress stream of the step: hangs, stragglers (and later the ledger) read it.
+        self.progress = ProgressStream()
+        self.investigator = HangInvestigator(client, opts.job_id, opts.state_dir / f"{opts.job_id}.evidence",
+                                             self.progress, self.reporter, self.env,
+                                             f"{TASK_MARKER}={opts.job_id}", opts.watch.hang_evidence_timeout_s)
+        self.collective = CollectiveBudget(opts.watch.collective_retries,
+                                           opts.run_policy.restart_policy.eval_period_seconds)
+        self.exclude: set[str] = set()  # stragglers to leave out at the next relaunch (exclude_stragglers)
         self.steps = StepRunner(opts, client, self.feed, self.reporter, self.env,
                                 stdout or sys.stdout.buffer, stderr or sys.stderr.buffer,
-                                should_stop=lambda: self.stop_signal is not None)
+                                should_stop=lambda: self.stop_signal is not None, progress=self.progress,
+                                on_hang=self.investigator, on_straggler=self._straggler)
 
     # -- state across requeues -----------------------------------------------------------------------
     def _load_policy(self) -> RestartPolicy:
@@ -144,7 +160,8 @@ class Supervisor:
             self.state.last_nodes = list(plan)
             self.reporter.set_attempts(self.state.attempts)
             self._save()
-            result = self.steps.run_attempt(launch, self.state.restarts, failed_at)
+            result = self.steps.run_attempt(launch, self.state.restarts, failed_at,
+                                            self.investigator.attempt_dir(launch.attempt))
             if self.stop_signal:
                 self.reporter.decision("supervisor_stopped", signal=signal.Signals(self.stop_signal).name,
                                        exit_code=result.exit_code)
@@ -156,7 +173,7 @@ class Supervisor:
                 if exit_code != result.exit_code:
                     self.reporter.decision("step_exit_code_from_first_task", srun_exit_code=result.exit_code,
                                            exit_code=exit_code)
-            diagnosis = self._diagnose(exit_code, plan, result.blamed, result.trip)
+            diagnosis = self._diagnose(exit_code, plan, result.blamed, result.trip, result.hang)
             if diagnosis.cause is Cause.NONE:
                 self.state.finished, self.state.exit_code = True, 0
                 self.reporter.decision("job_step_succeeded", attempt=launch.attempt)
@@ -174,9 +191,14 @@ class Supervisor:
             if decision.action is Action.FULL_RESTART:
                 return self._requeue(decision.detail)
             previous = plan
-            if diagnosis.cause is Cause.HARDWARE:
+            bad = list(diagnosis.bad_nodes) if diagnosis.cause is Cause.HARDWARE else []
+            leave = [n for n in plan if n in self.exclude and n not in bad]
+            if leave:  # exclude_stragglers: a straggler leaves at the next relaunch, whatever its cause
+                self.reporter.decision("straggler_excluded", nodes=",".join(leave))
+                self.exclude -= set(leave)
+            if bad or leave:
                 try:
-                    plan = self.capacity.recover(diagnosis.bad_nodes, plan, size)
+                    plan = self.capacity.recover([*bad, *leave], plan, size)
                 except NoReplacement as err:
                     return self._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
             self.state.count_restart(diagnosis.cause.value)
@@ -193,7 +215,8 @@ class Supervisor:
                                                      self.job_id, attempt),
                              tasks_per_node=self.opts.srun.tasks_per_node(), job_marker=str(self.job_id))
 
-    def _diagnose(self, exit_code: int, plan: list[str], blamed: list[str], trip: RuleTripped | None) -> Diagnosis:
+    def _diagnose(self, exit_code: int, plan: list[str], blamed: list[str], trip: RuleTripped | None,
+                  hang: Attribution | None = None) -> Diagnosis:
         try:
             job = self.client.job(self.job_id)
             by_name: dict[str, Node] = {n.name: n for n in self.client.known_nodes([*plan, *job.nodes])}
@@ -205,10 +228,88 @@ class Supervisor:
         fired = None
         if trip is not None:
             fired = (Cause.SLOW if trip.state is LogState.SLOW else Cause.HANG, f"{trip.name}: {trip.detail}")
+        elif hang is not None:
+            fired = (Cause.HANG, "; ".join(s.why for s in hang.suspects)[:500] or "no rank or node stood out")
         diagnosis = classify(exit_code, plan, by_name, allocation, self.feed.srun_errors, fired, blamed)
+        if diagnosis.cause is Cause.HANG and hang is not None:
+            return self._hang_verdict(diagnosis, hang, plan)
+        if diagnosis.cause is Cause.APPLICATION and self.progress.signatures():
+            return self._collective(diagnosis, plan, exit_code)
         if diagnosis.cause is Cause.APPLICATION and exit_code > 128:
             return self._check_life(diagnosis, plan, exit_code)
         return diagnosis
+
+    # -- sick, not dead --------------------------------------------------------------------------------
+    def _hang_verdict(self, diagnosis: Diagnosis, hang: Attribution, plan: list[str]) -> Diagnosis:
+        """An unambiguous culprit is marked for a reboot and swapped out like any bad node; otherwise the
+        step goes again on the same nodes, and the events say why."""
+        if hang.unambiguous and self.opts.watch.mark_suspect_nodes:
+            node = hang.nodes[0]
+            why = "; ".join(s.why for s in hang.suspects if s.node == node)
+            if self._mark_suspect(node, f"hang: {why}", str(self.investigator.root)):
+                return Diagnosis(Cause.HARDWARE, (node,), f"{node}: {why}", {node: why})
+        self.reporter.decision("hang_relaunch_same_nodes", nodes=",".join(plan),
+                               why="evidence is ambiguous" if not hang.unambiguous else "marking is off or failed",
+                               suspects=",".join(hang.nodes) or None)
+        return diagnosis
+
+    def _mark_suspect(self, node: str, why: str, evidence: str) -> bool:
+        reason = f"Action:Reboot [hpr-autoresume job {self.job_id}] {why} evidence={evidence}"
+        reason = reason.replace('"', "'")[:400]
+        try:
+            self.client.set_node_state([node], "fail", reason)
+        except HPResilienceError as err:
+            self.reporter.decision("suspect_mark_failed", node=node, error=str(err)[:300])
+            return False
+        self.reporter.decision("suspect_node_marked", node=node, action="reboot", reason=reason)
+        return True
+
+    def _collective(self, diagnosis: Diagnosis, plan: list[str], exit_code: int) -> Diagnosis:
+        """A collective timeout or abort: wait a settle window for a verdict on the nodes (the agent may
+        not have marked a failing node yet), then relaunch on the same nodes within collective_retries."""
+        sig = self.progress.signatures()[0]
+        settle = self.opts.watch.collective_settle_s
+        self.reporter.decision("collective_failure_seen", kind=sig.kind, line=sig.line[:300],
+                               node=self.progress.node_of_task(sig.task), settle_s=settle)
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and not self.stop_signal:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            try:
+                bad = [n.name for n in self.client.known_nodes(plan) if node_is_bad(n)]
+            except HPResilienceError:
+                continue
+            if bad:
+                return Diagnosis(Cause.HARDWARE, tuple(bad), "; ".join(f"{n}: marked during the settle window"
+                                                                       for n in bad))
+        node = _first_failed_node(self.feed.srun_errors) or self.progress.node_of_task(sig.task)
+        if node is not None and node in plan and self.collective.implicate(node) >= 2:
+            why = f"implicated in {self.collective.implicated[node]} collective failures ({sig.kind})"
+            if self.opts.watch.mark_suspect_nodes and self._mark_suspect(node, why, sig.line[:120]):
+                return Diagnosis(Cause.HARDWARE, (node,), f"{node}: {why}", {node: why})
+        if not self.collective.allow():
+            self.reporter.decision("collective_retries_exhausted", retries=self.opts.watch.collective_retries)
+            return diagnosis
+        return Diagnosis(Cause.COLLECTIVE, (), f"{sig.kind}: {sig.line[:200]} (exit code {exit_code}, "
+                         f"first failed node {node or 'unknown'})")
+
+    def _straggler(self, launch: AttemptLaunch, s: Straggler) -> None:
+        self.reporter.straggler(s.node, s.ratio)
+        self.reporter.decision("straggler_detected", node=s.node, ratio=s.ratio, slow_windows=s.slow_windows,
+                               windows=s.windows, fraction=self.opts.watch.straggler_fraction,
+                               exclude=self.opts.watch.exclude_stragglers)
+        if not self.opts.watch.exclude_stragglers:
+            return
+        self.exclude.add(s.node)
+        try:  # a hot spare at hand: swap now (the step stops as for a tripped rule); else at the next relaunch
+            job = self.client.job(self.job_id)
+            bad = self.capacity.unhealthy(job)
+        except HPResilienceError:
+            return
+        spares = [n for n in job.nodes if n not in launch.nodes and n not in bad]
+        if spares:
+            self.reporter.decision("straggler_swap_now", node=s.node, spare=spares[0])
+            self.steps.pending_trip = RuleTripped("straggler", LogState.SLOW, f"{s.node} is a straggler "
+                                                  f"({s.ratio:g} x the other nodes' step time)", time.monotonic())
 
     def _check_life(self, diagnosis: Diagnosis, plan: list[str], exit_code: int) -> Diagnosis:
         """A step ended by a signal with every node healthy in Slurm's eyes: a node that died outright
@@ -279,6 +380,15 @@ class Supervisor:
             set_job_comment(self.client, self.job_id, with_requeue_marker(comment, False))
         except HPResilienceError as err:
             log.warning("requeue_marker_not_cleared", error=str(err)[:300])
+
+
+def _first_failed_node(srun_errors: list[str]) -> str | None:
+    """The node of the first task srun reported ending badly ("srun: error: n2: task 1: Exited ...")."""
+    for line in srun_errors:
+        m = TASK_END_LINE.match(line)
+        if m:
+            return line[len("srun: error: "):].split(":", 1)[0]
+    return None
 
 
 def _int_env(env: Mapping[str, str], key: str) -> int:

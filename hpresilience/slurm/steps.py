@@ -126,3 +126,79 @@ def run_on_nodes(client: SlurmClient, job_id: int, nodes: list[str], command: st
         "srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
         f"--nodelist={','.join(nodes)}", "--distribution=arbitrary", "--export=ALL", f"--job-name={name}",
         command, timeout=timeout, check=False, retry=False, env=env)
+
+
+# Evidence of a hang on one node: asks every listed pid for its stacks (the signal its heartbeat announced,
+# only if the pid carries the job's marker), then prints one line per process of the job on this node (the
+# marker in its environment): pid, state, RANK, wchan, command. Read-only but for that signal; the probe
+# itself is started without the marker.
+PROBE_SCRIPT = r"""
+m=$1; shift
+for ps in "$@"; do
+  grep -q -z -x -F -e "$m" "/proc/${ps%%:*}/environ" 2>/dev/null && kill -"${ps#*:}" "${ps%%:*}" 2>/dev/null
+done
+[ $# -gt 0 ] && sleep 1
+for f in $(grep -l -z -s -x -F -e "$m" /proc/[0-9]*/environ); do
+  p=${f#/proc/}; p=${p%/environ}
+  [ "$p" = "$$" ] && continue
+  e=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null)
+  n=$(printf '%s\n' "$e" | sed -n 's/^SLURMD_NODENAME=//p' | head -n1)
+  # Only this node's tasks (nodes that share a kernel, as on a test cluster, see each other's).
+  [ -n "$n" ] && [ "$n" != "${SLURMD_NODENAME:-}" ] && continue
+  s=$(sed -e 's/^.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f1)
+  r=$(printf '%s\n' "$e" | sed -n 's/^RANK=//p' | head -n1)
+  w=$(cat /proc/$p/wchan 2>/dev/null)
+  c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-120)
+  echo "hpr-proc ${SLURMD_NODENAME:-?} $p ${s:-?} ${r:--} ${w:-0} $c"
+done
+echo "hpr-probed ${SLURMD_NODENAME:-?}"
+"""
+
+
+@dataclass(frozen=True)
+class ProcState:
+    node: str
+    pid: int
+    state: str  # /proc/<pid>/stat's state letter: R, S, D, T, t, Z, ...
+    rank: int | None
+    wchan: str
+    command: str
+
+
+def parse_probe_lines(text: str) -> tuple[list[ProcState], set[str]]:
+    """The processes a probe reported, and the nodes that finished it."""
+    procs: list[ProcState] = []
+    done: set[str] = set()
+    for line in text.splitlines():
+        parts = line.split(" ", 6)
+        if parts[0] == "hpr-probed" and len(parts) > 1:
+            done.add(parts[1])
+        elif parts[0] == "hpr-proc" and len(parts) >= 6 and parts[2].isdigit():
+            rank = int(parts[4]) if parts[4].isdigit() and len(parts[4]) < 9 else None
+            procs.append(ProcState(parts[1], int(parts[2]), parts[3][:1], rank, parts[5][:64],
+                                   parts[6][:120] if len(parts) > 6 else ""))
+    return procs, done
+
+
+def probe_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], marker: str,
+                           signals: dict[str, list[tuple[int, int]]], env: dict[str, str],
+                           timeout: float) -> dict[str, str | None]:
+    """Run the probe on every node at once (one --overlap task each), each bounded by `timeout`: the raw
+    report per node, None for a node that did not answer in time. `signals[node]`: (pid, signal) to send."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def probe(node: str) -> str | None:
+        pairs = [f"{pid}:{sig}" for pid, sig in signals.get(node, [])]
+        try:
+            res = client.runner.run("srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                                    "--overlap", "--export=ALL", "--job-name=hpr-hang-probe", "--kill-on-bad-exit=0",
+                                    "sh", "-c", PROBE_SCRIPT, "hpr-probe", marker, *pairs,
+                                    timeout=timeout, check=False, retry=False, env=env)
+        except SlurmTimeout:
+            return None
+        return res.stdout if f"hpr-probed {node}" in res.stdout else None
+
+    if not nodes:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes)), thread_name_prefix="hpr-probe") as pool:
+        return dict(zip(nodes, pool.map(probe, nodes), strict=True))

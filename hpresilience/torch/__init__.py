@@ -10,6 +10,7 @@ Slurm epilog on nodes without torch) import without it.
     ...
     ckpt.async_save(state, step)          # the state is copied before it returns; writing runs behind
     if not check_alive(): ckpt.save(state, step); ckpt.close(keep_tier=True)
+    heartbeat.beat(step)                  # progress for srun --auto-resume=1 (hangs, stragglers); saves beat too
     ckpt.close()                          # a clean end: also removes this job's memory tier
 """
 
@@ -19,6 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hpresilience.torch import heartbeat
     from hpresilience.torch.checkpointer import TieredCheckpointer
     from hpresilience.torch.layout import ChecksumError, MemoryTier
     from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
@@ -45,6 +47,8 @@ _WHERE = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "heartbeat":  # a module of its own, torch-free: `from hpresilience.torch import heartbeat`
+        return importlib.import_module("hpresilience.torch.heartbeat")
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'hpresilience.torch' has no attribute {name!r}")
@@ -63,5 +67,6 @@ __all__ = [
     "TieredCheckpointer",
     "TornStateError",
     "check_alive",
+    "heartbeat",
     "install",
 ]

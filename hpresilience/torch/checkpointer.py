@@ -25,6 +25,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hpresilience.errors import ConfigError
 from hpresilience.log import get_logger
+from hpresilience.torch import heartbeat
 from hpresilience.torch.direct import DirectSave, DirectWriter
 from hpresilience.torch.durable import durable_tier
 from hpresilience.torch.jobs import (
@@ -141,6 +142,7 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         preemption; False: don't).
         """
         self._check_to_s3(to_s3)
+        heartbeat.beat(step)  # a save is progress: the wrapper's hang clock and stragglers see it
         self.wait()
         self._check_capacity_once(state_dict)
         md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
@@ -154,6 +156,7 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         a second call first waits for the previous one.
         """
         self._check_to_s3(to_s3)
+        heartbeat.beat(step)  # a save is progress: the wrapper's hang clock and stragglers see it
         self.wait()
         self._check_capacity_once(state_dict)
         resp = dcp_async_save(

@@ -36,6 +36,7 @@ RECIPE = REPO / "examples" / "hyperpod"
 SHIM_DIR = REPO / "slurm"
 VENV_BIN = str(Path(sys.executable).parent)
 STEPS = 30
+INJECT = Path(__file__).parent / "data" / "train_inject.py"
 
 
 def reference_weight(steps: int, world: int) -> float:
@@ -50,14 +51,18 @@ class Recipe:
     """The recipe copied into a submit directory and submitted from there, as a user would."""
 
     def __init__(self, cluster: DevCluster, tmp: Path, steps: int = STEPS, extra_env: dict[str, str] | None = None,
-                 sbatch_args: tuple[str, ...] = ()) -> None:
+                 sbatch_args: tuple[str, ...] = (), inject: bool = False) -> None:
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         for f in ("batch.sh", "train_auto_resume.sh", "train.py"):
             shutil.copy(RECIPE / f, tmp / f)
         # The documented fixed port, moved away from other clusters' tests running on this machine.
         script = tmp / "train_auto_resume.sh"
-        script.write_text(script.read_text().replace("--master_port=1234", f"--master_port={TEST_BASE_PORT + 900}"))
+        text = script.read_text().replace("--master_port=1234", f"--master_port={TEST_BASE_PORT + 900}")
+        if inject:  # the same train.py, run with faults injected from the environment (data/train_inject.py)
+            shutil.copy(INJECT, tmp / INJECT.name)
+            text = text.replace('/train.py"', f'/{INJECT.name}"')
+        script.write_text(text)
         env = cluster.env()
         env.update({"PATH": f"{SHIM_DIR}:{VENV_BIN}:{env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),
                     "TRAIN_STEPS": str(steps), "TRAIN_STEP_SLEEP": "0.25", **(extra_env or {})})

@@ -4,6 +4,7 @@
 # TRAIN_STEPS: steps in all; STEP_SLEEP: seconds per step; FAIL_EXIT: exit with this code at step 2
 # (only rank FAIL_RANK when that is set);
 # HANG_AT: hang at that step (first attempt); LOSS_SEQ: losses printed per step (first attempt);
+# SLOW_RANK / SLOW_SLEEP: that rank sleeps SLOW_SLEEP per step instead (a straggler);
 # ORPHAN: start a child in a session of its own (as torchrun starts its workers), which outlives
 # a cancelled step where processes are tracked by process group (proctrack/pgid).
 set -u
@@ -27,7 +28,11 @@ for ((s = start + 1; s <= steps; s++)); do
     if [ -n "${HANG_AT:-}" ] && [ "$s" -eq "$HANG_AT" ] && [ "${AUTORESUME_ATTEMPT:-1}" -eq 1 ]; then
         sleep 1000
     fi
-    sleep "${STEP_SLEEP:-0.2}"
+    if [ -n "${SLOW_RANK:-}" ] && [ "$SLOW_RANK" -eq "$rank" ]; then
+        sleep "${SLOW_SLEEP:?}"
+    else
+        sleep "${STEP_SLEEP:-0.2}"
+    fi
     loss=1.0
     if [ -n "${LOSS_SEQ:-}" ] && [ "${AUTORESUME_ATTEMPT:-1}" -eq 1 ]; then
         read -r -a seq <<< "$LOSS_SEQ"

@@ -1,0 +1,118 @@
+"""Evidence of a hang, collected from every node of the step within a bound, and kept for a person.
+
+Per job, `<state_dir>/<job>.evidence/attempt-<N>/` (0700, ours): the ranks' faulthandler stacks (each rank
+writes `stacks-rank<R>-<pid>.txt` there when asked, see hpresilience.torch.heartbeat), the probe's report
+of each node (`procs-<node>.txt`: every process of the job with its state and RANK), and `hang.json`, the
+attribution. The directory is on the shared file system beside the state file, so it outlives the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+from hpresilience.autoresume.hang import Attribution, HangDue, attribute
+from hpresilience.autoresume.plan import AttemptLaunch
+from hpresilience.autoresume.progress import ProgressStream
+from hpresilience.autoresume.report import Reporter
+from hpresilience.errors import HPResilienceError
+from hpresilience.fileio import atomic_write
+from hpresilience.log import get_logger
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.steps import ProcState, parse_probe_lines, probe_marked_processes
+
+log = get_logger("hpresilience.autoresume")
+
+
+def private_dir(path: Path) -> Path | None:
+    """`path` as a directory of ours that only we can enter (made if missing); None if it cannot be trusted."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+        return path
+    except OSError as err:
+        log.warning("evidence_dir_unusable", path=str(path), error=str(err))
+        return None
+
+
+class HangInvestigator:
+    def __init__(self, client: SlurmClient, job_id: int, root: Path, progress: ProgressStream, reporter: Reporter,
+                 env: dict[str, str], marker: str, timeout_s: float) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.root = root
+        self.progress = progress
+        self.reporter = reporter
+        self.env = env
+        self.marker = marker
+        self.timeout_s = timeout_s
+
+    def attempt_dir(self, attempt: int) -> str:
+        d = private_dir(self.root / f"attempt-{attempt}")
+        return str(d) if d is not None else ""
+
+    def __call__(self, launch: AttemptLaunch, due: HangDue) -> Attribution:
+        started = time.monotonic()
+        directory = Path(self.attempt_dir(launch.attempt) or self.root)
+        ranks = self.progress.ranks()
+        self.reporter.decision("hang_detected", attempt=launch.attempt, silent_s=round(due.silent_s, 1),
+                               threshold_s=round(due.threshold_s, 1), median_interval_s=(
+                                   round(due.median_interval_s, 3) if due.median_interval_s else None),
+                               ranks_known=len(ranks), evidence=str(directory))
+        signals: dict[str, list[tuple[int, int]]] = {}
+        asked: dict[int, Path] = {}
+        for rank, info in ranks.items():
+            if info.pid and info.stack_signal and info.node in launch.nodes:
+                signals.setdefault(info.node, []).append((info.pid, info.stack_signal))
+                asked[info.pid] = directory / f"stacks-rank{rank}-{info.pid}.txt"
+        before = {pid: _size(p) for pid, p in asked.items()}
+        env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
+        try:
+            raw = probe_marked_processes(self.client, self.job_id, list(launch.nodes), self.marker, signals, env,
+                                         self.timeout_s)
+        except HPResilienceError as err:
+            self.reporter.decision("hang_probe_failed", error=str(err)[:300])
+            raw = {}
+        reports: dict[str, list[ProcState] | None] = {}
+        for node in launch.nodes:
+            text = raw.get(node)
+            reports[node] = parse_probe_lines(text)[0] if text is not None else None
+            if text is not None:
+                _write(directory / f"procs-{node}.txt", text)
+        stacks = {pid: _size(p) > before[pid] for pid, p in asked.items()}
+        verdict = attribute(launch.nodes, reports, stacks, ranks)
+        summary = {"attempt": launch.attempt, "silent_s": due.silent_s, "threshold_s": due.threshold_s,
+                   "unambiguous": verdict.unambiguous, "nodes": verdict.nodes, "ranks": verdict.ranks,
+                   "unanswered": verdict.unanswered,
+                   "suspects": [s.__dict__ for s in verdict.suspects],
+                   "stacks": {str(pid): str(p) for pid, p in asked.items() if stacks.get(pid)},
+                   "took_s": round(time.monotonic() - started, 3)}
+        _write(directory / "hang.json", json.dumps(summary, indent=1, default=str))
+        self.reporter.decision(
+            "hang_attributed", attempt=launch.attempt, node=",".join(verdict.nodes) or None,
+            rank=",".join(map(str, verdict.ranks)) or None, unambiguous=verdict.unambiguous,
+            why="; ".join(s.why for s in verdict.suspects)[:600] or "no rank or node stood out",
+            evidence=str(directory), stacks=sum(1 for v in stacks.values() if v),
+            took_s=summary["took_s"])
+        return verdict
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        atomic_write(path, text.encode(), mode=0o600)
+    except (OSError, TypeError) as err:
+        log.warning("evidence_write_failed", path=str(path), error=str(err))

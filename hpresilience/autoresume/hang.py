@@ -1,0 +1,123 @@
+"""Hangs without user rules: when silence is a hang, and which ranks and nodes held everyone up.
+
+`HangClock` reads the progress stream (progress.py): once the step showed progress, silence longer than
+max(hang_floor_s, hang_interval_factor x the median interval between a rank's or task's progress events)
+is a hang; between the first event and the second, the allowance is hang_first_step_s. Before any
+progress nothing is declared (a start cut-off is a log rule's job, expectedStartCutOffInSeconds).
+
+`attribute` is pure: from the processes the probe saw on each node (state, RANK), the stacks each rank
+wrote on request, and the ranks the stream knows, it names the suspects. Strong evidence of a culprit:
+a node that did not answer the probe; a rank stopped (T), in uninterruptible sleep (D) or a zombie (Z);
+a rank that announced a stack signal and wrote no stack (it runs no Python, or is stopped); a rank the
+stream knew whose process is gone. The verdict is unambiguous when every suspect is on one node and
+every other node answered; otherwise the step relaunches on the same nodes and the events say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hpresilience.autoresume.progress import ProgressStream, RankInfo
+from hpresilience.slurm.steps import ProcState
+
+BAD_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a tracer",
+              "D": "in uninterruptible sleep (a driver or file system call that does not return)",
+              "Z": "a zombie (exited, not reaped)"}
+
+
+@dataclass(frozen=True)
+class HangDue:
+    silent_s: float
+    threshold_s: float
+    last_progress: float
+    median_interval_s: float | None
+
+
+class HangClock:
+    def __init__(self, stream: ProgressStream, floor_s: float, factor: float, first_step_s: float) -> None:
+        self.stream = stream
+        self.floor_s = floor_s
+        self.factor = factor
+        self.first_step_s = first_step_s
+
+    def threshold(self) -> float | None:
+        if self.stream.last_progress() is None:
+            return None
+        median = self.stream.median_interval()
+        if median is None:
+            return max(self.floor_s, self.first_step_s)
+        return max(self.floor_s, self.factor * median)
+
+    def check(self, now: float) -> HangDue | None:
+        last = self.stream.last_progress()
+        limit = self.threshold()
+        if last is None or limit is None:
+            return None
+        silent = now - last
+        if silent <= limit:
+            return None
+        return HangDue(silent, limit, last, self.stream.median_interval())
+
+
+@dataclass(frozen=True)
+class Suspect:
+    node: str
+    rank: int | None
+    pid: int | None
+    why: str
+
+
+@dataclass
+class Attribution:
+    suspects: list[Suspect] = field(default_factory=list)
+    answered: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[str]:
+        seen: list[str] = []
+        for s in self.suspects:
+            if s.node not in seen:
+                seen.append(s.node)
+        return seen
+
+    @property
+    def unambiguous(self) -> bool:
+        """One node holds every suspect, and every other node of the step answered."""
+        nodes = self.nodes
+        return len(nodes) == 1 and all(n == nodes[0] for n in self.unanswered)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({s.rank for s in self.suspects if s.rank is not None})
+
+
+def attribute(step_nodes: Sequence[str], reports: Mapping[str, Sequence[ProcState] | None],
+              stacks: Mapping[int, bool], ranks: Mapping[int, RankInfo]) -> Attribution:
+    """`reports[node]`: the processes the probe saw there (None: the node did not answer). `stacks[pid]`:
+    whether the pid wrote a stack after being asked (only pids that were asked). `ranks`: the stream's."""
+    out = Attribution()
+    seen_ranks: set[int] = set()
+    for node in step_nodes:
+        procs = reports.get(node)
+        if procs is None:
+            out.unanswered.append(node)
+            out.suspects.append(Suspect(node, None, None, "the node ran no probe task within the bound"))
+            continue
+        out.answered.append(node)
+        for p in procs:
+            if p.rank is None:
+                continue
+            seen_ranks.add(p.rank)
+            if p.state in BAD_STATES:
+                out.suspects.append(Suspect(node, p.rank, p.pid, f"rank {p.rank} (pid {p.pid}) is "
+                                            f"{BAD_STATES[p.state]}, wchan {p.wchan}"))
+            elif stacks.get(p.pid) is False:
+                out.suspects.append(Suspect(node, p.rank, p.pid, f"rank {p.rank} (pid {p.pid}) wrote no "
+                                            f"Python stack when asked (state {p.state})"))
+    for rank, info in sorted(ranks.items()):
+        if rank not in seen_ranks and info.node in out.answered:
+            out.suspects.append(Suspect(info.node, rank, info.pid or None,
+                                        f"rank {rank} sent heartbeats from {info.node} and its process is gone"))
+    return out

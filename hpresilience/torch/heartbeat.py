@@ -1,0 +1,178 @@
+"""Per-rank progress heartbeats for `srun --auto-resume=1`, and Python stacks on request.
+
+One call per training step tells the wrapper that this rank made progress, with its step number and step
+time; the wrapper's progress stream (hpresilience/autoresume/progress.py) reads these for hang detection,
+attribution and stragglers:
+
+    from hpresilience.torch import heartbeat
+    for step in ...:
+        with heartbeat.working():   # optional: the rank's own compute, not the time it waits for others
+            ...forward/backward...
+        heartbeat.beat(step)
+
+Outside the wrapper (no HPR_AUTORESUME_JOB in the environment) every call is a no-op. Under it, a beat
+is one short line on the process's stderr, `[hpr-heartbeat] k=v ...`, written at most once per
+HPR_HEARTBEAT_EVERY_S seconds (default 5) per rank with the steps since the last line folded in; the
+wrapper removes these lines before the user's output, so nothing floods. Why work time: in synchronous
+data parallel training every rank waits for the slowest in the gradient all-reduce, so wall step times are
+equal on all ranks and only the time a rank spends on its own work shows a slow node.
+
+The first beat also registers `faulthandler` on HPR_STACK_SIGNAL (SIGRTMIN+3 by default), writing all
+threads' stacks to `stacks-rank<R>-<pid>.txt` in HPR_EVIDENCE_DIR: when the wrapper declares a hang it
+sends that signal only to processes that announced it, so a process that never registered is not killed
+by an unhandled real-time signal. The wire format is mirrored by progress.py (a test holds them equal):
+this module must not import the wrapper, and the wrapper must not import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import IO
+
+PREFIX = "[hpr-heartbeat]"
+DEFAULT_EVERY_S = 5.0
+JOB_ENV = "HPR_AUTORESUME_JOB"
+
+
+def _stack_signal() -> int:
+    raw = os.environ.get("HPR_STACK_SIGNAL", "")
+    if raw.isdigit():
+        return int(raw)
+    return int(signal.SIGRTMIN) + 3
+
+
+class Heartbeat:
+    """The heartbeat of one process (rank). Thread-safe; cheap when nothing is written (two clock reads)."""
+
+    def __init__(self, env: dict[str, str] | None = None, fd: int = 2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        e = dict(os.environ if env is None else env)
+        self.enabled = bool(e.get(JOB_ENV))
+        try:
+            self.every_s = max(0.0, float(e.get("HPR_HEARTBEAT_EVERY_S", DEFAULT_EVERY_S)))
+        except ValueError:
+            self.every_s = DEFAULT_EVERY_S
+        self.rank = _int(e.get("RANK", e.get("SLURM_PROCID", "0")))
+        self.node = (e.get("SLURMD_NODENAME") or socket.gethostname()).split()[0][:64] if self.enabled else ""
+        self.evidence_dir = e.get("HPR_EVIDENCE_DIR", "")
+        self.fd = fd
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_beat: float | None = None
+        self._last_step: int | None = None
+        self._last_write = float("-inf")
+        self._steps = 0
+        self._step_s = 0.0
+        self._work_s = 0.0
+        self._work_open = 0
+        self._stack_signal = 0
+        self._stack_file: IO[str] | None = None
+        self._installed = False
+
+    # -- stacks ----------------------------------------------------------------------------------------
+    def _install_stacks(self) -> None:
+        """Register faulthandler once, into a file of our own in the wrapper's evidence directory."""
+        self._installed = True
+        d = self.evidence_dir
+        if not d:
+            return
+        try:
+            st = os.lstat(d)
+            # The wrapper made it 0700 and ours: anything else (a link, another owner) is not trusted.
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                return
+            path = os.path.join(d, f"stacks-rank{self.rank}-{os.getpid()}.txt")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            self._stack_file = os.fdopen(fd, "w")
+            sig = _stack_signal()
+            faulthandler.register(sig, file=self._stack_file, all_threads=True, chain=False)
+            self._stack_signal = sig
+        except (OSError, ValueError, RuntimeError):
+            self._stack_signal = 0
+
+    # -- beats -----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def working(self) -> Iterator[None]:
+        """Time this rank spends on its own work (compute, I/O), not waiting for the others."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._work_s += self._clock() - start
+                self._work_open += 1
+
+    def beat(self, step: int, work_s: float | None = None) -> None:
+        """This rank finished `step`. `work_s`: its own work in the step, if measured outside `working()`."""
+        if not self.enabled:
+            return
+        now = self._clock()
+        with self._lock:
+            if step == self._last_step and work_s is None:
+                return  # the same step again (a checkpoint save after the loop's own beat): not progress
+            self._last_step = step
+            if not self._installed:
+                self._install_stacks()
+            if work_s is not None and work_s >= 0:
+                self._work_s += work_s
+                self._work_open += 1
+            if self._last_beat is None:  # the first step's time is unknown: its work is not counted either
+                self._work_s, self._work_open = 0.0, 0
+            else:
+                self._step_s += max(0.0, now - self._last_beat)
+                self._steps += 1
+            self._last_beat = now
+            if now - self._last_write < self.every_s:
+                return
+            line = self._line(int(step))
+            self._last_write = now
+            self._steps, self._step_s, self._work_s, self._work_open = 0, 0.0, 0.0, 0
+        try:
+            os.write(self.fd, line.encode())
+        except OSError:
+            pass  # a closed stderr must never stop training
+
+    def _line(self, step: int) -> str:
+        fields = [f"rank={self.rank}", f"node={self.node or '-'}", f"pid={os.getpid()}", f"step={step}"]
+        if self._steps:
+            fields += [f"steps={self._steps}", f"step_s={self._step_s / self._steps:.6f}"]
+            if self._work_open:
+                fields.append(f"work_s={self._work_s / self._steps:.6f}")
+        if self._stack_signal:
+            fields.append(f"stack_signal={self._stack_signal}")
+        return f"{PREFIX} {' '.join(fields)}\n"
+
+
+def _int(raw: str) -> int:
+    return int(raw) if raw.isdigit() else 0
+
+
+_default: Heartbeat | None = None
+_default_lock = threading.Lock()
+
+
+def default() -> Heartbeat:
+    """The process's heartbeat, made on first use from the environment."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Heartbeat()
+        return _default
+
+
+def beat(step: int, work_s: float | None = None) -> None:
+    """One call per training step (see the module doc); a no-op outside `srun --auto-resume=1`."""
+    default().beat(step, work_s)
+
+
+def working() -> contextlib.AbstractContextManager[None]:
+    """`with heartbeat.working(): ...` around the rank's own work in a step."""
+    return default().working()

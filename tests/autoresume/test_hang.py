@@ -1,0 +1,97 @@
+"""Hang detection without rules: when silence is a hang, and who is named for it."""
+
+from __future__ import annotations
+
+from hpresilience.autoresume.hang import HangClock, attribute
+from hpresilience.autoresume.progress import ProgressStream, RankInfo
+from hpresilience.slurm.steps import parse_probe_lines
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def stream_with_lines(every: float, count: int) -> tuple[ProgressStream, Clock]:
+    clock = Clock()
+    s = ProgressStream(clock)
+    s.reset(["n1"])
+    for i in range(count):
+        s.feed_lines([f"0: step={i}"])
+        clock.t += every
+    clock.t -= every
+    return s, clock
+
+
+def test_nothing_is_declared_before_the_first_progress() -> None:
+    s = ProgressStream(Clock())
+    assert HangClock(s, 60, 10, 300).check(10_000) is None
+
+
+def test_silence_over_the_floor_is_a_hang_once_steps_are_fast() -> None:
+    s, clock = stream_with_lines(0.25, 20)
+    hc = HangClock(s, 60, 10, 300)
+    last = clock.t
+    assert hc.check(last + 60) is None
+    due = hc.check(last + 60.1)
+    assert due is not None and due.threshold_s == 60 and due.silent_s > 60
+
+
+def test_a_job_logging_every_20_s_gets_ten_times_that() -> None:
+    s, clock = stream_with_lines(20, 5)
+    hc = HangClock(s, 60, 10, 300)
+    assert hc.threshold() == 200
+    assert hc.check(clock.t + 199) is None and hc.check(clock.t + 201) is not None
+
+
+def test_the_first_step_gets_the_longer_allowance() -> None:
+    s, clock = stream_with_lines(1, 1)
+    hc = HangClock(s, 60, 10, 300)
+    assert hc.check(clock.t + 299) is None and hc.check(clock.t + 301) is not None
+
+
+PROBE_N1 = """hpr-proc n1 100 S - 0 /bin/bash train.sh
+hpr-proc n1 101 S 0 futex_wait_queue python -u train.py
+hpr-probed n1
+"""
+PROBE_N2 = """hpr-proc n2 200 S - 0 /bin/bash train.sh
+hpr-proc n2 201 T 1 do_signal_stop python -u train.py
+hpr-probed n2
+"""
+
+
+def test_a_stopped_rank_is_named_unambiguously_with_its_node() -> None:
+    reports = {"n1": parse_probe_lines(PROBE_N1)[0], "n2": parse_probe_lines(PROBE_N2)[0]}
+    v = attribute(["n1", "n2"], reports, {101: True}, {})
+    assert v.unambiguous and v.nodes == ["n2"] and v.ranks == [1]
+    assert "stopped" in v.suspects[0].why
+
+
+def test_a_rank_that_wrote_no_stack_when_asked_is_a_suspect() -> None:
+    reports = {"n1": parse_probe_lines(PROBE_N1)[0],
+               "n2": parse_probe_lines(PROBE_N2.replace(" T 1 ", " S 1 "))[0]}
+    v = attribute(["n1", "n2"], reports, {101: True, 201: False}, {})
+    assert v.unambiguous and v.nodes == ["n2"] and "no Python stack" in v.suspects[0].why
+
+
+def test_suspects_on_two_nodes_or_none_at_all_are_ambiguous() -> None:
+    n1 = parse_probe_lines(PROBE_N1.replace(" S 0 ", " D 0 "))[0]
+    v = attribute(["n1", "n2"], {"n1": n1, "n2": parse_probe_lines(PROBE_N2)[0]}, {}, {})
+    assert not v.unambiguous and set(v.nodes) == {"n1", "n2"}
+    healthy = attribute(["n1"], {"n1": parse_probe_lines(PROBE_N1)[0]}, {101: True}, {})
+    assert not healthy.unambiguous and healthy.suspects == []
+
+
+def test_a_node_that_did_not_answer_and_a_vanished_rank_are_named() -> None:
+    v = attribute(["n1", "n2"], {"n1": parse_probe_lines(PROBE_N1)[0], "n2": None}, {}, {})
+    assert v.unambiguous and v.nodes == ["n2"] and v.unanswered == ["n2"]
+    gone = attribute(["n1"], {"n1": parse_probe_lines(PROBE_N1)[0]}, {}, {5: RankInfo("n1", 0.0, 3, pid=999)})
+    assert gone.ranks == [5] and "gone" in gone.suspects[0].why
+
+
+def test_probe_output_with_hostile_lines_is_skipped() -> None:
+    procs, done = parse_probe_lines("hpr-proc\nhpr-proc n1 x S 0\nhpr-proc n1 5 S 99999999999 w c\nnoise\nhpr-probed")
+    assert [p.pid for p in procs] == [5] and procs[0].rank is None and done == set()

@@ -1,0 +1,86 @@
+"""hpresilience.torch.heartbeat: stacks on request, only into a directory that is ours and private."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CHILD = r"""
+import os, sys, time
+from hpresilience.torch.heartbeat import Heartbeat
+hb = Heartbeat(fd=1)
+hb.beat(1)
+sys.stdout.flush()
+def waiting_in_a_collective():
+    time.sleep(30)
+waiting_in_a_collective()
+"""
+
+
+def start(tmp: Path, evidence: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "HPR_AUTORESUME_JOB": "5", "RANK": "2", "SLURMD_NODENAME": "n7",
+           "HPR_EVIDENCE_DIR": str(evidence)}
+    return subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp)
+
+
+def test_the_announced_signal_writes_the_ranks_python_stacks_into_the_evidence_dir(tmp_path: Path) -> None:
+    evidence = tmp_path / "ev"
+    evidence.mkdir(mode=0o700)
+    p = start(tmp_path, evidence)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        sig = int(line.split("stack_signal=")[1].split()[0])
+        assert "rank=2" in line and "node=n7" in line and sig == int(signal.SIGRTMIN) + 3
+        stack = evidence / f"stacks-rank2-{p.pid}.txt"
+        deadline = time.monotonic() + 20
+        # Asked again until the rank is in its wait: each request appends one dump of every thread.
+        while "waiting_in_a_collective" not in (stack.read_text() if stack.exists() else ""):
+            assert time.monotonic() < deadline, "no stack written"
+            os.kill(p.pid, sig)
+            time.sleep(0.2)
+        assert p.poll() is None  # the signal was handled, not fatal
+        assert stack.stat().st_mode & 0o777 == 0o600
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_shared_evidence_dir_is_not_trusted_and_no_signal_is_announced(tmp_path: Path) -> None:
+    evidence = tmp_path / "ev"
+    evidence.mkdir(mode=0o700)
+    os.chmod(evidence, 0o777)
+    p = start(tmp_path, evidence)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.startswith("[hpr-heartbeat]") and "stack_signal" not in line
+        assert list(evidence.iterdir()) == []
+    finally:
+        p.kill()
+        p.wait()
+
+
+
+def test_a_checkpoint_save_beats_and_a_repeated_step_counts_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """TieredCheckpointer.save() beats for its step; the loop's own beat of the same step adds no second step."""
+    import torch
+
+    from hpresilience.torch import CheckpointConfig, TieredCheckpointer, heartbeat
+
+    hb = heartbeat.Heartbeat(env={heartbeat.JOB_ENV: "5", "HPR_HEARTBEAT_EVERY_S": "3600"},
+                             fd=os.open(os.devnull, os.O_WRONLY))
+    hb._installed = True  # no stack signal in the test process
+    monkeypatch.setattr(heartbeat, "_default", hb)
+    with TieredCheckpointer(CheckpointConfig(namespace="hb", memory_dir=str(tmp_path), replicate=False)) as ck:
+        ck.save({"w": torch.zeros(4)}, 3)
+        assert hb._last_step == 3  # the save beat
+        hb.beat(3)
+        assert hb._steps == 0  # the loop's beat of the same step is no second step
+    hb.beat(4)
+    assert hb._steps == 1 and hb._last_step == 4

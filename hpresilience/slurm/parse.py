@@ -118,6 +118,10 @@ def _records(text: str, what: str, key: str, build: Callable[[dict[str, Any]], T
     data = _loads(text, what)
     raw = data.get(key)
     if not isinstance(raw, list):
+        if key == "nodes" and isinstance(data.get("sinfo"), list):
+            # 23.02+ `sinfo --json` lists aggregated node groups (states, counts, names; no addresses).
+            raise SlurmParseError([what], None, "", f"{what}: node groups of sinfo --json (Slurm 23.02+), not "
+                                  "node records: read nodes with `scontrol --json show node`")
         raise SlurmParseError([what], None, "", f"{what}: no `{key}` list in the output")
     out = []
     for d in raw:

@@ -23,6 +23,15 @@ TEST_BASE_PORT = int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817"))
 SLURM_ENV = "HPRESILIENCE_TEST_SLURM"
 
 
+def node_read(cl: DevCluster, hosts: str) -> str:
+    """How the client reads named nodes on the cluster's release: text before 23.02, JSON since."""
+    return f"scontrol show node {hosts} -o" if cl.release is SlurmRelease.HOST else f"scontrol --json show node {hosts}"
+
+
+def job_read(cl: DevCluster, job: int | str) -> str:
+    return f"scontrol show job {job} -o" if cl.release is SlurmRelease.HOST else f"scontrol --json show job {job}"
+
+
 def slurm_installed() -> bool:
     return all(shutil.which(t) for t in ("slurmctld", "slurmd", "scontrol", "srun", "sinfo", "squeue"))
 

@@ -61,7 +61,9 @@ class SlurmClient:
     def accounting_enabled(self) -> bool:
         """Whether slurmctld stores accounting (slurmdbd). Without it, Slurm refuses every update of a running
         job after its first resize, so callers must not plan on a second one."""
-        return self.config().get("AccountingStorageType", "accounting_storage/none") != "accounting_storage/none"
+        # 22.05 prints accounting_storage/none; 24.11 and 26.05 print (null) (their accounting_storage/none is gone).
+        kind = self.config().get("AccountingStorageType", "").strip()
+        return kind not in ("", "(null)", "none", "accounting_storage/none")
 
     def permits_job_expansion(self) -> bool:
         params = self.config().get("SchedulerParameters", "")

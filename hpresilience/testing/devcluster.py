@@ -67,7 +67,7 @@ class DevCluster:
                  slurm: SlurmRelease | None = None) -> None:
         """accounting: None starts MariaDB + slurmdbd when their packages are installed (else logs the apt
         line and runs without); True requires them. proctrack: auto uses cgroup v1 where it is mounted.
-        slurm: the release its daemons run (None: the one recorded in the state directory, else the host's);
+        slurm: the release its daemons run (None: the one recorded in the state directory, else this process's);
         a release other than the host's runs inside its Debian root (slurmroot.py)."""
         if proctrack not in PROCTRACK:
             raise ConfigError(f"unknown proctrack {proctrack!r}; known: {', '.join(PROCTRACK)}")
@@ -81,7 +81,7 @@ class DevCluster:
         self.want_accounting = accounting
         self.extra_nodes = extra_nodes
         self.proctrack = proctrack
-        self.release = slurm or self.recorded_release() or SlurmRelease.HOST
+        self.release = slurm or self.recorded_release() or slurmroot.current_release()
         self.accounting = devaccounting.Accounting(self.state_dir, base_port + 2, base_port + 3, self._spawn)
 
     # -- paths and configuration ---------------------------------------------------------------------

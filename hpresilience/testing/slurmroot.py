@@ -85,6 +85,15 @@ def inside_root() -> str:
     return os.environ.get(rootexec.INSIDE, "")
 
 
+def current_release() -> SlurmRelease:
+    """The release whose commands this process runs: its root's, or the host's."""
+    root = inside_root()
+    for r in SlurmRelease:
+        if root and r.suite == Path(root).name:
+            return r
+    return SlurmRelease.HOST
+
+
 def is_ready(release: SlurmRelease) -> bool:
     path = root_path(release)
     return path is None or (path.parent / f"{path.name}.ready").exists()

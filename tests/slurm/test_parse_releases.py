@@ -13,7 +13,9 @@ import pytest
 
 from hpresilience.errors import SlurmParseError
 from hpresilience.slurm import parse
+from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Job, Node
+from hpresilience.testing.fakerunner import FakeRunner
 from tests.conftest import FIXTURES
 
 SLURM = FIXTURES / "slurm"
@@ -146,3 +148,16 @@ def test_job_text_and_json_of_newer_releases_agree_on_every_field_but_flags(rele
     assert sorted(text) == sorted(js) and len(js) == 2
     for job_id, job in js.items():
         assert dataclasses.replace(job, flags=()) == text[job_id]
+
+
+@pytest.mark.parametrize(("fixture", "version", "enabled"), [
+    ("show_config_22.05.txt", "22.05.8", False),                 # accounting_storage/none
+    ("show_config_noaccounting_24.11.txt", "24.11.5", False),    # (null)
+    ("show_config_24.11.txt", "24.11.5", True),
+    ("show_config_26.05.txt", "26.05.5", True),
+])
+def test_accounting_probe_reads_every_release(fixture: str, version: str, enabled: bool) -> None:
+    """24.11 prints `AccountingStorageType = (null)` without slurmdbd: read as accounting on, the wrapper
+    planned a second resize that 22.05-style Slurm refuses, and the probe lied about the cluster."""
+    runner = FakeRunner(version).answer("scontrol", "show", "config", stdout=read(fixture))
+    assert SlurmClient(runner).accounting_enabled() is enabled

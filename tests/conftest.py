@@ -28,6 +28,11 @@ def node_read(cl: DevCluster, hosts: str) -> str:
     return f"scontrol show node {hosts} -o" if cl.release is SlurmRelease.HOST else f"scontrol --json show node {hosts}"
 
 
+def full_node_read(cl: DevCluster) -> str:
+    """How the client reads every node: sinfo --json on 22.05, scontrol --json show node since 23.02."""
+    return "sinfo --json" if cl.release is SlurmRelease.HOST else "scontrol --json show node"
+
+
 def job_read(cl: DevCluster, job: int | str) -> str:
     return f"scontrol show job {job} -o" if cl.release is SlurmRelease.HOST else f"scontrol --json show job {job}"
 

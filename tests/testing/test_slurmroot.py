@@ -1,0 +1,75 @@
+"""Slurm releases of the devcluster: the roots' binds, the release choice, and `devcluster exec`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpresilience.errors import ConfigError, EnvironmentMissing
+from hpresilience.testing import slurmroot
+from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.slurmroot import SlurmRelease
+
+
+def test_release_names_its_suite_and_an_unknown_one_lists_the_known() -> None:
+    assert SlurmRelease.parse("24.11").suite == "trixie" and SlurmRelease.parse("26.05").suite == "sid"
+    assert SlurmRelease.parse("22.05").suite is None  # the host's packages
+    with pytest.raises(ConfigError, match=r"22\.05, 24\.11, 26\.05"):
+        SlurmRelease.parse("23.02")
+
+
+def test_binds_never_hide_the_roots_own_system(tmp_path: Path) -> None:
+    """A bind over /, /usr or /etc would replace the root's Slurm or libraries with the host's."""
+    binds = slurmroot.default_binds(["/", "/usr", "/etc", "/var/lib", str(tmp_path), "/work"])
+    assert not any(slurmroot.is_system_path(b) and not b.startswith(("/usr/lib/python", "/usr/local/"))
+                   for b in binds), binds
+    assert "/tmp" in binds and str(tmp_path) not in binds  # under /tmp, which binds recursively
+    assert sys.prefix in binds or any(sys.prefix.startswith(b + "/") for b in binds)
+
+
+def test_host_release_runs_without_a_root() -> None:
+    assert slurmroot.prefix(SlurmRelease.HOST) == []
+    assert slurmroot.root_path(SlurmRelease.HOST) is None and slurmroot.is_ready(SlurmRelease.HOST)
+
+
+def test_a_release_whose_root_is_missing_names_the_command_that_builds_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HPRESILIENCE_ROOTS_DIR", str(tmp_path / "roots"))
+    monkeypatch.delenv(slurmroot.rootexec.INSIDE, raising=False)
+    with pytest.raises(EnvironmentMissing, match=r"devcluster up --slurm 26\.05"):
+        slurmroot.prefix(SlurmRelease.V26_05)
+
+
+def test_exec_sets_the_clusters_slurm_conf(tmp_path: Path) -> None:
+    """`devcluster exec` on a cluster of the host's release: the command runs with its SLURM_CONF."""
+    state = tmp_path / "cluster"
+    state.mkdir()
+    (state / "slurm.conf").write_text("# not started\n")
+    res = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir", str(state),
+                          "--", sys.executable, "-c", "import os; print(os.environ['SLURM_CONF'])"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(state / "slurm.conf")
+
+
+@pytest.mark.integration
+def test_session_cluster_runs_the_selected_release(cluster: DevCluster, pytestconfig: pytest.Config) -> None:
+    """`pytest --slurm 24.11` really runs 24.11's daemons and commands (22.05 by default)."""
+    wanted = str(pytestconfig.getoption("--slurm"))
+    major, minor, _ = cluster.client().version
+    assert f"{major}.{minor:02d}" == wanted == cluster.release.value
+
+
+@pytest.mark.integration
+def test_exec_reaches_the_cluster_with_its_release(cluster: DevCluster) -> None:
+    res = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir",
+                          str(cluster.state_dir), "--", "sinfo", "-h", "-o", "%n %T"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.split()) == sorted([*cluster.names(), *(["idle"] * cluster.nodes)])
+    version = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir",
+                              str(cluster.state_dir), "--", "sinfo", "-V"], capture_output=True, text=True, timeout=60)
+    assert version.stdout.split()[-1].startswith(cluster.release.value)

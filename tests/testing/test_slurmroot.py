@@ -66,7 +66,7 @@ def test_session_cluster_runs_the_selected_release(cluster: DevCluster, pytestco
 @pytest.mark.integration
 def test_exec_reaches_the_cluster_with_its_release(cluster: DevCluster) -> None:
     res = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir",
-                          str(cluster.state_dir), "--", "sinfo", "-h", "-o", "%n %T"],
+                          str(cluster.state_dir), "--", "sinfo", "-h", "-N", "-o", "%N %T"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.split()) == sorted([*cluster.names(), *(["idle"] * cluster.nodes)])

@@ -12,6 +12,7 @@ from hpresilience.errors import ConfigError, EnvironmentMissing
 from hpresilience.testing import slurmroot
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.slurmroot import SlurmRelease
+from tests.conftest import TEST_BASE_PORT
 
 
 def test_release_names_its_suite_and_an_unknown_one_lists_the_known() -> None:
@@ -73,3 +74,30 @@ def test_exec_reaches_the_cluster_with_its_release(cluster: DevCluster) -> None:
     version = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir",
                               str(cluster.state_dir), "--", "sinfo", "-V"], capture_output=True, text=True, timeout=60)
     assert version.stdout.split()[-1].startswith(cluster.release.value)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("release", [SlurmRelease.V24_11, SlurmRelease.V26_05])
+def test_up_from_the_host_runs_a_newer_release_in_its_root_and_down_stops_it(
+        release: SlurmRelease, tmp_path: Path) -> None:
+    """The CLI path a user takes: `devcluster up --slurm V` on the host re-runs itself in V's root, `exec` reaches
+    it there, `down` (also re-run there) leaves no process. Needs the root built (scripts/dev.sh test builds it)."""
+    if slurmroot.inside_root() or not slurmroot.is_ready(release):
+        pytest.skip(f"the Slurm {release.value} root is not built here (hpresilience devcluster up --slurm "
+                    f"{release.value} builds it)")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"devcluster: {{base_port: {TEST_BASE_PORT + 600}}}\n")
+    state = tmp_path / "cluster"
+    cli = [sys.executable, "-m", "hpresilience", "--config", str(cfg), "devcluster"]
+    try:
+        up = subprocess.run([*cli, "up", "--slurm", release.value, "--no-accounting", "--state-dir", str(state)],
+                            capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert f"Slurm {release.value}, 4 nodes" in up.stdout
+        version = subprocess.run([*cli, "exec", "--state-dir", str(state), "--", "sinfo", "-V"],
+                                 capture_output=True, text=True, timeout=60)
+        assert version.stdout.split()[-1].startswith(release.value), version.stderr
+    finally:
+        down = subprocess.run([*cli, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert not DevCluster(state, base_port=TEST_BASE_PORT + 600).processes()

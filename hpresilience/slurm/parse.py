@@ -201,6 +201,16 @@ def parse_key_values(text: str) -> dict[str, str]:
     return out
 
 
+def option_value(options: str, key: str) -> str | None:
+    """The value of `key=value` in a comma-separated option list (SchedulerParameters, SlurmctldParameters);
+    '' for a bare flag, None when absent."""
+    for item in options.split(","):
+        name, sep, value = item.strip().partition("=")
+        if name == key:
+            return value if sep else ""
+    return None
+
+
 def parse_oneliner(text: str) -> dict[str, str]:
     """`scontrol show job -o` output: space-separated `Key=Value` pairs; values may not contain spaces
     except where Slurm leaves them unquoted, so we split on ` Key=` boundaries only."""

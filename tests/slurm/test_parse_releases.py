@@ -161,3 +161,25 @@ def test_accounting_probe_reads_every_release(fixture: str, version: str, enable
     planned a second resize that 22.05-style Slurm refuses, and the probe lied about the cluster."""
     runner = FakeRunner(version).answer("scontrol", "show", "config", stdout=read(fixture))
     assert SlurmClient(runner).accounting_enabled() is enabled
+
+
+@pytest.mark.parametrize(("options", "key", "value"), [
+    ("permit_job_expansion,bf_interval=2,requeue_delay=2", "requeue_delay", "2"),
+    ("permit_job_expansion,bf_interval=2", "requeue_delay", None),
+    ("enable_expedited_requeue", "enable_expedited_requeue", ""),
+    ("requeue_delay_x=5", "requeue_delay", None),
+    ("", "requeue_delay", None),
+])
+def test_option_value_reads_comma_lists(options: str, key: str, value: str | None) -> None:
+    assert parse.option_value(options, key) == value
+
+
+@pytest.mark.parametrize(("fixture", "version", "delay"), [
+    ("show_config_requeue_delay_26.05.txt", "26.05.5", 2),     # honoured: the job ran again within 4 s
+    ("show_config_requeue_delay_24.11.txt", "24.11.5", None),  # accepted and ignored: still 121 s
+    ("show_config_26.05.txt", "26.05.5", None),                 # not set: Slurm's default hold
+])
+def test_requeue_delay_probe_trusts_only_releases_that_honour_it(fixture: str, version: str,
+                                                                 delay: int | None) -> None:
+    runner = FakeRunner(version).answer("scontrol", "show", "config", stdout=read(fixture))
+    assert SlurmClient(runner).requeue_delay_s() == delay

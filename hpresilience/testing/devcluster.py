@@ -236,11 +236,12 @@ class DevCluster:
         starts them with an empty environment, but their cwd is our log directory), and every descendant
         of those (job scripts and tasks)."""
         me = str(self.state_dir)
+        dirs = _dir_ids(self.state_dir)
         found: dict[int, psutil.Process] = {}
         for p in psutil.process_iter(["pid"]):
             try:
                 ours = p.environ().get(MARKER) == me or (
-                    p.name().startswith("slurmstepd") and _under(p.cwd(), me))
+                    p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs))
                 if ours:
                     found[p.pid] = p
                     for child in p.children(recursive=True):
@@ -451,6 +452,27 @@ def _port_listening(port: int) -> bool:
                    for c in psutil.net_connections(kind="tcp"))
     except (psutil.AccessDenied, OSError):
         return False
+
+
+def _dir_ids(root: Path) -> set[tuple[int, int]]:
+    """(device, inode) of every directory of a state directory."""
+    out: set[tuple[int, int]] = set()
+    for d, _, _ in os.walk(root) if root.exists() else []:
+        with contextlib.suppress(OSError):
+            st = os.stat(d)
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def _cwd_id(pid: int) -> tuple[int, int] | None:
+    """The (device, inode) of a process's working directory. A slurmstepd of a cluster in a Slurm root runs in
+    another mount namespace, where its cwd reads as a path under the root's directory (or another bind), not
+    under our state directory: the directory itself is the same."""
+    try:
+        st = os.stat(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _under(path: str, root: str) -> bool:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hpresilience.errors import ConfigError, EnvironmentMissing
@@ -89,6 +91,7 @@ def test_up_from_the_host_runs_a_newer_release_in_its_root_and_down_stops_it(
     cfg.write_text(f"devcluster: {{base_port: {TEST_BASE_PORT + 600}}}\n")
     state = tmp_path / "cluster"
     cli = [sys.executable, "-m", "hpresilience", "--config", str(cfg), "devcluster"]
+    procs: list[psutil.Process] = []
     try:
         up = subprocess.run([*cli, "up", "--slurm", release.value, "--no-accounting", "--state-dir", str(state)],
                             capture_output=True, text=True, timeout=120)
@@ -97,7 +100,17 @@ def test_up_from_the_host_runs_a_newer_release_in_its_root_and_down_stops_it(
         version = subprocess.run([*cli, "exec", "--state-dir", str(state), "--", "sinfo", "-V"],
                                  capture_output=True, text=True, timeout=60)
         assert version.stdout.split()[-1].startswith(release.value), version.stderr
+        subprocess.run([*cli, "exec", "--state-dir", str(state), "--", "sbatch", "-N2", "-o", "/dev/null", "--wrap",
+                        "srun sleep 300"], capture_output=True, text=True, timeout=60, check=True)
+        # The daemons and the job's processes run in the root's own mount namespace; seen from the host they are
+        # still this cluster's (slurmstepd by its working directory), so `down` can stop them all.
+        deadline = time.monotonic() + 30
+        while not [p for p in DevCluster(state).processes() if p.name() == "sleep"]:
+            assert time.monotonic() < deadline, "the job's step never started"
+            time.sleep(0.3)
+        procs = DevCluster(state).processes()
+        assert {"slurmctld", "slurmd", "slurmstepd", "sleep"} <= {p.name() for p in procs}
     finally:
         down = subprocess.run([*cli, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]
-    assert not DevCluster(state, base_port=TEST_BASE_PORT + 600).processes()
+    assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -33,9 +33,10 @@ log = get_logger("hpresilience.devcluster")
 
 ROOTS_DIR = Path("/var/cache/hpresilience/roots")
 MIRROR = "http://deb.debian.org/debian"
-# libffi8, libnsl2, libsqlite3-0: what the virtualenv's interpreter (ctypes, ...) links that minbase lacks.
+# libffi8, libnsl2, libsqlite3-0, libexpat1: what the virtualenv's interpreter (ctypes, pyexpat; Debian's own
+# python3.11 itself) links that minbase lacks.
 PACKAGES = ("slurm-wlm", "slurmdbd", "mariadb-server", "mariadb-client", "libffi8", "libnsl2",
-            "libsqlite3-0")
+            "libsqlite3-0", "libexpat1")
 RELEASE_FILE = "slurm-release"  # in a cluster's state directory: which release its daemons run
 # Inside a root: libraries that replace the root's own for slurmdbd. Slurm 24.11.5's and 26.05.5's slurmdbd cannot
 # use the MariaDB Connector/C of trixie and sid (libmariadb3 11.8): its first query fails with "5027 Number of

@@ -12,11 +12,29 @@ import pytest
 
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing import slurmroot
 from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.slurmroot import SlurmRelease
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Away from the default devcluster port so a demo cluster can run beside the tests.
 TEST_BASE_PORT = int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817"))
+# The Slurm release the session cluster runs: `pytest --slurm 24.11`, or HPRESILIENCE_TEST_SLURM.
+SLURM_ENV = "HPRESILIENCE_TEST_SLURM"
+
+
+def node_read(cl: DevCluster, hosts: str) -> str:
+    """How the client reads named nodes on the cluster's release: text before 23.02, JSON since."""
+    return f"scontrol show node {hosts} -o" if cl.release is SlurmRelease.HOST else f"scontrol --json show node {hosts}"
+
+
+def full_node_read(cl: DevCluster) -> str:
+    """How the client reads every node: sinfo --json on 22.05, scontrol --json show node since 23.02."""
+    return "sinfo --json" if cl.release is SlurmRelease.HOST else "scontrol --json show node"
+
+
+def job_read(cl: DevCluster, job: int | str) -> str:
+    return f"scontrol show job {job} -o" if cl.release is SlurmRelease.HOST else f"scontrol --json show job {job}"
 
 
 def slurm_installed() -> bool:
@@ -30,12 +48,23 @@ def require_slurm() -> None:
         pytest.skip("Slurm is not installed (apt-get install -y slurm-wlm)")
 
 
+def session_release(config: pytest.Config) -> SlurmRelease:
+    """The release the session cluster runs. A newer one needs the session itself inside its root, where every
+    test's sbatch, srun shim and controller find that release's commands."""
+    release = SlurmRelease.parse(str(config.getoption("--slurm")))
+    if release.suite is not None and not slurmroot.inside_root():
+        pytest.fail(f"--slurm {release.value} runs inside its Debian root: hpresilience devcluster exec --slurm "
+                    f"{release.value} -- python -m pytest --slurm {release.value} ...", pytrace=False)
+    return release
+
+
 @pytest.fixture(scope="session")
-def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+def devcluster(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[DevCluster]:
     """A real 4-node cluster, shared by every integration test of the session."""
+    release = session_release(pytestconfig)
     require_slurm()
     cl = DevCluster(state_dir=tmp_path_factory.mktemp("devcluster") / "cluster", nodes=4,
-                    base_port=TEST_BASE_PORT, overrides={"SlurmdTimeout": "5"})
+                    base_port=TEST_BASE_PORT, overrides={"SlurmdTimeout": "5"}, slurm=release)
     cl.up(timeout=60)
     yield cl
     cl.down()
@@ -81,6 +110,14 @@ def reset_cluster(cl: DevCluster) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--long", action="store_true", default=False,
                      help="fuzz tests run 100,000 inputs per target (also: HPRESILIENCE_FUZZ_LONG=1)")
+    parser.addoption("--slurm", choices=[r.value for r in SlurmRelease],
+                     default=os.environ.get(SLURM_ENV) or SlurmRelease.HOST.value,
+                     help=f"Slurm release of the session cluster (also: {SLURM_ENV}); 24.11 and 26.05 run inside "
+                          "their root: hpresilience devcluster exec --slurm V -- python -m pytest --slurm V")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"slurm release of the session cluster: {config.getoption('--slurm')}"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -86,7 +86,9 @@ class AttemptLaunch:
     def srun_argv(self, srun: str, job_id: int, step_name: str, passthrough: Sequence[str],
                   command: Sequence[str], user_export: str | None = None, overlap: bool = False) -> list[str]:
         n = len(self.nodes)
-        # With arbitrary distribution the node list is a task list: each node once per task on it.
+        # With arbitrary distribution the node list is a task list: each node once per task on it. The node count
+        # follows from it; Slurm 23.02+ refuses --nodes beside it ("--nodes is incompatible with
+        # --distribution=arbitrary"), 22.05 accepts either.
         tasks = [node for node in self.nodes for _ in range(self.tasks_per_node)]
         if user_export is None or user_export.upper().startswith("ALL"):
             export = user_export or "ALL"
@@ -94,7 +96,7 @@ class AttemptLaunch:
             # A user's explicit list (or NONE) still has to carry our variables into the step.
             head = "" if user_export.upper() == "NONE" else user_export + ","
             export = head + ",".join(self.exported_names())
-        argv = [srun, f"--jobid={job_id}", f"--nodes={n}", f"--ntasks={n * self.tasks_per_node}",
+        argv = [srun, f"--jobid={job_id}", f"--ntasks={n * self.tasks_per_node}",
                 f"--nodelist={','.join(tasks)}", "--distribution=arbitrary", "--kill-on-bad-exit=1",
                 f"--export={export}"] + (["--overlap"] if overlap else [])
         # Last, so that it wins over a user's -J: the wrapper finds its step by this name to signal it.

@@ -1,19 +1,29 @@
-"""`hpresilience devcluster up|down|status|env|kill-node|start-node|restart-node`."""
+"""`hpresilience devcluster up|down|status|env|exec|kill-node|start-node|restart-node`.
+
+A cluster of a newer Slurm release runs inside its Debian root: every command on it re-runs itself there
+(the host's 22.05 clients cannot talk to a newer slurmctld).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
+from hpresilience.testing import slurmroot
 from hpresilience.testing.devaccounting import describe
 from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.slurmroot import SlurmRelease
+
+RELEASES = [r.value for r in SlurmRelease]
 
 
 def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
                  overrides: tuple[str, ...] = (), accounting: bool | None = None, extra_nodes: int | None = None,
-                 proctrack: str | None = None) -> DevCluster:
+                 proctrack: str | None = None, slurm: str | None = None) -> DevCluster:
     s = c.config.devcluster
     extra = dict(s.overrides)
     for item in overrides:
@@ -26,11 +36,24 @@ def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
         nodes=nodes or s.nodes, base_port=s.base_port, overrides=extra, bin_dir=c.config.slurm.bin_dir,
         accounting=s.accounting if accounting is None else accounting,
         extra_nodes=s.extra_nodes if extra_nodes is None else extra_nodes, proctrack=proctrack or s.proctrack,
+        slurm=SlurmRelease.parse(slurm) if slurm else None,
     )
+
+
+def in_its_root(cl: DevCluster) -> None:
+    """Re-run this very command inside the cluster's Slurm root when it has one and this is the host."""
+    if cl.needs_root_entry():
+        cl.state_dir.mkdir(parents=True, exist_ok=True)  # bound into the root: must exist first
+        slurmroot.exec_in(cl.release, [sys.executable, "-m", "hpresilience", *sys.argv[1:]],
+                          binds=[str(cl.state_dir)])
 
 
 state_dir_opt = click.option("--state-dir", envvar="HPRESILIENCE_DEVCLUSTER_DIR",
                              help="Directory for the cluster's config, logs and state (default .devcluster).")
+slurm_opt = click.option("--slurm", type=click.Choice(RELEASES), envvar="HPRESILIENCE_DEVCLUSTER_SLURM",
+                         help="Slurm release: 22.05 is the host's packages (default); 24.11 and 26.05 run from a "
+                              "Debian root (trixie, sid) built on first use and cached in "
+                              "/var/cache/hpresilience/roots.")
 
 
 @click.group()
@@ -50,18 +73,23 @@ def devcluster() -> None:
               help="Add N powered-down p5 nodes (State=CLOUD, partition p5) for a production-size node table.")
 @click.option("--proctrack", type=click.Choice(["auto", "cgroup", "pgid"]), default=None,
               help="Process tracking (auto: cgroup v1 where mounted, as real clusters; else pgid).")
+@slurm_opt
 @state_dir_opt
 @pass_ctx
 def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, accounting: bool | None,
-       extra_nodes: int | None, proctrack: str | None, state_dir: str | None) -> None:
+       extra_nodes: int | None, proctrack: str | None, slurm: str | None, state_dir: str | None) -> None:
     """Start the cluster (idempotent); return when every node is idle."""
-    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack)
+    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack, slurm)
+    if cl.needs_root_entry():
+        slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
+        in_its_root(cl)
     took = cl.up(timeout=timeout, progress=lambda msg: click.echo(msg, err=True))
     acct = "with accounting (slurmdbd)" if cl.accounting_wanted() else "without accounting"
     extra = f" + {cl.extra_nodes} powered-down nodes" if cl.extra_nodes else ""
-    c.emit({"nodes": cl.names(), "extra_nodes": cl.extra_nodes, "accounting": cl.accounting_wanted(),
+    c.emit({"slurm": cl.release.value, "nodes": cl.names(), "extra_nodes": cl.extra_nodes,
+            "accounting": cl.accounting_wanted(),
             "proctrack": cl.resolved_proctrack(), "seconds": round(took, 3), "slurm_conf": str(cl.conf_path)},
-           f"devcluster up: {cl.nodes} nodes{extra} idle in {took:.2f} s, {acct}, "
+           f"devcluster up: Slurm {cl.release.value}, {cl.nodes} nodes{extra} idle in {took:.2f} s, {acct}, "
            f"proctrack/{cl.resolved_proctrack()}\nexport SLURM_CONF={cl.conf_path}")
 
 
@@ -71,6 +99,7 @@ def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, ac
 def down(c: Ctx, state_dir: str | None) -> None:
     """Stop every process the cluster started and remove its directory."""
     cl = cluster_from(c, state_dir=state_dir)
+    in_its_root(cl)
     stopped = cl.down()
     c.emit({"stopped": stopped}, f"devcluster down: stopped {stopped} process(es), removed {cl.state_dir}")
 
@@ -81,6 +110,7 @@ def down(c: Ctx, state_dir: str | None) -> None:
 def status(c: Ctx, state_dir: str | None) -> None:
     """Show the daemons and each node's state; exit 1 when the cluster is not up."""
     cl = cluster_from(c, state_dir=state_dir)
+    in_its_root(cl)
     if not cl.conf_path.exists():
         c.emit({"up": False}, f"devcluster: not up ({cl.state_dir} has no slurm.conf)")
         raise click.exceptions.Exit(1)
@@ -113,6 +143,7 @@ def env_cmd(c: Ctx, state_dir: str | None) -> None:
 def kill_node(c: Ctx, name: str, state_dir: str | None) -> None:
     """Kill one node's slurmd (simulates a crashed node)."""
     cl = cluster_from(c, state_dir=state_dir)
+    in_its_root(cl)
     if not cl.kill_node(name):
         raise click.ClickException(f"no running slurmd for node {name!r}")
     click.echo(f"killed slurmd of {name}")
@@ -125,7 +156,27 @@ def kill_node(c: Ctx, name: str, state_dir: str | None) -> None:
 def restart_node(c: Ctx, name: str, state_dir: str | None) -> None:
     """Restart one node's slurmd (the devcluster's 'replace' of a node)."""
     cl = cluster_from(c, state_dir=state_dir)
+    in_its_root(cl)
     if name not in cl.names():
         raise click.BadParameter(f"unknown node {name!r}; known: {', '.join(cl.names())}", param_hint="NAME")
     cl.restart_node(name)
     click.echo(f"restarted slurmd of {name}")
+
+
+@devcluster.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@slurm_opt
+@state_dir_opt
+@pass_ctx
+def exec_cmd(c: Ctx, argv: tuple[str, ...], slurm: str | None, state_dir: str | None) -> None:
+    """Run a command in the cluster's environment: inside its Slurm root where it has one, with SLURM_CONF set
+    (e.g. `hpresilience devcluster exec -- sinfo -V`). The project and its virtualenv are usable there."""
+    cl = cluster_from(c, state_dir=state_dir, slurm=slurm)
+    env = dict(os.environ)
+    if cl.conf_path.exists():
+        env["SLURM_CONF"] = str(cl.conf_path)
+    binds = [str(cl.state_dir)] if cl.state_dir.exists() else []
+    if cl.needs_root_entry():
+        slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
+        binds.append(str(Path.cwd()))
+    slurmroot.exec_in(cl.release, list(argv), env=env, binds=binds)

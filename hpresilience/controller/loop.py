@@ -380,6 +380,21 @@ class Controller:
             log.info("requeued_job_released", job_id=job.job_id, reason=job.reason)
         return released
 
+    def slurm_releases_requeued_jobs(self) -> int | None:
+        """Slurm's own hold on a requeued job when it is no longer than our release interval (the site set
+        requeue_delay on 25.11+): then Slurm starts the job as soon as we would, the release thread is not started,
+        and the wrapper takes its marker off when the job runs again. None: our release thread is needed."""
+        try:
+            delay = self.client.requeue_delay_s()
+        except HPResilienceError as err:  # an unreadable probe keeps the thread: it is never wrong, only needless
+            log.warning("requeue_delay_probe_failed", error=str(err)[:300])
+            return None
+        if delay is None or delay > self.settings.release_requeued_every_s:
+            return None
+        log.info("requeue_release_left_to_slurm", requeue_delay_s=delay,
+                 release_requeued_every_s=self.settings.release_requeued_every_s)
+        return delay
+
     def _release_loop(self) -> None:
         while not self.stop_event.wait(self.settings.release_requeued_every_s):
             try:
@@ -406,7 +421,8 @@ class Controller:
             log.info("controller_started", state_dir=self.settings.state_dir, dry_run=self.settings.dry_run,
                      under_repair=len(self.records), interval_s=self.settings.poll_interval_s)
             notify("READY=1", "STATUS=watching node states")
-            if self.settings.release_requeued_every_s > 0 and not self.settings.dry_run and not once:
+            if (self.settings.release_requeued_every_s > 0 and not self.settings.dry_run and not once
+                    and self.slurm_releases_requeued_jobs() is None):
                 threading.Thread(target=self._release_loop, name="release-requeued", daemon=True).start()
             watchdog = watchdog_interval_s()
             while not self.stop_event.is_set():

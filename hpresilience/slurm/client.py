@@ -61,7 +61,19 @@ class SlurmClient:
     def accounting_enabled(self) -> bool:
         """Whether slurmctld stores accounting (slurmdbd). Without it, Slurm refuses every update of a running
         job after its first resize, so callers must not plan on a second one."""
-        return self.config().get("AccountingStorageType", "accounting_storage/none") != "accounting_storage/none"
+        # 22.05 prints accounting_storage/none; 24.11 and 26.05 print (null) (their accounting_storage/none is gone).
+        kind = self.config().get("AccountingStorageType", "").strip()
+        return kind not in ("", "(null)", "none", "accounting_storage/none")
+
+    def requeue_delay_s(self) -> int | None:
+        """Seconds Slurm itself holds a requeued job where the site shortened the hold
+        (`SchedulerParameters=requeue_delay=N`, honoured from 25.11: 26.05.5 ran a requeued job again within 4 s
+        with N=2, while 24.11.5 accepts the option and still holds it 121 s). None: Slurm's default hold,
+        cred_expire + 1 s."""
+        if self.version < (25, 11, 0):
+            return None
+        value = parse.option_value(self.config().get("SchedulerParameters", ""), "requeue_delay")
+        return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
     def permits_job_expansion(self) -> bool:
         params = self.config().get("SchedulerParameters", "")

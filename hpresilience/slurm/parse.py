@@ -118,6 +118,10 @@ def _records(text: str, what: str, key: str, build: Callable[[dict[str, Any]], T
     data = _loads(text, what)
     raw = data.get(key)
     if not isinstance(raw, list):
+        if key == "nodes" and isinstance(data.get("sinfo"), list):
+            # 23.02+ `sinfo --json` lists aggregated node groups (states, counts, names; no addresses).
+            raise SlurmParseError([what], None, "", f"{what}: node groups of sinfo --json (Slurm 23.02+), not "
+                                  "node records: read nodes with `scontrol --json show node`")
         raise SlurmParseError([what], None, "", f"{what}: no `{key}` list in the output")
     out = []
     for d in raw:
@@ -195,6 +199,16 @@ def parse_key_values(text: str) -> dict[str, str]:
         if sep and key.strip() and " " not in key.strip():
             out[key.strip()] = value.strip()
     return out
+
+
+def option_value(options: str, key: str) -> str | None:
+    """The value of `key=value` in a comma-separated option list (SchedulerParameters, SlurmctldParameters);
+    '' for a bare flag, None when absent."""
+    for item in options.split(","):
+        name, sep, value = item.strip().partition("=")
+        if name == key:
+            return value if sep else ""
+    return None
 
 
 def parse_oneliner(text: str) -> dict[str, str]:

@@ -121,9 +121,10 @@ def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dic
 
 def run_on_nodes(client: SlurmClient, job_id: int, nodes: list[str], command: str, name: str,
                  timeout: float, env: dict[str, str]) -> Result:
-    """Run `command` once per node of the job (one task each), waiting for all; its output is captured."""
+    """Run `command` once per node of the job (one task each), waiting for all; its output is captured. No --nodes:
+    newer Slurm refuses it beside --distribution=arbitrary, and the node list gives the count."""
     return client.runner.run(
-        "srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+        "srun", f"--jobid={job_id}", f"--ntasks={len(nodes)}",
         f"--nodelist={','.join(nodes)}", "--distribution=arbitrary", "--export=ALL", f"--job-name={name}",
         command, timeout=timeout, check=False, retry=False, env=env)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from hpresilience import proc
 from hpresilience.errors import EnvironmentMissing, ExternalError
 from hpresilience.log import get_logger
+from hpresilience.testing import slurmroot
 
 log = get_logger("hpresilience.devcluster")
 
@@ -48,6 +49,14 @@ def _tool(name: str) -> str:
     if found is None:
         raise EnvironmentMissing(f"`{name}` not found (Debian package {TOOLS[name]}); install accounting: {APT_LINE}")
     return found
+
+
+def dbd_argv() -> list[str]:
+    """slurmdbd, with the MariaDB client library a Slurm root provides for it where its own one fails."""
+    compat = Path(slurmroot.COMPAT_DIR)
+    if (compat / "libmariadb.so.3").exists():
+        return ["/usr/bin/env", f"LD_LIBRARY_PATH={compat}", _tool("slurmdbd")]
+    return [_tool("slurmdbd")]
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -130,7 +139,7 @@ class Accounting:
         with os.fdopen(fd, "w") as f:
             f.write(self.render_dbd_conf(password))
         os.chmod(conf, 0o600)
-        self._spawn([_tool("slurmdbd")], False)
+        self._spawn(dbd_argv(), False)
         self._wait("slurmdbd", lambda: port_open(self.dbd_port), timeout, progress)
         log.info("devcluster_accounting_started", db_port=self.db_port, dbd_port=self.dbd_port, fresh=fresh)
 

@@ -31,7 +31,8 @@ from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.runner import CommandRunner
-from hpresilience.testing import devaccounting
+from hpresilience.testing import devaccounting, slurmroot
+from hpresilience.testing.slurmroot import SlurmRelease
 
 log = get_logger("hpresilience.devcluster")
 
@@ -62,9 +63,12 @@ def node_address(index: int) -> str:
 class DevCluster:
     def __init__(self, state_dir: Path | str, nodes: int = 4, base_port: int = 17817,
                  overrides: Mapping[str, str] | None = None, bin_dir: str = "", *,
-                 accounting: bool | None = None, extra_nodes: int = 0, proctrack: str = "auto") -> None:
+                 accounting: bool | None = None, extra_nodes: int = 0, proctrack: str = "auto",
+                 slurm: SlurmRelease | None = None) -> None:
         """accounting: None starts MariaDB + slurmdbd when their packages are installed (else logs the apt
-        line and runs without); True requires them. proctrack: auto uses cgroup v1 where it is mounted."""
+        line and runs without); True requires them. proctrack: auto uses cgroup v1 where it is mounted.
+        slurm: the release its daemons run (None: the one recorded in the state directory, else this process's);
+        a release other than the host's runs inside its Debian root (slurmroot.py)."""
         if proctrack not in PROCTRACK:
             raise ConfigError(f"unknown proctrack {proctrack!r}; known: {', '.join(PROCTRACK)}")
         if extra_nodes < 0:
@@ -77,6 +81,7 @@ class DevCluster:
         self.want_accounting = accounting
         self.extra_nodes = extra_nodes
         self.proctrack = proctrack
+        self.release = slurm or self.recorded_release() or slurmroot.current_release()
         self.accounting = devaccounting.Accounting(self.state_dir, base_port + 2, base_port + 3, self._spawn)
 
     # -- paths and configuration ---------------------------------------------------------------------
@@ -91,6 +96,20 @@ class DevCluster:
     def names(self) -> list[str]:
         return node_names(self.nodes)
 
+    def recorded_release(self) -> SlurmRelease | None:
+        """The release this state directory's cluster was started with (None before the first `up`)."""
+        try:
+            return SlurmRelease.parse((self.state_dir / slurmroot.RELEASE_FILE).read_text())
+        except (OSError, ConfigError):
+            return None
+
+    def root_prefix(self) -> list[str]:
+        """argv prefix entering this cluster's Slurm root from the host ([] for the host's Slurm or inside it)."""
+        return slurmroot.prefix(self.release, [str(self.state_dir)])
+
+    def needs_root_entry(self) -> bool:
+        return self.release.suite is not None and not slurmroot.inside_root()
+
     def env(self) -> dict[str, str]:
         """The environment a Slurm command needs to talk to this cluster."""
         env = dict(os.environ)
@@ -98,6 +117,10 @@ class DevCluster:
         return env
 
     def client(self, timeout: float = 15.0, retries: int = 3) -> SlurmClient:
+        if self.needs_root_entry():
+            # The host's 22.05 commands cannot talk to a newer slurmctld (Slurm accepts clients two releases back).
+            raise EnvironmentMissing(f"this cluster runs Slurm {self.release.value}: query it from inside its root "
+                                     "(hpresilience devcluster exec -- CMD)")
         return SlurmClient(CommandRunner(self.bin_dir, timeout=timeout, retries=retries, backoff=0.3, env=self.env()))
 
     def settings(self) -> dict[str, str]:
@@ -185,12 +208,24 @@ class DevCluster:
 
     # -- processes -----------------------------------------------------------------------------------
     def _tool(self, name: str) -> str:
+        if self.needs_root_entry():
+            root = slurmroot.root_path(self.release)
+            for d in ("/usr/sbin", "/usr/bin"):
+                if root is not None and os.path.exists(f"{root}{d}/{name}"):
+                    return f"{d}/{name}"
+            raise EnvironmentMissing(f"`{name}` not found in the Slurm {self.release.value} root {root}; "
+                                     f"rebuild it: rm -r {root} {root}.ready; hpresilience devcluster up "
+                                     f"--slurm {self.release.value}")
         path = os.path.join(self.bin_dir, name) if self.bin_dir else shutil.which(name)
         if not path or not os.path.exists(path):
             raise EnvironmentMissing(f"`{name}` not found; install Slurm: {APT_HINT}")
         return path
 
     def check_installed(self) -> None:
+        if self.needs_root_entry():
+            for tool in (*DAEMONS, *CLIENTS):
+                self._tool(tool)
+            return
         missing = [t for t in (*DAEMONS, *CLIENTS) if not (os.path.join(self.bin_dir, t) if self.bin_dir
                                                             else shutil.which(t))]
         if missing:
@@ -201,11 +236,12 @@ class DevCluster:
         starts them with an empty environment, but their cwd is our log directory), and every descendant
         of those (job scripts and tasks)."""
         me = str(self.state_dir)
+        dirs = _dir_ids(self.state_dir)
         found: dict[int, psutil.Process] = {}
         for p in psutil.process_iter(["pid"]):
             try:
                 ours = p.environ().get(MARKER) == me or (
-                    p.name().startswith("slurmstepd") and _under(p.cwd(), me))
+                    p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs))
                 if ours:
                     found[p.pid] = p
                     for child in p.children(recursive=True):
@@ -237,8 +273,10 @@ class DevCluster:
         absolute: it is); a `foreground` one (mariadbd) is detached into its own session here instead."""
         env = self.env()
         env[MARKER] = str(self.state_dir)
+        name = os.path.basename(argv[0])
+        argv = [*self.root_prefix(), *argv]
         if foreground:
-            with open(self.log_dir / f"{os.path.basename(argv[0])}.out", "ab") as out:
+            with open(self.log_dir / f"{name}.out", "ab") as out:
                 subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True, cwd=self.state_dir)
             return
@@ -297,6 +335,10 @@ class DevCluster:
 
     def up(self, timeout: float = 30.0, progress: Callable[[str], None] | None = None) -> float:
         """Start everything (unless already up) and wait for every node idle; returns seconds taken."""
+        if self.needs_root_entry():
+            # MariaDB's set-up and the wait for idle nodes run Slurm's and MariaDB's clients: from inside the root.
+            raise EnvironmentMissing(f"Slurm {self.release.value} runs inside its root: start this cluster with "
+                                     f"`hpresilience devcluster up --slurm {self.release.value}`")
         self.check_installed()
         started = time.monotonic()
         if self.is_up() and self.conf_path.exists():
@@ -309,6 +351,7 @@ class DevCluster:
         self.state_dir.chmod(0o700)  # holds the database and its password: nobody else's business
         if self.conf_path.exists():
             self.conf_path.unlink()  # accounting_wanted() must not read a previous cluster's choice
+        (self.state_dir / slurmroot.RELEASE_FILE).write_text(self.release.value + "\n")
         accounting = self.accounting_wanted()
         if self.want_accounting is None and not accounting:
             log.warning("devcluster_accounting_off", missing=devaccounting.missing_tools(),
@@ -322,7 +365,8 @@ class DevCluster:
             self.start_node(name)
         self.wait_idle(timeout, progress)
         took = time.monotonic() - started
-        log.info("devcluster_up", nodes=self.nodes, extra_nodes=self.extra_nodes, accounting=accounting,
+        log.info("devcluster_up", slurm=self.release.value, nodes=self.nodes, extra_nodes=self.extra_nodes,
+                 accounting=accounting,
                  proctrack=self.resolved_proctrack(), seconds=round(took, 2), slurm_conf=str(self.conf_path))
         return took
 
@@ -408,6 +452,27 @@ def _port_listening(port: int) -> bool:
                    for c in psutil.net_connections(kind="tcp"))
     except (psutil.AccessDenied, OSError):
         return False
+
+
+def _dir_ids(root: Path) -> set[tuple[int, int]]:
+    """(device, inode) of every directory of a state directory."""
+    out: set[tuple[int, int]] = set()
+    for d, _, _ in os.walk(root) if root.exists() else []:
+        with contextlib.suppress(OSError):
+            st = os.stat(d)
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def _cwd_id(pid: int) -> tuple[int, int] | None:
+    """The (device, inode) of a process's working directory. A slurmstepd of a cluster in a Slurm root runs in
+    another mount namespace, where its cwd reads as a path under the root's directory (or another bind), not
+    under our state directory: the directory itself is the same."""
+    try:
+        st = os.stat(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _under(path: str, root: str) -> bool:

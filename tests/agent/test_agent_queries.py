@@ -18,9 +18,10 @@ from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.fakenode import FakeNode
+from tests.conftest import node_read
 
 pytestmark = pytest.mark.integration
-FULL_TABLE = ("sinfo --json", "squeue --json", "scontrol --json show node")
+FULL_TABLE = ("sinfo --json", "squeue --json")
 
 
 def make_agent(cl: DevCluster, root: Path, name: str = "n1",
@@ -38,14 +39,15 @@ def make_agent(cl: DevCluster, root: Path, name: str = "n1",
 
 def assert_sized_by_node(commands: list[str]) -> None:
     for c in commands:
-        assert not c.startswith(FULL_TABLE) and c not in ("scontrol show node", "scontrol show node -o"), c
+        assert not c.startswith(FULL_TABLE), c
+        assert c not in ("scontrol show node", "scontrol show node -o", "scontrol --json show node"), c
 
 
 def test_healthy_cycle_runs_no_slurm_command(cluster: DevCluster, tmp_path: Path) -> None:
     """After one look at its own node (is a mark of ours on it?), healthy cycles ask Slurm nothing."""
     agent, runner, _ = make_agent(cluster, tmp_path)
     assert agent.cycle().kind == "none"
-    assert runner.commands() == ["scontrol show node n1 -o"]
+    assert runner.commands() == [node_read(cluster, "n1")]
     runner.calls.clear()
     for _ in range(5):
         assert agent.cycle().kind == "none"
@@ -65,14 +67,14 @@ def test_busy_node_is_looked_at_again_only_at_the_active_interval(cluster: DevCl
     agent, runner, _ = make_agent(cluster, tmp_path, active_checks=True, active_interval_s=3600)
     agent.memory.marked = False
     agent.cycle()
-    assert runner.commands() == ["scontrol show node n1 -o"] and agent.last_active == 0.0  # never ran
+    assert runner.commands() == [node_read(cluster, "n1")] and agent.last_active == 0.0  # never ran
     runner.calls.clear()
     for _ in range(3):
         agent.cycle()
     assert runner.calls == []
     agent.last_active_look -= 3600
     agent.cycle()
-    assert runner.commands() == ["scontrol show node n1 -o"]
+    assert runner.commands() == [node_read(cluster, "n1")]
 
 
 def test_fault_reads_own_node_then_the_ceiling_view_then_marks(cluster: DevCluster, tmp_path: Path,
@@ -85,14 +87,14 @@ def test_fault_reads_own_node_then_the_ceiling_view_then_marks(cluster: DevClust
     d = agent.cycle()
     assert d.kind == "mark" and slurm.node("n2").has("FAIL")
     cmds = runner.commands()
-    assert cmds[0] == "scontrol show node n2 -o"
+    assert cmds[0] == node_read(cluster, "n2")
     assert cmds.count("sinfo -h --partition=debug -o %R|%D|%H|%N|%E") == 2
     assert any(c.startswith("scontrol update nodename=n2 state=FAIL") for c in cmds)
     assert_sized_by_node(cmds)
     node.heal()
     runner.calls.clear()
     assert agent.cycle().kind == "resume" and not slurm.node("n2").has("FAIL")
-    assert runner.commands()[0] == "scontrol show node n2 -o"
+    assert runner.commands()[0] == node_read(cluster, "n2")
     runner.calls.clear()
     agent.cycle()
     assert runner.calls == []

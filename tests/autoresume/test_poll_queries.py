@@ -10,6 +10,7 @@ from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_capacity import capacity_for
+from tests.conftest import node_read
 
 pytestmark = pytest.mark.integration
 
@@ -24,4 +25,4 @@ def test_unhealthy_reads_only_the_jobs_nodes(cluster: DevCluster, slurm: SlurmCl
     cap, _, _ = capacity_for(client, job_id, tmp_path)
     slurm.set_node_state(["n2"], "fail", "Action:Replace")
     assert cap.unhealthy(job) == {"n2"}
-    assert runner.commands() == ["scontrol show node n[1-2] -o"]
+    assert runner.commands() == [node_read(cluster, "n[1-2]")]

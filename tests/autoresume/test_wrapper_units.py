@@ -90,6 +90,8 @@ def test_srun_command_line_is_explicit_and_ordered() -> None:
     argv = launch.srun_argv("/bin/srun", 9, "step", ["-J", "mine"], ["train.sh"], user_export="NONE")
     assert "--nodelist=n3,n3,n2,n2" in argv and "--distribution=arbitrary" in argv and "--ntasks=4" in argv
     assert "--kill-on-bad-exit=1" in argv and "--jobid=9" in argv
+    # Slurm 24.11 and 26.05 refuse --nodes beside --distribution=arbitrary: the task list alone sets the nodes.
+    assert not any(a.startswith(("--nodes", "-N")) for a in argv[:argv.index("--job-name=step")])
     assert argv[-2:] == ["--job-name=step", "train.sh"]  # our step name wins over the user's -J
     export = next(a for a in argv if a.startswith("--export="))
     assert "NODE_LIST" in export and "MASTER_ADDR" in export

@@ -11,6 +11,7 @@ from hpresilience.controller.loop import Controller
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster
+from tests.conftest import node_read
 from tests.controller.conftest import Scripts, settings_for
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,7 @@ def test_poll_reads_only_nodes_with_a_reason(cluster: DevCluster, slurm: SlurmCl
     slurm.set_node_state(["n2"], "fail", "Action:Replace")
     runner.calls.clear()
     ctl.cycle()
-    assert runner.commands() == [LIST_OUT_OF_SERVICE, "scontrol show node n[2-3] -o"]
+    assert runner.commands() == [LIST_OUT_OF_SERVICE, node_read(cluster, "n[2-3]")]
     assert list(ctl.records) == ["n2"]
 
 
@@ -53,5 +54,5 @@ def test_node_under_repair_is_read_by_name_once_back_in_service(cluster: DevClus
     slurm.set_node_state(["n4"], "resume")
     runner.calls.clear()
     ctl.cycle()
-    assert runner.commands() == [LIST_OUT_OF_SERVICE, "scontrol show node n4 -o"]
+    assert runner.commands() == [LIST_OUT_OF_SERVICE, node_read(cluster, "n4")]
     assert ctl.records == {}

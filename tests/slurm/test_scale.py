@@ -12,7 +12,7 @@ from hpresilience.errors import SlurmError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster
-from tests.conftest import TEST_BASE_PORT, require_slurm
+from tests.conftest import TEST_BASE_PORT, job_read, require_slurm
 
 pytestmark = pytest.mark.integration
 EXTRA = 10_000
@@ -72,5 +72,5 @@ def test_job_read_names_the_job(big: DevCluster, client: tuple[SlurmClient, Coun
         time.sleep(0.2)
     j = c.job(job)
     assert j.nodes == ("n1", "n2") and j.partition == "debug"
-    assert all(cmd.startswith(("sbatch", f"scontrol show job {job} -o")) for cmd in runner.commands())
+    assert all(cmd.startswith(("sbatch", job_read(big, job))) for cmd in runner.commands())
     c.cancel(job)

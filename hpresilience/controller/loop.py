@@ -395,6 +395,12 @@ class Controller:
                 log.warning("requeued_jobs_unreadable", error=str(err)[:300], kind=type(err).__name__)
         return self._next_notice, self._next_release
 
+    def start_jobs_thread(self) -> threading.Thread:
+        """The job thread on its own (run() starts it; a bench or a test may start it without the cycle)."""
+        thread = threading.Thread(target=self._jobs_loop, name="jobs", daemon=True)
+        thread.start()
+        return thread
+
     def _jobs_loop(self) -> None:
         """The job thread: notices to jobs on bad nodes, and releases of the jobs their wrappers requeued."""
         self._next_notice = self._next_release = time.monotonic()
@@ -427,7 +433,7 @@ class Controller:
                      under_repair=len(self.records), interval_s=self.settings.poll_interval_s)
             notify("READY=1", "STATUS=watching node states")
             if not self.settings.dry_run and not once:
-                threading.Thread(target=self._jobs_loop, name="jobs", daemon=True).start()
+                self.start_jobs_thread()
             watchdog = watchdog_interval_s()
             while not self.stop_event.is_set():
                 try:

@@ -23,7 +23,7 @@ log = get_logger("hpresilience.autoresume")
 
 
 class NodeWatch:
-    def __init__(self, client: SlurmClient, job_id: int, full_check_s: float = 60.0) -> None:
+    def __init__(self, client: SlurmClient, job_id: int, full_check_s: float = 120.0) -> None:
         self.client = client
         self.job_id = job_id
         self.full_check_s = full_check_s

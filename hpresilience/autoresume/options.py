@@ -30,7 +30,7 @@ class WrapperOptions:
     shutdown_timeout_s: float = 30.0
     max_line_bytes: int = 65536
     poll_interval_s: float = 1.0
-    full_node_check_s: float = 60.0
+    full_node_check_s: float = 120.0
     metrics_path: str | None = None
     master_port_base: int = 29500
     master_port_span: int = 20000

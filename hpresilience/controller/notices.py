@@ -56,7 +56,7 @@ class JobNotifier:
         # Jobs told before whose bad nodes are back in service: the word comes off (told an empty set).
         for j in self.told:
             on_job.setdefault(j, {})
-        written = 0
+        written, retry = 0, False
         for job_id, job_bad in on_job.items():
             if job_id in self.unwritable or self.told.get(job_id, {}) == job_bad:
                 continue
@@ -68,6 +68,8 @@ class JobNotifier:
             except HPResilienceError as err:
                 if "DB index" in str(err):
                     self.unwritable.add(job_id)
+                else:
+                    retry = True  # slurmctld busy: the next pass tries again, even if nothing else changed
                 log.warning("job_notice_not_written", job_id=job_id, error=str(err)[:300])
                 continue
             if job_bad:
@@ -78,5 +80,5 @@ class JobNotifier:
                 self.told[job_id] = job_bad
             written += 1
             log.info("job_notice_written", job_id=job_id, nodes=",".join(sorted(job_bad)) or None, found=found)
-        self.last_bad = bad
+        self.last_bad = None if retry else bad
         return written

@@ -9,6 +9,7 @@ from pathlib import Path
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
 from hpresilience.testing.fakerunner import FakeRunner
 
 SCAN = "squeue -h -t PD -o %i|%r|%k"
@@ -41,3 +42,18 @@ def test_a_released_job_is_one_the_controller_told(tmp_path: Path) -> None:
     assert ctl.release_requeued() == 1
     assert runner.commands()[-2:] == ["scontrol update jobid=7 StartTime=now",
                                       "scontrol update jobid=7 Comment=run a=1"]
+
+
+def test_a_notice_refused_by_a_busy_slurmctld_is_written_on_the_next_pass(tmp_path: Path) -> None:
+    runner = FakeRunner(retries=0)
+    runner.answer("squeue", "-h", "-t", "R,CG,S", "-w", "n2", stdout="7|n[1-2]\n")
+    runner.answer("scontrol", "show", "job", "7", stdout="JobId=7 JobName=x\n   AdminComment=site note \n")
+    runner.answer("scontrol", "update", exit_code=1, stderr="slurm_update error: Socket timed out on send/recv")
+    runner.answer("scontrol", "update", stdout="")
+    notifier = controller(tmp_path, runner).notifier
+    bad = [Node(name="n2", address="a", hostname="h", states=frozenset({"ALLOCATED", "FAIL"}),
+                reason="Action:Replace", reason_changed_at=1764090077)]
+    assert notifier.notify(bad) == 0
+    assert notifier.notify(bad) == 1  # the same snapshot: tried again, not taken as done
+    assert runner.commands()[-1] == "scontrol update jobid=7 AdminComment=site note hpr:bad=n2@1764090077"
+    assert notifier.notify(bad) == 0 and runner.commands().count("squeue -h -t R,CG,S -w n2 -o %i|%N") == 2

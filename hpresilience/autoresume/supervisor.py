@@ -278,9 +278,9 @@ class Supervisor:
             self.reporter.decision("requeue_marker_not_set", error=str(err)[:300])
 
     def _clear_requeue_marker(self) -> None:
-        # The one-line form cuts a comment at its first `k=v` word: good enough to see the marker, not to write
-        # the comment back, which is read alone first.
-        if not has_requeue_marker(self.details.get("Comment", "")):
+        # Only a requeued run can carry the marker. The one-line form cuts a comment at its first `k=v` word,
+        # so the comment is read alone (one job query) before it is looked at or written back.
+        if self.identity.restart_count == 0 and not has_requeue_marker(self.details.get("Comment", "")):
             return
         try:  # the controller takes it off when it releases the job; this covers a job Slurm started anyway
             comment = job_comment(self.client, self.job_id)

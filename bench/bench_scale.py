@@ -5,22 +5,35 @@ Python process so that peaks are its own:
 - full table: `SlurmClient.nodes()` (what the agent, the wrapper and the controller read every cycle before);
 - agent, healthy cycle (the steady state) and the reads of its other paths: its own node (active check due,
   a finding to judge, a mark to lift) and the fleet ceiling's view (only when a mark is about to be made);
-- wrapper poll of a 2-node and of a 64-node step (the step's nodes), and its per-attempt job read;
+- wrapper poll before (the step's nodes, 2 and 64) and now (its own job: the controller's notice), and its
+  per-attempt job read;
 - controller cycle with 50 nodes asking for a repair (dry run: the same reads, no writes).
+Then (issue 27), each once:
+- 200 simulated auto-resume pollers (each one own-job read a second, as NodeWatch does) for --poll-s seconds:
+  slurmctld CPU per job-second, plus the slow full check (the step's nodes every full_node_check_s) amortised;
+- detection: the controller's job thread on, a 2-node job polled as the wrapper does; a node under it marked
+  bad; seconds until the poll names it (--trials times);
+- the controller's cycle plus its job thread's pass (notices and requeue release) with 0 and with --pending
+  pending jobs (the whole-queue scan, every release_scan_every_s, shown apart, amortised);
+- the agent as its own process (healthy, on a recorded p5 node): peak RSS including children, CPU.
 For each: Slurm commands run, bytes read, client wall time, client CPU and peak RSS including child
 processes, and slurmctld CPU (from /proc/<pid>/stat before and after, its idle rate in the same run
 subtracted), each also as a ratio against the full-table read of the same run. Then the projected
 slurmctld load of 10,000 agents at their default interval and of 200 concurrent auto-resume jobs.
 
 Targets (issue 12): healthy agent cycle 0 commands; wrapper poll <= 16 KB and <= 50 ms client CPU;
-controller cycle with 50 nodes to repair <= 0.3 s client CPU.
+controller cycle with 50 nodes to repair <= 0.3 s client CPU. Issue 27: <= 0.5 ms slurmctld CPU per
+auto-resume job-second; detection <= 2 s; the controller with 10,000 pending jobs costs slurmctld no more
+than with none; agent healthy cycle 0 Slurm calls and <= 60 MB RSS including children.
 
     .venv/bin/python bench/bench_scale.py [--extra-nodes 10000] [--base-port 24217] [--repeat 20]
+        [--pollers 200] [--poll-s 15] [--pending 10000] [--trials 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -92,6 +105,11 @@ def prepare(name: str, client: Any, work: str) -> Any:
     if name == "wrapper_poll_64":
         names = [f"gpu-st-p5-{i}" for i in range(1, 65)]
         return lambda: client.nodes(names)
+    if name == "wrapper_notice":
+        from hpresilience.autoresume.nodewatch import NodeWatch
+
+        watch = NodeWatch(client, int(Path(work, "job").read_text()), full_check_s=0)
+        return lambda: watch.bad_nodes(["n1", "n2"])
     if name == "wrapper_job":
         job = int(Path(work, "job").read_text())
         return lambda: client.job(job)
@@ -108,13 +126,172 @@ def prepare(name: str, client: Any, work: str) -> Any:
     raise SystemExit(f"unknown scenario {name}")
 
 
+
+# -- issue 27: what a running job costs, detection, the controller with a long queue, the agent process ------
+def measure_ctld(ctld: int, idle: float, op: Any) -> tuple[float, float]:
+    """slurmctld CPU seconds spent while `op()` ran, its idle rate subtracted, and the wall time."""
+    c0, t0 = ctld_cpu(ctld), time.monotonic()
+    op()
+    wall = time.monotonic() - t0
+    return max(0.0, ctld_cpu(ctld) - c0 - idle * wall), wall
+
+
+def simulated_pollers(client: Any, ctld: int, idle: float, job: int, pollers: int, seconds: float) -> dict[str, float]:
+    """`pollers` jobs' wrappers, each reading its own job once a second (NodeWatch's poll), for `seconds`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hpresilience.autoresume.nodewatch import NodeWatch
+
+    watches = [NodeWatch(client, job, full_check_s=0) for _ in range(pollers)]
+    done = [0]
+
+    def poll(w: Any) -> None:
+        w.bad_nodes(["n1", "n2"])
+        done[0] += 1
+
+    def run() -> None:
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            start = time.monotonic()
+            for i in range(int(seconds * pollers)):
+                due = start + i / pollers  # each poller once a second, their phases spread evenly
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                pool.submit(poll, watches[i % pollers])
+
+    cpu, wall = measure_ctld(ctld, idle, run)
+    return {"calls": done[0], "ctld_s": cpu, "wall": wall, "per_call_ms": cpu * 1000 / max(1, done[0]),
+            "rate": done[0] / wall}
+
+
+def detection(client: Any, work: str, job: int, trials: int) -> list[float]:
+    """The controller's job thread on; a wrapper-like poll once a second; n2 (under the job) marked bad."""
+    import threading
+
+    from hpresilience.autoresume.nodewatch import NodeWatch
+    from hpresilience.controller.loop import Controller
+    from hpresilience.controller.settings import ControllerSettings
+    from hpresilience.slurm.notice import read_notice
+
+    ctl = Controller(ControllerSettings.model_validate({"state_dir": str(Path(work) / "ctl-notices"),
+                                                        "metrics_address": ""}), client)
+    ctl.start_jobs_thread()
+    out = []
+    try:
+        for _ in range(trials):
+            watch, stop = NodeWatch(client, job, full_check_s=0), threading.Event()
+            seen: list[float] = []
+
+            def loop(w: Any = watch, found: list[float] = seen, halt: threading.Event = stop) -> None:
+                while not halt.wait(1.0):
+                    if w.bad_nodes(["n1", "n2"]):
+                        found.append(time.time())
+                        return
+
+            t = threading.Thread(target=loop, daemon=True)
+            t.start()
+            time.sleep(0.37)  # a phase between the poll's and the job thread's seconds
+            t0 = time.time()
+            client.set_node_state(["n2"], "fail", "Action:Replace bench")
+            t.join(timeout=30)
+            stop.set()
+            out.append(seen[0] - t0 if seen else float("inf"))
+            client.set_node_state(["n2"], "resume")
+            deadline = time.monotonic() + 30
+            while read_notice(client, job).bad and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1.1)  # the next mark gets another second
+    finally:
+        ctl.stop()
+    return out
+
+
+def controller_pass(client: Any, ctld: int, idle: float, work: str, repeat: int) -> dict[str, float]:
+    """The controller's cycle plus one pass of its job thread (notices and requeue release, whole-queue scan
+    apart), `repeat` times; then the whole-queue scan alone, `repeat` times."""
+    from hpresilience.controller.loop import Controller
+    from hpresilience.controller.settings import ControllerSettings
+    from hpresilience.slurm.jobs import requeued_jobs_held
+
+    ctl = Controller(ControllerSettings.model_validate(
+        {"state_dir": str(Path(work) / f"ctl-pass-{time.time_ns()}"), "dry_run": True, "metrics_address": "",
+         "max_concurrent": REPAIRS, "release_scan_every_s": 0}), client)
+    ctl.cycle()
+    ctl.jobs_tick(0.0)
+    clock = [10.0]
+
+    def passes() -> None:
+        for _ in range(repeat):
+            ctl.cycle()
+            clock[0] += 10.0
+            ctl.jobs_tick(clock[0])
+
+    cpu, _ = measure_ctld(ctld, idle, passes)
+    scan, _ = measure_ctld(ctld, idle, lambda: [requeued_jobs_held(client) for _ in range(repeat)])
+    return {"pass_ms": cpu * 1000 / repeat, "scan_ms": scan * 1000 / repeat}
+
+
+def submit_pending(env: dict[str, str], count: int) -> float:
+    """`count` held jobs (pending, JobHeldUser), submitted 8 at a time; returns the seconds it took."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.monotonic()
+
+    def one(_: int) -> None:
+        subprocess.run(["sbatch", "-H", "-o", "/dev/null", "--wrap", "true"], env=env, check=True,
+                       capture_output=True, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for i, _ in enumerate(pool.map(one, range(count)), 1):
+            if i % 2000 == 0:
+                print(f"  {i} pending jobs submitted ({time.monotonic() - t0:.0f} s)", flush=True)
+    return time.monotonic() - t0
+
+
+def agent_process(cl: Any, work: str, seconds: float, interval: float) -> dict[str, float]:
+    """The real agent (`python -m hpresilience agent`) on a recorded p5 node: peak RSS of the process (VmHWM)
+    and of it with its children (sampled every 20 ms), and its CPU over `seconds`."""
+    import psutil
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_agent import start_agent
+
+    from hpresilience.testing.fakenode import FakeNode
+
+    node = FakeNode.make(Path(work) / "fake-agent-proc", "p5.48xlarge")
+    p = start_agent(cl, node, "n3", interval)
+    proc = psutil.Process(p.pid)
+    time.sleep(3.0)  # imports and the first cycle
+    c0 = proc.cpu_times()
+    t0 = time.monotonic()
+    peak_tree = 0.0
+    try:
+        while time.monotonic() - t0 < seconds:
+            kids = 0
+            for c in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    kids += c.memory_info().rss
+            peak_tree = max(peak_tree, (proc.memory_info().rss + kids) / 2**20)
+            time.sleep(0.02)
+        c1 = proc.cpu_times()
+        hwm = next(int(line.split()[1]) for line in Path(f"/proc/{p.pid}/status").read_text().splitlines()
+                   if line.startswith("VmHWM")) / 1024
+        cpu = (c1.user + c1.system + c1.children_user + c1.children_system
+               - c0.user - c0.system - c0.children_user - c0.children_system)
+    finally:
+        p.terminate()
+        p.wait(10)
+    return {"hwm_mb": hwm, "peak_tree_mb": max(peak_tree, hwm), "cpu_pct": 100 * cpu / (time.monotonic() - t0)}
+
+
 # -- the driver ---------------------------------------------------------------------------------------
 ROWS = [("full", "full table: SlurmClient.nodes() (before)", 3),
         ("agent_cycle", "agent: healthy cycle", 0),
         ("agent_own_node", "agent: own node (active check due / finding)", 0),
         ("agent_mark_reads", "agent: own node + ceiling view (mark about to be made)", 0),
-        ("wrapper_poll_2", "wrapper poll: 2-node step", 0),
-        ("wrapper_poll_64", "wrapper poll: 64-node step", 0),
+        ("wrapper_poll_2", "wrapper poll before: 2-node step's nodes", 0),
+        ("wrapper_poll_64", "wrapper poll before: 64-node step's nodes", 0),
+        ("wrapper_notice", "wrapper poll now: its own job (notice)", 0),
         ("wrapper_job", "wrapper: job read (per attempt)", 0),
         ("controller_cycle", f"controller cycle, {REPAIRS} nodes to repair", 5)]
 
@@ -134,6 +311,11 @@ def main() -> None:
     ap.add_argument("--extra-nodes", type=int, default=10_000)
     ap.add_argument("--base-port", type=int, default=int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817")) + 400)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--pollers", type=int, default=200)
+    ap.add_argument("--poll-s", type=float, default=15.0)
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--agent-s", type=float, default=30.0)
     ap.add_argument("--child")
     ap.add_argument("--conf")
     ap.add_argument("--ctld", type=int)
@@ -145,13 +327,14 @@ def main() -> None:
 
     from hpresilience.agent.settings import AgentSettings
     from hpresilience.autoresume.settings import AutoResumeSettings
+    from hpresilience.controller.settings import ControllerSettings
     from hpresilience.log import setup_logging
     from hpresilience.testing.devcluster import DevCluster
 
     setup_logging("error", json=True)
     with tempfile.TemporaryDirectory(prefix="hpr-bench-scale-") as tmp:
         cl = DevCluster(state_dir=Path(tmp) / "cluster", nodes=4, base_port=args.base_port, accounting=False,
-                        extra_nodes=args.extra_nodes)
+                        extra_nodes=args.extra_nodes, overrides={"MaxJobCount": str(args.pending + 1000)})
         t = time.monotonic()
         cl.up(timeout=120)
         print(f"devcluster: 4 real + {args.extra_nodes} powered-down p5 nodes, up in {time.monotonic() - t:.1f} s")
@@ -172,6 +355,25 @@ def main() -> None:
                 r = run_child(name, str(cl.conf_path), ctld, rep or args.repeat, tmp)
                 r["ctld"] = max(0.0, r["ctld"] - idle * r["elapsed"] / (rep or args.repeat))
                 rows[name] = r
+            print(f"{args.pollers} simulated pollers for {args.poll_s:g} s ...", flush=True)
+            polled = simulated_pollers(client, ctld, idle, job, args.pollers, args.poll_s)
+            print("detection trials ...", flush=True)
+            detected = detection(client, tmp, job, args.trials)
+            print("agent process ...", flush=True)
+            agent = agent_process(cl, tmp, args.agent_s, 5.0)
+            print("controller pass, no pending job ...", flush=True)
+            ctl_empty = controller_pass(client, ctld, idle, tmp, 20)
+            print(f"submitting {args.pending} pending jobs ...", flush=True)
+            took = submit_pending(cl.env(), args.pending)
+            queued = len(client.runner.run("squeue", "-h", "-t", "PD", "-o", "%i").stdout.split())
+            print(f"  {queued} pending jobs in the queue ({took:.0f} s)", flush=True)
+            # slurmctld's own scheduling passes over a long queue cost it CPU whoever asks what: measured
+            # again with the queue in place, and subtracted like the idle rate of the empty cluster.
+            c0, t0 = ctld_cpu(ctld), time.monotonic()
+            time.sleep(10)
+            idle_queued = (ctld_cpu(ctld) - c0) / (time.monotonic() - t0)
+            print(f"  slurmctld idle CPU with the queue: {idle_queued * 1000:.1f} ms/s (subtracted)", flush=True)
+            ctl_full = controller_pass(client, ctld, idle_queued, tmp, 20)
         finally:
             cl.down()
     full = rows["full"]
@@ -190,18 +392,36 @@ def main() -> None:
     agent_now = agents * (rows["agent_cycle"]["ctld"] / a.passive_interval_s
                           + rows["agent_own_node"]["ctld"] / a.active_interval_s)
     agent_before = agents * full["ctld"] / a.passive_interval_s
-    wrap_now = jobs * rows["wrapper_poll_2"]["ctld"] / w.poll_interval_s
-    wrap_before = jobs * full["ctld"] / w.poll_interval_s
+    wrap_before = rows["wrapper_poll_2"]["ctld"] / w.poll_interval_s  # per job-second
+    full_check = rows["wrapper_poll_2"]["ctld"] / w.full_node_check_s if w.full_node_check_s else 0.0
+    wrap_now = polled["per_call_ms"] / 1000 / w.poll_interval_s + full_check
     print("\nprojected slurmctld load (CPU s per s), measured per-query costs above:")
     print(f"  {agents} agents, passive {a.passive_interval_s:g} s / active {a.active_interval_s:g} s: "
           f"{agent_now:.4f} now vs {agent_before:.2f} with a full-table read per cycle "
           f"(ratio {ratio(agent_now, agent_before)})")
-    print(f"  {jobs} auto-resume jobs polling every {w.poll_interval_s:g} s: {wrap_now:.3f} now vs "
-          f"{wrap_before:.2f} with a full-table read per poll (ratio {ratio(wrap_now, wrap_before)})")
-    poll = rows["wrapper_poll_2"]
+    print(f"\n{args.pollers} simulated auto-resume pollers (own-job read each second), {polled['calls']} reads in "
+          f"{polled['wall']:.1f} s ({polled['rate']:.0f}/s achieved):"
+          f" slurmctld {polled['per_call_ms']:.3f} ms per read")
+    print(f"  per auto-resume job-second: {wrap_now * 1000:.3f} ms (own job each {w.poll_interval_s:g} s "
+          f"+ the step's nodes every full_node_check_s={w.full_node_check_s:g} s: {full_check * 1000:.3f} ms) vs "
+          f"{wrap_before * 1000:.2f} ms before (the step's nodes each poll): {ratio(wrap_before, wrap_now)}x less")
+    print(f"  {jobs} jobs: {jobs * wrap_now:.3f} CPU s per s now vs {jobs * wrap_before:.2f} before")
+    print(f"detection (controller job thread every {ControllerSettings().notify_jobs_every_s:g} s, poll every "
+          f"{w.poll_interval_s:g} s), {len(detected)} trials: " + ", ".join(f"{d:.2f} s" for d in detected))
+    print(f"controller cycle + job-thread pass: {ctl_empty['pass_ms']:.2f} ms slurmctld with 0 pending jobs, "
+          f"{ctl_full['pass_ms']:.2f} ms with {queued} (ratio {ratio(ctl_full['pass_ms'], ctl_empty['pass_ms'])}); "
+          f"the whole-queue scan (every release_scan_every_s={ControllerSettings().release_scan_every_s:g} s): "
+          f"{ctl_empty['scan_ms']:.2f} -> {ctl_full['scan_ms']:.2f} ms")
+    print(f"agent process (healthy, passive every 5 s, {args.agent_s:g} s): VmHWM {agent['hwm_mb']:.1f} MB, peak with "
+          f"children {agent['peak_tree_mb']:.1f} MB, CPU {agent['cpu_pct']:.2f} % of a core")
+    poll = rows["wrapper_notice"]
     print(f"\ntargets: agent healthy cycle 0 commands -> {rows['agent_cycle']['commands']:g}; wrapper poll <= 16 KB "
           f"-> {poll['bytes'] / 1000:.1f} KB, <= 50 ms CPU -> {poll['cpu'] * 1000:.1f} ms; "
           f"controller cycle ({REPAIRS} to repair) <= 300 ms CPU -> {rows['controller_cycle']['cpu'] * 1000:.0f} ms")
+    print(f"issue 27: <= 0.5 ms slurmctld per job-second -> {wrap_now * 1000:.3f} ms; detection <= 2 s -> "
+          f"max {max(detected):.2f} s; controller with {queued} pending ~ with none -> "
+          f"{ctl_full['pass_ms']:.2f} vs {ctl_empty['pass_ms']:.2f} ms; agent <= 60 MB -> "
+          f"{agent['peak_tree_mb']:.1f} MB")
 
 
 if __name__ == "__main__":

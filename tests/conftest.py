@@ -147,3 +147,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             module = getattr(item, "module", None)
             if module is not None and module.__name__.endswith("_fuzz"):
                 item.add_marker(pytest.mark.timeout(0))
+
+
+def self_watch_config(directory: Path) -> str:
+    """A config file for wrappers on a cluster where no controller tells jobs of bad nodes (tests that mark
+    nodes by hand): the wrapper reads its step's nodes every half second itself, as it does without one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "self-watch.yaml"
+    path.write_text("autoresume:\n  full_node_check_s: 0.5\n")
+    return str(path)

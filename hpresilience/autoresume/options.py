@@ -30,6 +30,7 @@ class WrapperOptions:
     shutdown_timeout_s: float = 30.0
     max_line_bytes: int = 65536
     poll_interval_s: float = 1.0
+    full_node_check_s: float = 120.0
     metrics_path: str | None = None
     master_port_base: int = 29500
     master_port_span: int = 20000
@@ -82,7 +83,8 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
         replace_timeout_s=replace_timeout_s or settings.replace_timeout_s,
         shutdown_signal=int(signal.Signals[settings.shutdown_signal]),
         shutdown_timeout_s=settings.shutdown_timeout_s, max_line_bytes=settings.max_line_bytes,
-        poll_interval_s=poll_interval_s or settings.poll_interval_s, metrics_path=metrics_path or None,
+        poll_interval_s=poll_interval_s or settings.poll_interval_s,
+        full_node_check_s=settings.full_node_check_s, metrics_path=metrics_path or None,
         master_port_base=master_port_base or settings.master_port_base,
         script_timeout_s=settings.script_timeout_s, requeue_wait_s=settings.requeue_wait_s,
         pre_train_script=pre_train_script, post_train_script=post_train_script, watch=settings)

@@ -124,8 +124,12 @@ class AutoResumeSettings(Section):
     # Where per-job state survives a requeue; must be on a shared file system.
     # Empty: $SLURM_SUBMIT_DIR/.hpresilience/jobs, else ~/.hpresilience/jobs.
     state_dir: str = ""
-    # Seconds between looks at the step's nodes in Slurm while it runs (one sinfo query each).
+    # Seconds between looks at the job's own record while the step runs (one job query each: the controller
+    # writes the job's bad nodes there; autoresume/nodewatch.py).
     poll_interval_s: float = Field(default=1.0, ge=0.1)
+    # Also read the step's nodes themselves this often, for clusters where no controller tells the jobs (a node
+    # query costs slurmctld its whole node table). 0: never, trust the controller's notices alone.
+    full_node_check_s: float = Field(default=120.0, ge=0)
     # MASTER_PORT is this plus an offset that changes every attempt (no TIME_WAIT or stale-store clashes).
     master_port_base: int = Field(default=29500, ge=1024, le=45000)
     # Prometheus textfile; empty: <metrics_dir>/hpresilience_job_<job id>.prom when that directory is writable.

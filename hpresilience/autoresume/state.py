@@ -74,9 +74,12 @@ def belongs_to(state: WrapperState, who: JobIdentity) -> str | None:
         return f"it is job {state.job_id}'s"
     if state.cluster and who.cluster and state.cluster != who.cluster:
         return f"it is job {state.job_id} of cluster {state.cluster!r}, this is cluster {who.cluster!r}"
-    if not state.submit_time or not who.submit_time:
-        return None if state.slurm_restart_count <= who.restart_count else \
-            f"it counts {state.slurm_restart_count} requeue(s), this job only {who.restart_count}"
+    # Without both submit times the file cannot be told apart from another job's with the same id (a
+    # reinstalled cluster, a shared home): never adopted. Losing a requeued job's counters is the lesser harm.
+    if not who.submit_time:
+        return "this job's submit time could not be read from Slurm, so no state file can be shown to be its own"
+    if not state.submit_time:
+        return "the file records no submit time, so it cannot be shown to be this job's"
     if who.restart_count == state.slurm_restart_count:
         if state.submit_time != who.submit_time:
             return f"it belongs to a job submitted at {state.submit_time}, this one was submitted at {who.submit_time}"

@@ -19,6 +19,7 @@ from typing import IO
 
 from hpresilience.autoresume.classify import node_is_bad
 from hpresilience.autoresume.hang import Attribution, HangClock, HangDue
+from hpresilience.autoresume.nodewatch import NodeWatch
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.plan import AttemptLaunch
 from hpresilience.autoresume.progress import ProgressStream
@@ -89,6 +90,7 @@ class StepRunner:
         self.current_name = ""
         self._stopping = False
         self.overlap = False  # a dead step of ours still holds resources: share them
+        self.watch = NodeWatch(client, opts.job_id, opts.full_node_check_s)
 
     def step_name(self, attempt: int) -> str:
         return f"hpr-autoresume-{self.opts.job_id}-{attempt}"
@@ -201,13 +203,7 @@ class StepRunner:
         return running
 
     def _bad_nodes(self, launch: AttemptLaunch) -> list[str]:
-        try:
-            nodes = self.client.nodes(launch.nodes)
-        except HPResilienceError as err:
-            # An unanswering slurmctld is not a healthy verdict, nor a reason to kill a working step.
-            log.warning("slurm_poll_failed", error=str(err)[:300])
-            return []
-        bad = [n for n in nodes if node_is_bad(n)]
+        bad = [n for n in self.watch.bad_nodes(launch.nodes) if node_is_bad(n)]  # reads the job, not the nodes
         for n in bad:
             age = time.time() - n.reason_changed_at if n.reason_changed_at else None
             if age is not None and 0 <= age < MAX_DETECTION_AGE_S:

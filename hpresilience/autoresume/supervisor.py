@@ -35,7 +35,13 @@ from hpresilience.autoresume.stream import RuleFeed
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.jobs import REQUEUE_MARKER, job_details, set_job_comment, with_requeue_marker
+from hpresilience.slurm.jobs import (
+    has_requeue_marker,
+    job_comment,
+    job_identity_details,
+    set_job_comment,
+    with_requeue_marker,
+)
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.srun import TASK_END_LINE, application_exit_code
 from hpresilience.slurm.steps import nodes_answering
@@ -62,7 +68,7 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         self.job_id = opts.job_id
         self.store = StateStore(opts.state_dir, opts.job_id)
-        self.details = job_details(client, opts.job_id)
+        self.details = job_identity_details(client, opts.job_id)
         self.identity = JobIdentity(cluster=self.env.get("SLURM_CLUSTER_NAME", ""), job_id=opts.job_id,
                                     submit_time=self.details.get("SubmitTime", ""),
                                     restart_count=_int_env(self.env, "SLURM_RESTART_COUNT"))
@@ -366,18 +372,21 @@ class Supervisor:
     def _mark_for_release(self) -> None:
         """Tell the controller (root) that this requeue is ours, so it starts the job again at once instead
         of after Slurm's hold: a word in the job's comment, which survives the requeue."""
-        comment = job_details(self.client, self.job_id).get("Comment", "")
         try:
+            comment = job_comment(self.client, self.job_id)  # the comment alone, byte for byte
             set_job_comment(self.client, self.job_id, with_requeue_marker(comment, True))
         except HPResilienceError as err:
             self.reporter.decision("requeue_marker_not_set", error=str(err)[:300])
 
     def _clear_requeue_marker(self) -> None:
-        comment = self.details.get("Comment", "")
-        if REQUEUE_MARKER not in comment.split():
+        # Only a requeued run can carry the marker. The one-line form cuts a comment at its first `k=v` word,
+        # so the comment is read alone (one job query) before it is looked at or written back.
+        if self.identity.restart_count == 0 and not has_requeue_marker(self.details.get("Comment", "")):
             return
         try:  # the controller takes it off when it releases the job; this covers a job Slurm started anyway
-            set_job_comment(self.client, self.job_id, with_requeue_marker(comment, False))
+            comment = job_comment(self.client, self.job_id)
+            if has_requeue_marker(comment):
+                set_job_comment(self.client, self.job_id, with_requeue_marker(comment, False))
         except HPResilienceError as err:
             log.warning("requeue_marker_not_cleared", error=str(err)[:300])
 

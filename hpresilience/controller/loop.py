@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from hpresilience.controller.events import EventLog, Seen
 from hpresilience.controller.gates import Gate, GateContext, GateResult, create_gate
 from hpresilience.controller.metrics import ControllerMetrics
+from hpresilience.controller.notices import JobNotifier
 from hpresilience.controller.providers import Provider, ProviderContext, create_provider, provider_registry
 from hpresilience.controller.selection import OUT_OF_SERVICE, first_rung, group_for, requested
 from hpresilience.controller.settings import ControllerSettings
@@ -37,7 +38,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.reasons import Action, controller_reason, parse_reason, person_reason
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.jobs import release_requeued_job, requeued_jobs_held
+from hpresilience.slurm.jobs import held_among, release_requeued_job, requeued_jobs_held
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify, watchdog_interval_s
 
@@ -75,6 +76,11 @@ class Controller:
         # that is stale for it (the slurm gate changes the node's state while it runs).
         self.returned_at: dict[str, float] = {}
         self.last_ok_cycle = 0.0
+        self.notifier = JobNotifier(client, dry_run=settings.dry_run)
+        self._last_scan = time.monotonic()  # the first whole-queue scan comes one release_scan_every_s in
+        self._next_notice = self._next_release = 0.0
+        # Slurm itself starts requeued jobs as soon as we would (requeue_delay, 25.11+): no releases of ours.
+        self.release_left_to_slurm = False
 
     def load(self) -> None:
         self.records = self.store.load_all()
@@ -366,11 +372,16 @@ class Controller:
                        took_s=round(time.time() - rec.detected_at, 1))
 
     # -- jobs srun --auto-resume requeued --------------------------------------------------------------
-    def release_requeued(self) -> int:
+    def release_requeued(self, scan: bool = False) -> int:
         """Start every job the wrapper requeued (its comment carries the marker) now: the wrapper asked for
-        a requeue because the job cannot go on in place, and Slurm's hold would only add two minutes."""
+        a requeue because the job cannot go on in place, and Slurm's hold would only add two minutes.
+        Looks at the jobs told of a bad node lately, one by one; `scan`: the whole pending queue too."""
         released = 0
-        for job in requeued_jobs_held(self.client):
+        held = held_among(self.client, self.notifier.recently_told())
+        if scan:
+            known = {h.job_id for h in held}
+            held += [h for h in requeued_jobs_held(self.client) if h.job_id not in known]
+        for job in held:
             try:
                 release_requeued_job(self.client, job)
             except HPResilienceError as err:
@@ -395,12 +406,48 @@ class Controller:
                  release_requeued_every_s=self.settings.release_requeued_every_s)
         return delay
 
-    def _release_loop(self) -> None:
-        while not self.stop_event.wait(self.settings.release_requeued_every_s):
+    def notify_jobs(self) -> int:
+        """Tell the running jobs on bad nodes (AdminComment), from one read of the nodes out of service."""
+        return self.notifier.notify(self.client.nodes_out_of_service())
+
+    def jobs_tick(self, now: float) -> tuple[float, float]:
+        """One pass of the job thread at monotonic `now`; returns when the next notice and release are due."""
+        s = self.settings
+        if s.notify_jobs_every_s > 0 and now >= self._next_notice:
+            self._next_notice = now + s.notify_jobs_every_s
             try:
-                self.release_requeued()
+                self.notify_jobs()
+            except HPResilienceError as err:
+                log.warning("job_notices_failed", error=str(err)[:300], kind=type(err).__name__)
+        if s.release_requeued_every_s > 0 and not self.release_left_to_slurm and now >= self._next_release:
+            self._next_release = now + s.release_requeued_every_s
+            scan = s.release_scan_every_s > 0 and now - self._last_scan >= s.release_scan_every_s
+            if scan:
+                self._last_scan = now
+            try:
+                self.release_requeued(scan=scan)
             except HPResilienceError as err:  # a failed look (slurmctld busy) is retried next time
                 log.warning("requeued_jobs_unreadable", error=str(err)[:300], kind=type(err).__name__)
+        return self._next_notice, self._next_release
+
+    def start_jobs_thread(self) -> threading.Thread:
+        """The job thread on its own (run() starts it; a bench or a test may start it without the cycle)."""
+        thread = threading.Thread(target=self._jobs_loop, name="jobs", daemon=True)
+        thread.start()
+        return thread
+
+    def _jobs_loop(self) -> None:
+        """The job thread: notices to jobs on bad nodes, and releases of the jobs their wrappers requeued."""
+        self._next_notice = self._next_release = time.monotonic()
+        while not self.stop_event.is_set():
+            due = [t for t, every in ((self._next_notice, self.settings.notify_jobs_every_s),
+                                     (self._next_release, 0 if self.release_left_to_slurm
+                                      else self.settings.release_requeued_every_s)) if every > 0]
+            if not due:
+                return
+            if self.stop_event.wait(max(0.0, min(due) - time.monotonic())):
+                return
+            self.jobs_tick(time.monotonic())
 
     # -- the daemon ----------------------------------------------------------------------------------
     def wait_inflight(self, timeout: float | None = None) -> None:
@@ -421,9 +468,10 @@ class Controller:
             log.info("controller_started", state_dir=self.settings.state_dir, dry_run=self.settings.dry_run,
                      under_repair=len(self.records), interval_s=self.settings.poll_interval_s)
             notify("READY=1", "STATUS=watching node states")
-            if (self.settings.release_requeued_every_s > 0 and not self.settings.dry_run and not once
-                    and self.slurm_releases_requeued_jobs() is None):
-                threading.Thread(target=self._release_loop, name="release-requeued", daemon=True).start()
+            if not self.settings.dry_run and not once:
+                self.release_left_to_slurm = (self.settings.release_requeued_every_s > 0
+                                              and self.slurm_releases_requeued_jobs() is not None)
+                self.start_jobs_thread()
             watchdog = watchdog_interval_s()
             while not self.stop_event.is_set():
                 try:

@@ -138,6 +138,12 @@ class ControllerSettings(Section):
     # Jobs that srun --auto-resume requeued (marker in the job's comment) are started at once instead of after
     # Slurm's requeue hold (cred_expire + 1 s, two minutes by default); looked for this often. 0: never.
     release_requeued_every_s: float = Field(default=2.0, ge=0)
+    # Each release looks only at the jobs told of a bad node lately (one job query each); the whole pending
+    # queue, whose cost grows with the queue, is read only this often (for requeues of other causes). 0: never.
+    release_scan_every_s: float = Field(default=60.0, ge=0)
+    # Running jobs on a bad node are told so in their AdminComment (slurm/notice.py) this often, so that no
+    # srun --auto-resume job has to read node state itself. 0: never (each wrapper then reads its nodes).
+    notify_jobs_every_s: float = Field(default=1.0, ge=0)
     # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.
     metrics_address: str = "127.0.0.1:9760"
 

@@ -20,18 +20,22 @@ from hpresilience.errors import EnvironmentMissing, SlurmError, SlurmTimeout
 from hpresilience.log import get_logger
 from hpresilience.proc import Result
 
-__all__ = ["APT_PACKAGES", "TRANSIENT", "CommandRunner", "CountingRunner", "Result", "run_once", "start"]
+__all__ = ["APT_PACKAGES", "FINAL", "TRANSIENT", "CommandRunner", "CountingRunner", "Result", "run_once", "start"]
 
 log = get_logger("hpresilience.slurm")
 
-# slurmctld answers these while it is busy, restarting or setting up a job's DB index (accounting_storage/none
-# still says "the DB index is being set, try again in a bit" after waiting 5 s): worth a retry.
+# slurmctld answers these while it is busy or restarting: worth a retry.
 TRANSIENT = re.compile(
     r"try again|Socket timed out|Unable to contact slurm controller|Zero Bytes were transmitted"
     r"|Connection refused|Resource temporarily unavailable|slurmctld not responding|Communication connection failure"
     r"|Transport endpoint is not connected",
     re.IGNORECASE,
 )
+# ...except this one, which says "try again" too but never clears for the job it names: with
+# accounting_storage/none every update of a job after its first resize, and with slurmdbd every update of a
+# job whose resize met an unreachable slurmdbd, is refused so (after 5 s inside slurmctld) until it ends or
+# is requeued. Retrying it only spends slurmctld's time: it is final at once.
+FINAL = re.compile(r"DB index is being set", re.IGNORECASE)
 
 APT_PACKAGES = {
     "scontrol": "slurm-client", "sinfo": "slurm-client", "squeue": "slurm-client", "srun": "slurm-client",
@@ -105,7 +109,8 @@ class CommandRunner:
             else:
                 if res.returncode == 0 or not check:
                     return res
-                if attempt >= attempts or not TRANSIENT.search(res.stderr + res.stdout):
+                said = res.stderr + res.stdout
+                if attempt >= attempts or not TRANSIENT.search(said) or FINAL.search(said):
                     raise SlurmError(argv, res.returncode, res.stderr or res.stdout)
                 log.info("slurm_command_retrying", command=" ".join(argv), attempt=attempt,
                          reason=(res.stderr.strip().splitlines() or [""])[-1][:200],

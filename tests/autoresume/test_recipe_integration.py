@@ -14,8 +14,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import psutil
 import pytest
 
 from hpresilience.controller.loop import Controller
+from hpresilience.controller.notices import JobNotifier
+from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.jobs import REQUEUE_MARKER
 from hpresilience.testing.devcluster import DevCluster
@@ -45,6 +48,26 @@ def reference_weight(steps: int, world: int) -> float:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return float(mod.reference(steps, world))
+
+
+@contextlib.contextmanager
+def job_notices(slurm: SlurmClient, every_s: float = 0.5) -> Iterator[None]:
+    """What the controller's job thread does, and only that: tell running jobs of their bad nodes."""
+    notifier = JobNotifier(slurm)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            with contextlib.suppress(HPResilienceError):
+                notifier.notify(slurm.nodes_out_of_service())
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 class Recipe:
@@ -119,8 +142,10 @@ def test_recipe_recovers_in_the_same_job_after_an_operator_replaces_a_node(
     run.wait(lambda: "step=8\n" in run.out, "step 8")
     job = slurm.job(run.job_id)
     victim = next(n for n in job.nodes if n != job.batch_host)
-    slurm.set_node_state([victim], "fail", "Action:Replace")
-    running = run.wait(lambda: [e for e in run.named("step_running")], "the relaunched step")
+    with job_notices(slurm):  # the controller's job thread alone: the wrapper learns of the fault from its job
+        slurm.set_node_state([victim], "fail", "Action:Replace")
+        running = run.wait(lambda: [e for e in run.named("step_running")], "the relaunched step")
+    assert run.named("node_fault_seen")[0]["node"] == victim
     assert not processes_of_attempt(run.job_id, 1)
     assert run.wait_finished() == pytest.approx(reference_weight(STEPS, 2), abs=1e-5)
     assert running[0]["restart_latency_s"] < 30  # a requeue would cost the 121 s hold

@@ -20,6 +20,7 @@ import pytest
 
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
+from tests.conftest import self_watch_config
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +45,7 @@ class Run:
                           "echo wrapper_rc=$?\n")
         job_env = cluster.env()
         job_env.update({"PATH": f"{VENV_BIN}:{job_env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),
+                        "HPRESILIENCE_CONFIG": self_watch_config(tmp / "config"),
                         "HPR_CKPT_DIR": str(tmp / "ckpt"), **(env or {})})
         self.job_id = slurm.sbatch(f"--nodes={nodes}", "--no-kill", f"--output={tmp}/out", f"--error={tmp}/err",
                                    f"--chdir={tmp}", str(script), env=job_env)

@@ -177,16 +177,27 @@ def test_the_state_of_another_job_with_the_same_id_is_set_aside(tmp_path: Path, 
     assert len(list(tmp_path.glob("7.events.jsonl.foreign-*"))) == 1
 
 
-def test_belongs_to_accepts_an_unknown_submit_time_only_without_extra_requeues() -> None:
-    assert belongs_to(WrapperState(7, slurm_restart_count=1), JobIdentity("", 7, "", 1)) is None
-    assert belongs_to(WrapperState(7, slurm_restart_count=2), JobIdentity("", 7, "", 1)) is not None
+def test_a_missing_identity_never_adopts_a_state_file(tmp_path: Path) -> None:
+    """Without this job's submit time (Slurm unreadable at start) or without the file's, the file cannot be
+    shown to be this job's: it is set aside, whatever the restart counts say."""
+    assert belongs_to(WrapperState(7, slurm_restart_count=0), JobIdentity("", 7, "", 1)) is not None
+    assert belongs_to(WrapperState(7, submit_time=RUN.submit_time), JobIdentity("hpdev", 7, "", 0)) is not None
+    assert belongs_to(WrapperState(7, cluster="hpdev"), RUN) is not None
     assert belongs_to(WrapperState(8), RUN) is not None
+    store = StateStore(tmp_path, 7)
+    store.save(WrapperState(7, cluster="hpdev", submit_time=RUN.submit_time, attempts=4))
+    assert store.load(JobIdentity("hpdev", 7, "", 0)).attempts == 0
+    assert store.set_aside is not None and "submit time could not be read" in store.set_aside["why"]
 
 
-def test_the_requeue_marker_keeps_the_users_comment() -> None:
-    assert with_requeue_marker("my run 3", True) == f"my run 3 {REQUEUE_MARKER}"
-    assert with_requeue_marker(f"my {REQUEUE_MARKER} run", False) == "my run"
-    assert with_requeue_marker(with_requeue_marker("", True), True) == REQUEUE_MARKER
+@pytest.mark.parametrize("comment", ["", "exp7 lr=0.1 bs=64", "  two  spaces ", "a\tb=c", "x=1|y=2", "hpr:requeuedX"])
+def test_the_requeue_marker_keeps_the_users_comment_byte_for_byte(comment: str) -> None:
+    marked = with_requeue_marker(comment, True)
+    assert REQUEUE_MARKER in marked.split()
+    assert with_requeue_marker(marked, True) == marked
+    assert with_requeue_marker(marked, False) == comment
+    assert with_requeue_marker(f"{REQUEUE_MARKER} {comment}", False) == comment
+    assert with_requeue_marker(f"a {REQUEUE_MARKER} b=1", False) == "a b=1"
 
 
 def test_each_decision_is_a_json_line_and_metrics_are_written(tmp_path: Path) -> None:

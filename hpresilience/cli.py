@@ -83,6 +83,8 @@ LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "status": "hpresilience.commands.controller:status",
     "srun": "hpresilience.commands.srun:srun",
     "install": "hpresilience.commands.install:install",
+    "job": "hpresilience.commands.goodput:job",
+    "goodput": "hpresilience.commands.goodput:goodput",
 })
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from hpresilience.autoresume.ledgermetrics import LedgerCollector
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_recipe_integration import Recipe
@@ -152,5 +154,16 @@ def test_goodput_over_finished_jobs_is_the_sum_of_their_ledgers(
     assert by_id[runs[1].job_id]["productive_s"] > by_id[runs[0].job_id]["productive_s"] > 0
     assert data["wall_s"] == pytest.approx(sum(j["wall_s"] for j in data["jobs"]), abs=0.01)
     assert data["productive_s"] == pytest.approx(sum(j["productive_s"] for j in data["jobs"]), abs=0.01)
+    # The controller's collector: the same figures, labelled with the job and user slurmdbd reports.
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(slurm, refresh_s=0))
+    for job_id, ledger in ledgers.items():
+        who = {"job_id": str(job_id), "user": by_id[job_id]["user"], "partition": by_id[job_id]["partition"]}
+        assert who["user"] and registry.get_sample_value("hpr_job_goodput_ratio", who) == pytest.approx(
+            ledger["goodput"], abs=1e-3)
+        assert registry.get_sample_value("hpr_job_badput_seconds", {**who, "category": "reinit"}) == pytest.approx(
+            ledger["badput_s"]["reinit"], abs=1e-3)
+    assert registry.get_sample_value("hpr_cluster_badput_seconds_total", {"category": "reinit"}) == pytest.approx(
+        data["badput_s"]["reinit"], abs=0.01)
     for category, seconds in data["badput_s"].items():
         assert seconds == pytest.approx(sum(j["badput_s"][category] for j in data["jobs"]), abs=0.01)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from hpresilience.autoresume.ledgerfile import read_events
 from hpresilience.slurm.accounting import JobRecord
 
 STATE_SUBDIR = Path(".hpresilience") / "jobs"
+LIVE_STATES = frozenset({"", "PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",
+                         "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"})
 
 
 def candidate_dirs(record: JobRecord, state_dir: str) -> list[Path]:
@@ -36,8 +39,18 @@ def load_ledger(record: JobRecord, state_dir: str, now: float | None = None) -> 
             recs = read_events(events)
         except OSError:
             continue
-        return compute(record.job_id, recs, now=now)
+        # A job killed before its wrapper wrote its last record (scancel past KillWait) ends when Slurm says.
+        return compute(record.job_id, recs, now=_slurm_end(record) or now)
     return None
+
+
+def _slurm_end(record: JobRecord) -> float | None:
+    if record.state in LIVE_STATES:
+        return None  # a running job's EndTime is its time limit, not an end
+    try:
+        return datetime.fromisoformat(record.end).timestamp()  # Slurm prints the local time
+    except ValueError:
+        return None  # "Unknown", "None": still running
 
 
 @dataclass

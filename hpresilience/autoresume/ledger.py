@@ -54,11 +54,13 @@ class Restart:
     action: str  # relaunch | requeue
     lost_s: float | None = None
     badput_s: float = 0.0
+    by_category: dict[str, float] = field(default_factory=dict)  # what this fault cost, by category
 
     def to_dict(self) -> dict[str, Any]:
         return {"at": round(self.at, 3), "attempt": self.attempt, "cause": self.cause, "nodes": self.nodes,
                 "action": self.action, "lost_s": None if self.lost_s is None else round(self.lost_s, 3),
-                "badput_s": round(self.badput_s, 3)}
+                "badput_s": round(self.badput_s, 3),
+                "by_category": {k: round(v, 3) for k, v in self.by_category.items() if v > 0.0005}}
 
 
 @dataclass
@@ -108,8 +110,10 @@ class _Attempt:
     requeued: float | None = None
     no_replacement: bool = False
 
+    progress: dict[str, Any] | None = None  # attempt_progress: its first step, written as soon as seen
+
     def first_step(self) -> int | None:
-        v = (self.ended or {}).get("first_step")
+        v = (self.ended or self.progress or {}).get("first_step")
         return v if isinstance(v, int) else None
 
     def step_s(self) -> float | None:
@@ -145,6 +149,8 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> tuple[list[_Attempt], floa
         a = attempts[-1]
         if name == "attempt_ended":
             a.ended = dict(e)
+        elif name == "attempt_progress":
+            a.progress = dict(e)
         elif name == "node_fault_seen":
             age = _num(e, "detection_latency_s")
             a.fault_marks.append(t - age if age is not None else t)
@@ -191,7 +197,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         e = a.ended or {}
         decided = _num(e, "decided_at") or (nxt.launched if nxt else end)
-        first_at, last_at = _num(e, "first_progress_at"), _num(e, "last_progress_at")
+        first_at, last_at = _num(e or a.progress or {}, "first_progress_at"), _num(e, "last_progress_at")
         step = a.step_s() or typical_step or 0.0
         cause = str((a.fault or {}).get("cause", ""))
         # The fault: Slurm's mark of a node; a hang began at the last progress; else the step's end.
@@ -203,7 +209,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
             fault_at = decided
         span(a.launched, Badput.OTHER)
         window_start = None if first_at is None else max(a.launched, first_at - step)
-        before: float | None = None  # badput so far, when this attempt's fault starts costing
+        before: dict[str, float] | None = None  # badput so far, when this attempt's fault starts costing
         if not ledger.progress_seen:
             # No progress source at all: the wrapper's own categories only; the step's time is taken as work.
             span(fault_at, None)
@@ -226,11 +232,11 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
                     ledger.notes.append(f"attempt {a.number}: lost work unknown (no later progress)")
                 else:
                     span(cursor + min(window, kept * step), None)
-                    before = sum(ledger.badput_s.values())
+                    before = dict(ledger.badput_s)
                     lost = span(fault_at, Badput.LOST_WORK)
                     a.ended = {**e, "lost_s": lost}
         if before is None:
-            before = sum(ledger.badput_s.values())
+            before = dict(ledger.badput_s)
         span(decided, Badput.DETECTION if a.fault is not None else Badput.OTHER)
         if a.fault is None:
             span(nxt.launched if nxt else end, Badput.OTHER)
@@ -245,21 +251,23 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
             span(a.relaunching, Badput.REPLACEMENT if moved or a.no_replacement else Badput.OTHER)
             span(nxt.launched if nxt else end, Badput.OTHER)
         nodes = [n for n in str(a.fault.get("nodes") or "").split(",") if n]
-        badput = sum(ledger.badput_s.values()) - before
+        cost = {k: v - before.get(k, 0.0) for k, v in ledger.badput_s.items()}
         ledger.restarts.append(Restart(at=fault_at, attempt=a.number, cause=cause or "unknown", nodes=nodes,
                                        action="requeue" if a.requeued is not None else "relaunch",
                                        lost_s=float(lost_s) if isinstance(lost_s, (int, float)) else None,
-                                       badput_s=badput))
+                                       badput_s=sum(cost.values()), by_category=cost))
     span(end, Badput.OTHER)
     if not ledger.progress_seen:
         ledger.notes.append("the step reported no progress (no step counter, no heartbeat): lost work unknown")
     for r in ledger.restarts:  # the next attempt's reinit is part of what the fault cost
         nxt_a = next((b for b in attempts if b.number == r.attempt + 1), None)
         if nxt_a is not None and nxt_a.first_step() is not None:
-            first_at = _num(nxt_a.ended or {}, "first_progress_at")
+            first_at = _num(nxt_a.ended or nxt_a.progress or {}, "first_progress_at")
             step = nxt_a.step_s() or typical_step or 0.0
             if first_at is not None:
-                r.badput_s += max(0.0, first_at - step - nxt_a.launched)
+                reinit = max(0.0, first_at - step - nxt_a.launched)
+                r.badput_s += reinit
+                r.by_category[Badput.REINIT.value] = r.by_category.get(Badput.REINIT.value, 0.0) + reinit
     return ledger
 
 

@@ -51,6 +51,8 @@ def test_each_second_of_a_relaunch_lands_in_its_category_and_the_parts_sum_to_th
     (r,) = led.restarts
     assert (r.cause, r.nodes, r.action, r.lost_s) == ("hardware", ["n2"], "relaunch", pytest.approx(11))
     assert r.badput_s == pytest.approx(11 + 1 + 1 + 3 + 9)  # lost, detection, stop, replacement, reinit
+    assert {k: v for k, v in r.to_dict()["by_category"].items()} == {
+        "lost_work": 11, "detection": 1, "stop": 1, "replacement": 3, "reinit": 9}
     assert led.ended and led.lost_work_known
 
 
@@ -108,3 +110,14 @@ def test_records_without_a_time_or_of_another_shape_are_skipped() -> None:
 def test_a_running_job_is_closed_at_now() -> None:
     led = compute(7, one_fault()[:2], now=T0 + 20)
     assert led.wall_s == pytest.approx(20) and not led.ended
+
+
+def test_a_job_killed_before_its_last_attempt_ended_still_resolves_the_fault_from_attempt_progress() -> None:
+    """scancel past KillWait: no attempt_ended for attempt 2, only its attempt_progress record; the job's end
+    comes from Slurm (`now`)."""
+    events = [e for e in one_fault() if e["event"] not in ("attempt_ended", "job_step_succeeded")
+              or e["attempt"] == 1]
+    events.append(ev(45.5, "attempt_progress", attempt=2, first_step=11, first_progress_at=T0 + 45))
+    led = compute(7, events, now=T0 + 71)
+    assert led.restarts[0].lost_s == pytest.approx(11) and led.lost_work_known
+    assert led.wall_s == pytest.approx(71) and led.productive_s == pytest.approx(10 + 27)

@@ -47,11 +47,6 @@ MAX_SIGNATURES = 50
 _SLURM_OWN = ("srun: ", "slurmstepd: ")
 
 
-class Source:
-    OUTPUT = "output"
-    HEARTBEAT = "heartbeat"
-
-
 @dataclass(frozen=True)
 class Beat:
     """One parsed heartbeat line."""

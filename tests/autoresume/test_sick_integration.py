@@ -87,6 +87,7 @@ def test_an_nccl_watchdog_abort_is_relaunched_on_the_same_nodes_and_the_job_comp
     assert [f["cause"] for f in fault] == ["collective"]
     starts = run.named("attempt_started")
     assert len(starts) == 2 and starts[0]["nodes"] == starts[1]["nodes"]
+    run.wait(lambda: run.named("job_step_succeeded") or run.named("job_step_given_up"), "the wrapper's verdict")
     assert not run.named("job_step_given_up") and run.named("job_step_succeeded")
     # The user's output still has the watchdog's line; the heartbeat lines are not in it.
     assert "Watchdog caught collective operation timeout" in run.out and "[hpr-heartbeat]" not in run.out

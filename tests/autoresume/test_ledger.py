@@ -96,7 +96,7 @@ def test_a_step_without_progress_reports_gets_the_wrappers_categories_and_says_l
 
 
 def test_a_fault_with_no_later_progress_leaves_lost_work_unknown() -> None:
-    events = one_fault()[:6] + [ev(33, "job_step_given_up", cause="hardware")]
+    events = [*one_fault()[:6], ev(33, "job_step_given_up", cause="hardware")]
     led = compute(7, events)
     assert not led.lost_work_known and led.restarts[0].lost_s is None and led.ended
 

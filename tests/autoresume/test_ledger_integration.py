@@ -132,11 +132,14 @@ def test_ledger_matches_ground_truth_for_two_node_replacements_in_the_recipe(
 
 def test_goodput_over_finished_jobs_is_the_sum_of_their_ledgers(
         cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
-    """Two finished recipe jobs side by side: `hpresilience goodput` lists both from slurmdbd with their
-    ledgers' figures, and its totals, category by category, are the sums over the jobs it lists."""
-    runs = [Recipe(cluster, tmp_path / name, steps=steps, sbatch_args=("--nodes=1",))
-            for name, steps in (("a", 3), ("b", 6))]
-    ledgers = {r.job_id: ledger_of(r) for r in runs}
+    """Two finished recipe jobs: `hpresilience goodput` lists both from slurmdbd with their ledgers' figures,
+    and its totals, category by category, are the sums over the jobs it lists. (One after the other: the
+    recipe's fixed master port would collide on the devcluster's one host.)"""
+    runs, ledgers = [], {}
+    for name, steps in (("a", 3), ("b", 8)):
+        runs.append(Recipe(cluster, tmp_path / name, steps=steps, sbatch_args=("--nodes=1",)))
+        ledgers[runs[-1].job_id] = ledger_of(runs[-1])
+        assert ledgers[runs[-1].job_id]["lost_work_known"], runs[-1].out
     env = runs[0].env
 
     def listed() -> dict[str, Any] | None:

@@ -44,7 +44,7 @@ INTERVALS_KEPT = 256
 # A heartbeat line is ~150 bytes: a longer partial line starting like one is the user's, and is let through.
 MAX_HELD = 1024
 MAX_SIGNATURES = 50
-_SLURM_OWN = ("srun: ", "slurmstepd: ")
+_SLURM_OWN = ("srun: ", "slurmstepd: ", "slurmstepd-")  # slurmstepd-<node>: error: *** STEP ...
 
 
 @dataclass(frozen=True)

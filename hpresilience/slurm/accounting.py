@@ -78,4 +78,5 @@ def finished_jobs(client: SlurmClient, since_s: int, user: str = "", partition: 
     if not user:
         args.append("-a")
     res = client.runner.run("sacct", *args, retry=False)
-    return parse_sacct(res.stdout)
+    # A resized job has one record per size (RESIZING, then its end state): one job, its last record.
+    return list({r.job_id: r for r in parse_sacct(res.stdout)}.values())

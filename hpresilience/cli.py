@@ -86,6 +86,8 @@ LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
     "install": "hpresilience.commands.install:install",
     "uninstall": "hpresilience.commands.install:uninstall",
     "epilog": "hpresilience.commands.epilog:epilog",
+    "job": "hpresilience.commands.goodput:job",
+    "goodput": "hpresilience.commands.goodput:goodput",
 })
 
 

@@ -44,6 +44,7 @@ INTERVALS_KEPT = 256
 # A heartbeat line is ~150 bytes: a longer partial line starting like one is the user's, and is let through.
 MAX_HELD = 1024
 MAX_SIGNATURES = 50
+_SLURM_OWN = ("srun: ", "slurmstepd: ", "slurmstepd-")  # slurmstepd-<node>: error: *** STEP ...
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,8 @@ class _Attempt:
     last_progress: float | None = None
     events: int = 0
     signatures: list[Signature] = field(default_factory=list)
+    first_step: int | None = None  # the first and the highest step counter seen (the goodput ledger)
+    max_step: int | None = None
 
 
 class ProgressStream:
@@ -177,6 +180,8 @@ class ProgressStream:
                     if beat is not None:
                         self._on_beat(beat, t)
                     continue
+                if body.startswith(_SLURM_OWN):
+                    continue  # "slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED": Slurm's words, not progress
                 found = output_counter(body)
                 if found is not None:
                     self._on_output(task, found[0], found[1], t)
@@ -202,6 +207,8 @@ class ProgressStream:
         elif last is not None and value == last:
             return
         a.counters[key] = value
+        if fmt != "hf":
+            self._step_seen(value)
         tid = -1 if task is None else task
         node = a.task_nodes[tid] if 0 <= tid < len(a.task_nodes) else ""
         info = a.tasks.get(tid)
@@ -222,6 +229,7 @@ class ProgressStream:
             info.pid, info.stack_signal = beat.pid, beat.stack_signal
             return
         self._progress(info, t)
+        self._step_seen(beat.step)
         if info is None:
             info = a.ranks[beat.rank] = RankInfo(beat.node, t, beat.step)
         info.node, info.last_at, info.last_step = beat.node, t, beat.step
@@ -230,6 +238,11 @@ class ProgressStream:
         seconds = beat.work_s if beat.work_s is not None else beat.step_s
         if seconds is not None and beat.steps:
             self._sample(StepTime(t, beat.node, f"rank{beat.rank}", seconds))
+
+    def _step_seen(self, step: int) -> None:
+        a = self._a
+        a.first_step = step if a.first_step is None else a.first_step
+        a.max_step = step if a.max_step is None else max(a.max_step, step)
 
     def _sample(self, s: StepTime) -> None:
         self.samples.append(s)
@@ -243,6 +256,15 @@ class ProgressStream:
 
     def last_progress(self) -> float | None:
         return self._a.last_progress
+
+    def steps_seen(self) -> tuple[int, int] | None:
+        """(first, highest) step counter of this attempt, None before any."""
+        with self.lock:
+            a = self._a
+            return None if a.first_step is None or a.max_step is None else (a.first_step, a.max_step)
+
+    def first_progress(self) -> float | None:
+        return self._a.first_progress
 
     def progress_events(self) -> int:
         return self._a.events

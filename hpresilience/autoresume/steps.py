@@ -89,6 +89,7 @@ class StepRunner:
         self.current: StepProcess | None = None
         self.current_name = ""
         self._stopping = False
+        self._progress_noted = False
         self.overlap = False  # a dead step of ours still holds resources: share them
         self.watch = NodeWatch(client, opts.job_id, opts.full_node_check_s)
 
@@ -118,6 +119,7 @@ class StepRunner:
                                             self.progress.attempt_started)
         self.progress.listeners = [self.stragglers.add]
         self._stopping = False
+        self._progress_noted = False
         step = StepProcess(argv, env)
         self.current, self.current_name = step, name
         self.reporter.decision("attempt_started", attempt=launch.attempt, nodes=",".join(launch.nodes),
@@ -162,6 +164,7 @@ class StepRunner:
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
                 continue
             self._watch_stragglers(launch, now)
+            self._note_first_progress(launch)
             due = self.hang_clock.check(now) if self.hang_clock is not None else None
             if due is not None:
                 decided_at = now
@@ -181,6 +184,20 @@ class StepRunner:
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
         return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang)
+
+    def _note_first_progress(self, launch: AttemptLaunch) -> None:
+        """Record the attempt's first step at once (goodput ledger): a job cancelled later may be killed
+        before the wrapper writes its `attempt_ended`, and this is what tells how much of the last fault's
+        work was redone."""
+        if self._progress_noted:
+            return
+        seen = self.progress.steps_seen()
+        first_at = self.progress.first_progress()
+        if seen is None or first_at is None:
+            return
+        self._progress_noted = True
+        self.reporter.decision("attempt_progress", attempt=launch.attempt, first_step=seen[0],
+                               first_progress_at=round(time.time() - (time.monotonic() - first_at), 3))
 
     def _watch_stragglers(self, launch: AttemptLaunch, now: float) -> None:
         if self.stragglers is None:

@@ -22,6 +22,8 @@ from hpresilience.autoresume.classify import Cause, Diagnosis, classify, node_is
 from hpresilience.autoresume.collective import CollectiveBudget
 from hpresilience.autoresume.evidence import HangInvestigator
 from hpresilience.autoresume.hang import Attribution
+from hpresilience.autoresume.ledger import render
+from hpresilience.autoresume.ledgerfile import attempt_record, write_ledger
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
@@ -144,6 +146,7 @@ class Supervisor:
             self.steps.ensure_stopped()
             self._save()
             self.reporter.flush_metrics()
+            self._close_ledger()
 
     def _run(self) -> int:
         previous = list(self.state.last_nodes) or None
@@ -168,6 +171,8 @@ class Supervisor:
             self._save()
             result = self.steps.run_attempt(launch, self.state.restarts, failed_at,
                                             self.investigator.attempt_dir(launch.attempt))
+            self.reporter.decision("attempt_ended", **attempt_record(self.progress, launch.attempt,
+                                                                     result.failed_at, result.exit_code))
             if self.stop_signal:
                 self.reporter.decision("supervisor_stopped", signal=signal.Signals(self.stop_signal).name,
                                        exit_code=result.exit_code)
@@ -367,6 +372,22 @@ class Supervisor:
             return 128 + self.stop_signal
         raise JobFailed(f"job {self.job_id} was requeued but this batch script kept running", EXIT_REQUEUE_DID_NOT_STOP)
 
+
+    def _close_ledger(self) -> None:
+        """Write `<job>.ledger.json` beside the events; when the job ends here (not a requeue), print its
+        summary into the job's output. A ledger that cannot be written never changes the job's outcome."""
+        try:
+            ledger = write_ledger(self.job_id, self.store.events_path)
+        except (OSError, ValueError) as err:
+            log.warning("ledger_write_failed", path=str(self.store.events_path), error=str(err)[:300])
+            return
+        if ledger.ended:
+            try:
+                self.steps.stdout.write(("[hpresilience] " + render(ledger).replace("\n", "\n[hpresilience] ")
+                                         + "\n").encode())
+                self.steps.stdout.flush()
+            except (OSError, ValueError):
+                pass  # the job's output is gone; the ledger file holds the same
 
     # -- the requeue marker --------------------------------------------------------------------------
     def _mark_for_release(self) -> None:

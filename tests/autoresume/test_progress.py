@@ -150,3 +150,17 @@ def test_the_pump_feeds_the_stream_and_the_rules_and_forwards_only_the_users_lin
     assert sink.getvalue() == b"step=3\nbye\n"
     assert stream.tasks()[0].node == "n1" and stream.ranks()[1].stack_signal == 37
     assert feed.tick() == []  # the rules never saw the heartbeat line
+
+
+@pytest.mark.parametrize("line", [
+    "slurmstepd-n1: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***",
+    "slurmstepd: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***",
+    "srun: Job step 34017002.0 aborted before step completely launched.",
+    "0: slurmstepd-n1: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***"])
+def test_slurms_own_lines_about_the_step_are_not_its_progress(line: str) -> None:
+    """A cancelled step's `STEP <job>.<step>` line once counted as step 34017002 (the goodput ledger's step
+    range, and a hang clock reset by Slurm's own words)."""
+    stream = ProgressStream(clock=lambda: 1.0)
+    stream.reset(["n1"])
+    stream.feed_lines(["0: step=3", line])
+    assert stream.steps_seen() == (3, 3) and stream.progress_events() == 1

@@ -59,3 +59,14 @@ def test_verbose_shows_traceback(tmp_path: Path) -> None:
     p.write_text("nope: 1\n")
     res = hpr("--verbose", "--config", str(p), "config", "show")
     assert res.returncode == 2 and "Traceback" in res.stderr and "nope: unknown key" in res.stderr
+
+
+def test_goodput_with_a_bad_since_is_one_line_and_exit_2() -> None:
+    res = hpr("goodput", "--since", "7days")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--since '7days'" in res.stderr and "7d" in res.stderr
+
+
+def test_job_with_a_bad_job_id_is_exit_2() -> None:
+    res = hpr("job", "abc")
+    assert res.returncode == 2 and "JOB_ID" in res.stderr

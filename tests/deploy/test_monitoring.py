@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,13 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from hpresilience.agent.daemon import AgentMetrics
+from hpresilience.autoresume.ledger import Badput, Ledger
+from hpresilience.autoresume.ledgermetrics import LedgerCollector, _Seen
 from hpresilience.autoresume.report import Reporter
 from hpresilience.controller.metrics import ControllerMetrics
 from hpresilience.metrics import MetricsServer
+from hpresilience.slurm.accounting import JobRecord
+from hpresilience.slurm.client import SlurmClient
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "hpresilience-rules.yml"
@@ -51,6 +56,18 @@ class FakeStore:
         return None
 
 
+def ledger_registry() -> CollectorRegistry:
+    """The controller's goodput collector, fed one job's ledger as slurmdbd would list it."""
+    reg = CollectorRegistry()
+    collector = LedgerCollector(SlurmClient(), refresh_s=1e9)
+    collector.refreshed = time.time()
+    ledger = Ledger(7, start=1.0, end=11.0, productive_s=8.0, attempts=1)
+    ledger.add(Badput.REINIT, 2.0)
+    collector.jobs[7] = _Seen(JobRecord(7, "alice", "gpu", "/home/alice"), ledger, 0.0)
+    reg.register(collector)
+    return reg
+
+
 def registries() -> Iterator[CollectorRegistry]:
     agent = CollectorRegistry()
     a = AgentMetrics(agent)
@@ -77,6 +94,7 @@ def registries() -> Iterator[CollectorRegistry]:
     r.observe_restart(8.0)
     r.set_attempts(2)
     yield r.registry
+    yield ledger_registry()
 
 
 def exported_names() -> set[str]:
@@ -143,12 +161,13 @@ def test_every_metric_named_is_exported(source: str) -> None:
 def test_the_dashboard_covers_fleet_repairs_jobs_and_liveness() -> None:
     dash = json.loads(DASHBOARD.read_text())
     rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
-    assert rows == ["Fleet health", "Repairs", "Jobs (srun --auto-resume)", "Liveness"]
+    assert rows == ["Fleet health", "Repairs", "Jobs (srun --auto-resume)", "Liveness", "Where training time went"]
     named = named_in(dashboard_exprs())
     for metric in ("hpr_cluster_nodes", "hpr_agent_check_results_total", "hpr_controller_nodes",
                    "hpr_controller_repair_duration_seconds_bucket", "hpr_controller_repairs_total",
                    "hpr_autoresume_restarts_total", "hpr_autoresume_restart_latency_seconds_bucket",
-                   "hpr_agent_fault_detection_latency_seconds_bucket", "hpr_agent_last_cycle_timestamp_seconds"):
+                   "hpr_agent_fault_detection_latency_seconds_bucket", "hpr_agent_last_cycle_timestamp_seconds",
+                   "hpr_cluster_badput_seconds_total", "hpr_job_goodput_ratio"):
         assert metric in named, metric
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))

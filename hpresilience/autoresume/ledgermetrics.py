@@ -1,0 +1,105 @@
+"""Job goodput metrics exported by a root daemon (the controller), not by a directory users can write.
+
+Per-job series used to go to node_exporter's textfile directory, which sites had to make writable by their
+users' group: any user could write any series there. This collector instead reads the ledgers of the jobs
+slurmdbd lists (last `window_s`), on the controller's scrape, and labels them with the job id, user and
+partition *Slurm* reports: a ledger file can at worst misstate its own job's figures, never another job's
+or an alert. A finished job's ledger is read once (cached by file mtime); what one scrape costs is one
+sacct query (slurmdbd, not slurmctld) every `refresh_s` and the ledgers that changed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hpresilience.autoresume.goodput import load_ledger
+from hpresilience.autoresume.ledger import Badput, Ledger
+from hpresilience.errors import HPResilienceError
+from hpresilience.log import get_logger
+from hpresilience.slurm.accounting import JobRecord, finished_jobs
+from hpresilience.slurm.client import SlurmClient
+
+log = get_logger("hpresilience.goodput")
+
+
+@dataclass
+class _Seen:
+    record: JobRecord
+    ledger: Ledger
+    read_at: float
+
+
+class LedgerCollector(Collector):
+    def __init__(self, client: SlurmClient, state_dir: str = "", window_s: int = 86400,
+                 refresh_s: float = 60.0) -> None:
+        self.client = client
+        self.state_dir = state_dir
+        self.window_s = window_s
+        self.refresh_s = refresh_s
+        self.lock = threading.Lock()
+        self.jobs: dict[int, _Seen] = {}
+        self.refreshed = 0.0
+        # Badput of jobs that left the window: kept so the cluster counters never go down.
+        self.retired = {b.value: 0.0 for b in Badput}
+        self.retired_productive = 0.0
+
+    def refresh(self, now: float | None = None) -> None:
+        t = time.time() if now is None else now
+        try:
+            records = finished_jobs(self.client, self.window_s)
+        except HPResilienceError as err:
+            log.warning("goodput_jobs_unreadable", error=str(err)[:300])
+            return
+        current: dict[int, _Seen] = {}
+        for r in records:
+            old = self.jobs.get(r.job_id)
+            if old is not None and old.ledger.ended and old.record.state == r.state:
+                current[r.job_id] = old  # a finished job's ledger does not change
+                continue
+            ledger = load_ledger(r, self.state_dir, now=t)
+            if ledger is not None and ledger.attempts:
+                current[r.job_id] = _Seen(r, ledger, t)
+        for job_id, seen in self.jobs.items():
+            if job_id not in current:
+                for k, v in seen.ledger.badput_s.items():
+                    self.retired[k] = self.retired.get(k, 0.0) + v
+                self.retired_productive += seen.ledger.productive_s
+        self.jobs, self.refreshed = current, t
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            if time.time() - self.refreshed >= self.refresh_s:
+                self.refresh()
+            jobs = list(self.jobs.values())
+            retired, retired_productive = dict(self.retired), self.retired_productive
+        labels = ["job_id", "user", "partition"]
+        goodput = GaugeMetricFamily("hpr_job_goodput_ratio", "Productive share of the job's wall time (ledger)",
+                                    labels=labels)
+        productive = GaugeMetricFamily("hpr_job_productive_seconds", "Wall time that produced kept progress",
+                                       labels=labels)
+        badput = GaugeMetricFamily("hpr_job_badput_seconds", "Wall time lost, by category (docs/goodput.md)",
+                                   labels=[*labels, "category"])
+        cluster = CounterMetricFamily("hpr_cluster_badput_seconds", "Badput of every job seen, by category",
+                                      labels=["category"])
+        cluster_productive = CounterMetricFamily("hpr_cluster_productive_seconds",
+                                                 "Productive time of every job seen")
+        totals = dict(retired)
+        total_productive = retired_productive
+        for s in jobs:
+            who = [str(s.record.job_id), s.record.user, s.record.partition]
+            goodput.add_metric(who, s.ledger.goodput)
+            productive.add_metric(who, s.ledger.productive_s)
+            total_productive += s.ledger.productive_s
+            for k, v in s.ledger.badput_s.items():
+                badput.add_metric([*who, k], v)
+                totals[k] = totals.get(k, 0.0) + v
+        for k, v in sorted(totals.items()):
+            cluster.add_metric([k], v)
+        cluster_productive.add_metric([], total_productive)
+        yield from (goodput, productive, badput, cluster, cluster_productive)

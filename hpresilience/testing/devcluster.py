@@ -356,14 +356,20 @@ class DevCluster:
         if self.want_accounting is None and not accounting:
             log.warning("devcluster_accounting_off", missing=devaccounting.missing_tools(),
                         install=devaccounting.APT_LINE)
-        if accounting:
-            self.accounting.start(self.state_dir, timeout, progress)
-        (self.state_dir / "cgroup.conf").write_text(self.render_cgroup_conf())
-        self.conf_path.write_text(self.render_conf())
-        self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
-        for name in self.names():
-            self.start_node(name)
-        self.wait_idle(timeout, progress)
+        try:
+            if accounting:
+                self.accounting.start(self.state_dir, timeout, progress)
+            (self.state_dir / "cgroup.conf").write_text(self.render_cgroup_conf())
+            self.conf_path.write_text(self.render_conf())
+            self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
+            for name in self.names():
+                self.start_node(name)
+            self.wait_idle(timeout, progress)
+        except BaseException:
+            # A cluster that did not come up (a port taken, a daemon that died) must not hold its ports and
+            # database: the next cluster on them, or the next test session, would fail the same way.
+            self.down(remove=False)
+            raise
         took = time.monotonic() - started
         log.info("devcluster_up", slurm=self.release.value, nodes=self.nodes, extra_nodes=self.extra_nodes,
                  accounting=accounting,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from hpresilience.errors import EnvironmentMissing
 from hpresilience.slurm import parse
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing import devaccounting
-from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.devcluster import DevCluster, DevclusterError
 from tests.conftest import TEST_BASE_PORT, full_node_read, require_slurm
 
 pytestmark = pytest.mark.integration
@@ -118,6 +119,28 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
     assert not any(psutil.pid_exists(p) for p in pids.values())
     assert not (tmp_path / "c2").exists()
 
+
+
+def test_a_cluster_that_does_not_come_up_leaves_no_process_holding_its_ports(tmp_path: Path) -> None:
+    """n1's slurmd port taken (as an ephemeral client port once took it in a CI run): up fails with the nodes
+    named, and stops what it started, MariaDB and slurmctld included, so the next cluster on those ports starts."""
+    require_slurm()
+    cl = DevCluster(state_dir=tmp_path / "c3", nodes=2, base_port=TEST_BASE_PORT + 250, accounting=True)
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind(("0.0.0.0", cl.node_port("n1")))
+    blocker.listen()
+    try:
+        with pytest.raises(DevclusterError, match="n1"):
+            cl.up(timeout=8)
+        assert cl.processes() == []
+    finally:
+        blocker.close()
+        cl.down()
+    with socket.socket() as probe:  # slurmctld's port is free again (closed connections may linger in TIME_WAIT)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("0.0.0.0", cl.base_port))
+        probe.listen()
 
 def test_session_cluster_runs_accounting_and_cgroup_tracking(cluster: DevCluster) -> None:
     """The shared test cluster is production-like: slurmdbd accounting and proctrack/cgroup (on this kind of

@@ -145,7 +145,10 @@ class AutoResumeSettings(Section):
     # Sick, not dead (docs/hangs.md). Progress is read from the step's output and hpresilience.torch heartbeats.
     # Hang: once the step showed progress, silence longer than max(hang_floor_s, hang_interval_factor x the
     # median interval between progress events); between the first and the second event, hang_first_step_s.
-    hang_detection: bool = True
+    # Off by default for now: a step whose tasks have ended while a process that escaped it (proctrack/pgid, a
+    # daemon started with setsid) keeps its output open makes srun linger silently, and a 60 s silence then reads
+    # as a hang (relaunch after relaunch). Needs the step's own pids (scontrol listpids) before it is the default.
+    hang_detection: bool = False
     hang_floor_s: float = Field(default=60.0, gt=0)
     hang_interval_factor: float = Field(default=10.0, gt=0)
     hang_first_step_s: float = Field(default=300.0, gt=0)

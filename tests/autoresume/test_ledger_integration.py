@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from hpresilience.autoresume.ledgermetrics import LedgerCollector
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
-from tests.autoresume.test_recipe_integration import Recipe
+from tests.autoresume.test_recipe_integration import Recipe, job_notices
 
 pytestmark = pytest.mark.integration
 
@@ -83,14 +83,15 @@ def test_ledger_matches_ground_truth_for_two_node_replacements_in_the_recipe(
     watch = Watch(run)
     faults: list[tuple[str, float]] = []
     after = 0
-    for target in (19, 31):  # 7 steps past checkpoint 12, then 7 past checkpoint 24
-        watch.until(rf"^step={target}$", after=after)
-        job = slurm.job(run.job_id)
-        victim = next(n for n in job.nodes if n != job.batch_host)
-        faults.append((victim, time.time()))
-        slurm.set_node_state([victim], "fail", "Action:Replace")
-        watch.until(r"^resumed from step (\d+)", after=after)
-        after = len(watch.lines)
+    with job_notices(slurm):  # the controller's job thread: the wrapper learns of a mark from its own job
+        for target in (19, 31):  # 7 steps past checkpoint 12, then 7 past checkpoint 24
+            watch.until(rf"^step={target}$", after=after)
+            job = slurm.job(run.job_id)
+            victim = next(n for n in job.nodes if n != job.batch_host)
+            faults.append((victim, time.time()))
+            slurm.set_node_state([victim], "fail", "Action:Replace")
+            watch.until(r"^resumed from step (\d+)", after=after)
+            after = len(watch.lines)
     watch.until(r"^training finished step=")
     ledger = ledger_of(run)
 

@@ -78,6 +78,17 @@ def test_exec_reaches_the_cluster_with_its_release(cluster: DevCluster) -> None:
     assert version.stdout.split()[-1].startswith(cluster.release.value)
 
 
+def _names(procs: list[psutil.Process]) -> set[str]:
+    """Names of the processes still alive: a step's short-lived helpers can exit between listing and reading."""
+    names: set[str] = set()
+    for p in procs:
+        try:
+            names.add(p.name())
+        except psutil.NoSuchProcess:
+            continue
+    return names
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("release", [SlurmRelease.V24_11, SlurmRelease.V26_05])
 def test_up_from_the_host_runs_a_newer_release_in_its_root_and_down_stops_it(
@@ -105,11 +116,11 @@ def test_up_from_the_host_runs_a_newer_release_in_its_root_and_down_stops_it(
         # The daemons and the job's processes run in the root's own mount namespace; seen from the host they are
         # still this cluster's (slurmstepd by its working directory), so `down` can stop them all.
         deadline = time.monotonic() + 30
-        while not [p for p in DevCluster(state).processes() if p.name() == "sleep"]:
+        while "sleep" not in _names(DevCluster(state).processes()):
             assert time.monotonic() < deadline, "the job's step never started"
             time.sleep(0.3)
         procs = DevCluster(state).processes()
-        assert {"slurmctld", "slurmd", "slurmstepd", "sleep"} <= {p.name() for p in procs}
+        assert {"slurmctld", "slurmd", "slurmstepd", "sleep"} <= _names(procs)
     finally:
         down = subprocess.run([*cli, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]

@@ -7,6 +7,7 @@ node it replaces. Slurm itself would sort `--nodelist` by node index, so the ste
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -42,8 +43,11 @@ def plan_nodes(allocation: Sequence[str], size: int, bad: Iterable[str] = (),
 
 
 def master_port(base: int, span: int, job_id: int, attempt: int) -> int:
-    """A new port on every attempt (no TIME_WAIT or stale store), and apart from other jobs' ports."""
-    return base + (job_id * 97 + attempt) % span
+    """A new port on every attempt (no TIME_WAIT or stale store), and apart from other jobs' ports.
+
+    The job's start is a hash of its id, not a multiple of it: clusters number jobs from `FirstJobId`, often a
+    round number, and `job_id * k % span` put the first jobs of such clusters on one port."""
+    return base + (zlib.crc32(str(job_id).encode()) + attempt) % span
 
 
 @dataclass(frozen=True)

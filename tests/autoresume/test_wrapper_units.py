@@ -77,6 +77,12 @@ def test_master_port_changes_every_attempt_and_stays_in_range() -> None:
     assert len(ports) == 49 and all(29500 <= p < 49500 for p in ports)
 
 
+def test_master_port_of_first_jobs_of_clusters_numbered_from_round_ids_differ() -> None:
+    # devclusters number jobs from base_port * 1000: 20000000 and 21000000 once shared a port.
+    firsts = {master_port(29500, 20000, base * 1000, 0) for base in range(20000, 27000, 1000)}
+    assert len(firsts) == 7
+
+
 def test_environment_refreshes_node_list_master_and_drops_stale_shape() -> None:
     launch = AttemptLaunch(2, ("n3", "n2"), ("n1", "n2", "n3"), "127.0.0.13", 30001, 1)
     env = launch.environment({"SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-2]", "KEEP": "x"}, restarts=1)

@@ -32,6 +32,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hpresilience.agent import hold
+from hpresilience.agent import notices as cloud
 from hpresilience.agent.guard import (
     Decision,
     DecisionKind,
@@ -47,7 +48,7 @@ from hpresilience.agent.watchdog import WatchdogPinger
 from hpresilience.fileio import atomic_write_text, locked
 from hpresilience.health.base import CheckResult, Mode
 from hpresilience.log import get_logger
-from hpresilience.reasons import Action, agent_reason, parse_reason
+from hpresilience.reasons import Action, agent_reason, parse_planned, parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify
@@ -91,6 +92,9 @@ class AgentMetrics:
                                 registry=registry)
         self.cycle_errors = Counter("hpr_agent_cycle_errors_total", "Cycles that failed (Slurm unreachable, ...)",
                                     registry=registry)
+        self.planned = Counter("hpr_agent_planned_drains_total",
+                               "Nodes drained (or, observing, that would have been) for a cloud notice",
+                               ["kind", "decision"], registry=registry)
         self.ceiling_holds = Counter("hpr_agent_ceiling_holds_total",
                                      "Marks held (or rolled back) because the fleet ceiling of nodes out of service "
                                      "for hpresilience was reached", ["action"], registry=registry)
@@ -124,6 +128,10 @@ class Agent:
         # The node is (or may still be) drained by this agent for its active checks: kept in the state file, so
         # the run after one killed mid-check (HealthCheckTimeout) looks at the node and gives it back.
         self.holding = False
+        # The planned-drain reason this agent last acted on (drained, or found a person's reason and left it):
+        # a notice is acted on once, not re-read from Slurm every cycle; kept in the state file.
+        self.planned: str | None = None
+        self.notices = cloud.NoticeWatcher(settings.notices) if settings.notices.sources else None
         self._load_memory()
 
     @property
@@ -148,6 +156,8 @@ class Agent:
             self.memory.marked = marked if isinstance(marked, bool) else None
             self.last_active = float(data.get("last_active_at", 0.0))
             self.holding = data.get("holding") is True
+            planned = data.get("planned")
+            self.planned = planned if isinstance(planned, str) else None
         except FileNotFoundError:
             pass
         except (OSError, ValueError, AttributeError, TypeError) as err:
@@ -160,7 +170,8 @@ class Agent:
             atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
                                                            "marked": self.memory.marked,
                                                            "last_active_at": self.last_active,
-                                                           "holding": self.holding}))
+                                                           "holding": self.holding,
+                                                           "planned": self.planned}))
             self._state_stamp = self._stamp()
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
@@ -186,7 +197,9 @@ class Agent:
     def own_node(self) -> Node:
         """This node as Slurm sees it: one query naming it, whatever the cluster's size."""
         me = self.client.node(self.node_name)
-        self.memory.marked = parse_reason(me.reason).owner == "agent" and me.is_unavailable
+        # A planned drain is not a mark to lift when checks pass: the notice decides (act_on_notice).
+        self.memory.marked = (parse_reason(me.reason).owner == "agent" and me.is_unavailable
+                              and parse_planned(me.reason) is None)
         return me
 
     def fleet_view(self, me: Node) -> FleetView:
@@ -212,6 +225,7 @@ class Agent:
     def _cycle(self, now: float | None) -> Decision:
         results = list(self.collector.passive())
         t = time.time() if now is None else now
+        notice = self.notices.poll(t, time.monotonic()) if self.notices is not None else None
         me: Node | None = None
         held: hold.Hold | None = None
         if not self.observing and self.active_due():
@@ -258,11 +272,65 @@ class Agent:
             self._give_back()
         elif self.holding and held is None and me is not None and not hold.is_hold(me):
             self.holding = False  # someone else took the node back meanwhile
+        if notice is not None:
+            self.act_on_notice(notice, me, t)
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
         log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind.value, checks=len(results))
         return decision
+
+    def act_on_notice(self, poll: cloud.Poll, me: Node | None, now: float) -> None:
+        """A cloud notice: drain the node with a Planned reason (once) and write the node notice file. When every
+        source answered and none announces anything any more (a maintenance canceled or completed), take the
+        drain back (only our own Planned reason) and remove the file. Slurm is read only when this changes."""
+        n = poll.first
+        path = self.settings.notices.notice_file
+        if n is None:
+            if not poll.complete:
+                return  # a source did not answer: no news is not "withdrawn"
+            if path and cloud.remove_notice_file(path):
+                log.info("node_notice_removed", node=self.node_name, path=path)
+            if self.planned is None:
+                return
+            if not self.observing:
+                me = me if me is not None else self.own_node()
+                was = parse_planned(me.reason)
+                if was is not None and me.is_unavailable:
+                    self.client.set_node_state([self.node_name], "resume")
+                    log.warning("node_resumed", node=self.node_name, why="the cloud notice was withdrawn",
+                                previous_reason=me.reason)
+                    self.metrics.planned.labels(was.kind.value, "withdrawn").inc()
+            self.planned = None
+            return
+        reason = n.reason
+        if self.observing:
+            if self.planned != reason:
+                log.warning("node_would_drain_planned", node=self.node_name, reason=reason, source=n.source)
+                self.metrics.planned.labels(n.kind.value, "would_drain").inc()
+                self.planned = reason
+            return
+        if path:
+            try:
+                if cloud.write_notice_file(path, cloud.notice_document(n, self.node_name, now)):
+                    log.warning("node_notice_written", node=self.node_name, path=path, reason=reason)
+            except OSError as err:  # the drain below still tells the wrapper
+                log.error("node_notice_not_written", node=self.node_name, path=path, error=str(err)[:200])
+        if self.planned == reason:
+            return
+        me = me if me is not None else self.own_node()
+        current = parse_reason(me.reason) if me.reason else None
+        if current is None or (parse_planned(me.reason) is not None and me.reason != reason):
+            self.client.set_node_state([self.node_name], "drain", reason)
+            self.metrics.planned.labels(n.kind.value, "drained").inc()
+            log.warning("node_drained_planned", node=self.node_name, reason=reason, source=n.source, key=n.key,
+                        previous_reason=me.reason or None)
+        elif me.reason != reason:
+            # A person's reason, or the agent's own fault mark: the node is out already; left as it is.
+            self.metrics.planned.labels(n.kind.value, "left").inc()
+            log.warning("planned_drain_left", node=self.node_name, reason=reason, current_reason=me.reason,
+                        why="the node already carries a reason the notice must not overwrite")
+        self.planned = reason
 
     def _give_back(self) -> None:
         """End this agent's hold for the active checks (the node resumed unless a reason was set meanwhile)."""

@@ -1,8 +1,10 @@
 """The preemption notice: check_alive() turns False once this job or node is going away.
 
-Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts or cancels a job), a notice
-file the hpresilience agent writes, and the EC2 spot interruption notice from instance metadata. The
-last is polled in a background thread, and only when enabled; the file check is a stat() per call.
+Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts or cancels a job), the node
+notice file the hpresilience agent writes on a cloud reclaim or maintenance notice (/run/hpresilience/
+notice.json by default; trusted only when root owns it and its directory, so a user on a shared node cannot
+stop another's job by creating it), and the EC2 spot interruption notice from instance metadata. The last
+is polled in a background thread, and only when enabled; the file check is an lstat() per call.
 """
 
 from __future__ import annotations

@@ -132,6 +132,7 @@ class Agent:
         # a notice is acted on once, not re-read from Slurm every cycle; kept in the state file.
         self.planned: str | None = None
         self.notices = cloud.NoticeWatcher(settings.notices) if settings.notices.sources else None
+        self.next_notice_poll = 0.0
         self._load_memory()
 
     @property
@@ -280,6 +281,20 @@ class Agent:
         log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind.value, checks=len(results))
         return decision
 
+    def notice_news(self) -> bool:
+        """Between cycles, every notices.poll_interval_s: whether the cloud's notices differ from what the agent
+        last acted on (a cycle then runs at once). Costs the metadata requests only, never a Slurm call."""
+        if self.notices is None or time.monotonic() < self.next_notice_poll:
+            return False
+        self.next_notice_poll = time.monotonic() + self.settings.notices.poll_interval_s
+        poll = self.notices.poll(time.time(), time.monotonic())
+        n = poll.first
+        withdrawn = n is None and poll.complete and self.planned is not None
+        news = (n is not None and n.reason != self.planned) or withdrawn
+        if news:
+            log.info("notice_changed", node=self.node_name, reason=n.reason if n else None)
+        return news
+
     def act_on_notice(self, poll: cloud.Poll, me: Node | None, now: float) -> None:
         """A cloud notice: drain the node with a Planned reason (once) and write the node notice file. When every
         source answered and none announces anything any more (a maintenance canceled or completed), take the
@@ -417,6 +432,9 @@ class Agent:
                     finally:
                         watchdog.cycle_ended()
                     next_cycle = time.monotonic() + self.settings.passive_interval_s
+                    self.next_notice_poll = time.monotonic() + self.settings.notices.poll_interval_s
+                elif self.notice_news():
+                    next_cycle = 0.0  # a spot reclaim leaves two minutes: act now, not at the next cycle
                 watchdog.beat()
                 # Wait in short slices so that SIGTERM (stop_event) is honoured within a second.
                 wait = min(max(0.0, next_cycle - time.monotonic()), 1.0)

@@ -20,6 +20,9 @@ class NoticeSettings(Section):
     # Absolute limit of one metadata request (token, spot action or scheduled events).
     timeout_s: float = Field(default=1.0, gt=0, le=30)
     reprobe_s: float = Field(default=3600.0, gt=0)
+    # Between check cycles the sources are also read this often; news (a notice, or one withdrawn) runs a cycle
+    # at once: a spot reclaim gives two minutes, which a 30 s cycle would cut to 90 s.
+    poll_interval_s: float = Field(default=5.0, gt=0)
     # A scheduled maintenance drains the node this long before its start (NotBefore), not as soon as it is
     # announced (days ahead): the wrapper moves the step off a drained node at its next checkpoint.
     maintenance_lead_s: float = Field(default=3600.0, ge=0)

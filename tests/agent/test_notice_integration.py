@@ -29,13 +29,18 @@ from tests.controller.conftest import settings_for, write_scripts
 pytestmark = pytest.mark.integration
 
 
-def agent_once(cluster: DevCluster, node: FakeNode, name: str, imds_url: str, notice: Path) -> str:
+def agent_argv(node: FakeNode, name: str, imds_url: str, notice: Path, **agent: object) -> list[str]:
     cfg = yaml.safe_load((node.root / "config.yaml").read_text())
     cfg["agent"] = {"node_name": name, "metrics_address": "", "state_dir": str(node.root / "agent"),
-                    "active_checks": False, "notices": {"ec2_endpoint": imds_url, "notice_file": str(notice)}}
+                    "active_checks": False, **agent,
+                    "notices": {"ec2_endpoint": imds_url, "notice_file": str(notice), "poll_interval_s": 0.5}}
     (node.root / "agent.yaml").write_text(yaml.safe_dump(cfg))
-    res = subprocess.run([sys.executable, "-m", "hpresilience", "--config", str(node.root / "agent.yaml"),
-                          "agent", "--once"], env=cluster.env(), capture_output=True, text=True, timeout=60)
+    return [sys.executable, "-m", "hpresilience", "--config", str(node.root / "agent.yaml"), "agent"]
+
+
+def agent_once(cluster: DevCluster, node: FakeNode, name: str, imds_url: str, notice: Path) -> str:
+    res = subprocess.run([*agent_argv(node, name, imds_url, notice), "--once"], env=cluster.env(),
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stderr
 
@@ -69,3 +74,31 @@ def test_spot_reclaim_drains_the_node_tells_the_ranks_and_is_not_repaired(
         assert slurm.node("n2").reason == n2.reason and slurm.node("n2").has("DRAIN")
     finally:
         ranks.stop()
+
+
+def test_the_daemon_drains_within_seconds_of_a_reclaim_between_its_check_cycles(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """The agent daemon checks every 60 s; a reclaim announced after its first cycle is acted on at the next
+    notice poll (0.5 s here, 5 s by default), not a minute later."""
+    node = FakeNode.make(tmp_path / "n3", "p5.48xlarge")
+    notice = tmp_path / "run" / "notice.json"
+    with FakeImds() as imds:
+        log = open(node.root / "agent.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(agent_argv(node, "n3", imds.url, notice, passive_interval_s=60.0),
+                                env=cluster.env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while b"notice_source_on" not in (node.root / "agent.log").read_bytes():  # its first cycle
+                assert proc.poll() is None and time.monotonic() < deadline, (node.root / "agent.log").read_text()
+                time.sleep(0.1)
+            imds.announce_spot("terminate", in_s=120)
+            announced = time.monotonic()
+            while not slurm.node("n3").has("DRAIN"):
+                assert time.monotonic() - announced < 10, (node.root / "agent.log").read_text()
+                time.sleep(0.1)
+            took = time.monotonic() - announced
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            log.close()
+    assert took < 5 and parse_planned(slurm.node("n3").reason) is not None and notice.exists()

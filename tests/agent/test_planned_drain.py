@@ -181,3 +181,20 @@ def test_planned_drains_do_not_count_against_the_fleet_ceiling(kind: PlannedKind
     rest = ReasonGroup("p", 9, tuple(f"n{i}" for i in range(1, 10)))
     assert over_ceiling(FleetView([planned, rest]), "n1", settings) is None
     assert over_ceiling(FleetView([faulty, rest]), "n1", settings) is not None
+
+
+def test_between_cycles_a_new_or_withdrawn_notice_is_news_that_runs_a_cycle_at_once(tmp_path: Path) -> None:
+    slurm, cloud = Slurm(), Cloud()
+    a = make(tmp_path, slurm, cloud)
+    a.cycle()
+    assert not a.notice_news()
+    cloud.now = [RECLAIM]
+    a.next_notice_poll = 0.0
+    assert a.notice_news() and slurm.updates == []  # news only: the cycle acts
+    a.cycle()
+    a.next_notice_poll = 0.0
+    assert not a.notice_news()  # acted on already
+    assert not a.notice_news()  # and not asked again before poll_interval_s
+    cloud.now = []
+    a.next_notice_poll = 0.0
+    assert a.notice_news()

@@ -152,6 +152,8 @@ class Ec2NoticeSource:
                 body += chunk
                 if len(body) > MAX_BODY:
                     raise NoticeUnavailable(f"{path}: answer larger than {MAX_BODY} bytes")
+        except TimeoutError:  # a read ran into the deadline set above (or the connect into timeout_s)
+            raise NoticeUnavailable(f"{method} {path}: no whole answer within {self.timeout_s} s") from None
         except (OSError, ValueError, http.client.HTTPException) as err:  # ValueError: a header it would not send
             raise NoticeUnavailable(f"{method} {path}: {type(err).__name__}: {err}") from None
         finally:

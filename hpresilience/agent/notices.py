@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpresilience.agent.settings import NoticeSettings
+from hpresilience.errors import ConfigError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 from hpresilience.reasons import PlannedKind, iso_utc, planned_reason
@@ -90,7 +91,10 @@ class NoticeWatcher:
     def __init__(self, settings: NoticeSettings, sources: Sequence[NoticeSource] | None = None) -> None:
         self.settings = settings
         if sources is None:  # an unknown name is a ConfigError naming the known ones (agent start: exit 2)
-            sources = [NOTICE_SOURCES.get(name)(settings) for name in settings.sources]
+            try:
+                sources = [NOTICE_SOURCES.get(name)(settings) for name in settings.sources]
+            except ConfigError as err:
+                raise ConfigError(f"agent.notices.sources: {err}") from None
         self.states = [_State(s) for s in sources]
 
     def poll(self, now: float, mono: float) -> Poll:

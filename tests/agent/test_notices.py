@@ -159,7 +159,7 @@ def test_hostile_documents_from_the_endpoint_are_skipped(imds: FakeImds) -> None
 
 # -- registry and watcher -------------------------------------------------------------------------------
 def test_an_unknown_notice_source_names_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"unknown notice source 'gcp'; known: .*ec2"):
+    with pytest.raises(ConfigError, match=r"agent.notices.sources: unknown notice source .gcp.; known: .*ec2"):
         NoticeWatcher(NoticeSettings(sources=("gcp",)))
     assert isinstance(NOTICE_SOURCES.get("ec2")(NoticeSettings()), Ec2NoticeSource)
 

@@ -185,7 +185,8 @@ class Agent:
             return False
         if node.is_idle:
             return True
-        return parse_reason(node.reason).owner == "agent"
+        # Not on a node drained for a cloud notice: it is leaving, and a stress run there proves nothing.
+        return parse_reason(node.reason).owner == "agent" and parse_planned(node.reason) is None
 
     def active_due(self) -> bool:
         if not self.settings.active_checks:

@@ -198,3 +198,11 @@ def test_between_cycles_a_new_or_withdrawn_notice_is_news_that_runs_a_cycle_at_o
     cloud.now = []
     a.next_notice_poll = 0.0
     assert a.notice_news()
+
+
+def test_no_active_checks_on_a_node_drained_for_a_notice(tmp_path: Path) -> None:
+    a = make(tmp_path, Slurm(), Cloud())
+    a.settings = a.settings.model_copy(update={"active_checks": True})
+    drained = Node(name="n1", address="", hostname="", states=frozenset({"IDLE", "DRAIN"}), reason=REASON)
+    marked = replace(drained, reason=agent_reason(Action.REBOOT, "row remap pending"))
+    assert not a.active_allowed(drained) and a.active_allowed(marked)

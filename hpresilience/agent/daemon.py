@@ -14,7 +14,8 @@ decision="would_mark" and nothing is done; an observing agent runs no Slurm comm
 check, which needs the node out of scheduling). A cycle holds the agent's state lock from reading its state
 to writing it back: the daemon and Slurm's HealthCheckProgram (`agent --once`) share that state.
 A fault event (an XID in the kernel log, an NVML event) wakes the loop at once: that is the event path
-whose latency bench/ measures. Nothing here raises out of the loop: a failed cycle is logged and retried.
+whose latency bench/ measures. A cloud reclaim or maintenance notice drains the node as a planned move
+(agent/planned.py). Nothing here raises out of the loop: a failed cycle is logged and retried.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hpresilience.agent import hold
+from hpresilience.agent import hold, planned
 from hpresilience.agent import notices as cloud
 from hpresilience.agent.guard import (
     Decision,
@@ -285,68 +286,11 @@ class Agent:
     def notice_news(self) -> bool:
         """Between cycles, every notices.poll_interval_s: whether the cloud's notices differ from what the agent
         last acted on (a cycle then runs at once). Costs the metadata requests only, never a Slurm call."""
-        if self.notices is None or time.monotonic() < self.next_notice_poll:
-            return False
-        self.next_notice_poll = time.monotonic() + self.settings.notices.poll_interval_s
-        poll = self.notices.poll(time.time(), time.monotonic())
-        n = poll.first
-        withdrawn = n is None and poll.complete and self.planned is not None
-        news = (n is not None and n.reason != self.planned) or withdrawn
-        if news:
-            log.info("notice_changed", node=self.node_name, reason=n.reason if n else None)
-        return news
+        return planned.notice_news(self)
 
     def act_on_notice(self, poll: cloud.Poll, me: Node | None, now: float) -> None:
-        """A cloud notice: drain the node with a Planned reason (once) and write the node notice file. When every
-        source answered and none announces anything any more (a maintenance canceled or completed), take the
-        drain back (only our own Planned reason) and remove the file. Slurm is read only when this changes."""
-        n = poll.first
-        path = self.settings.notices.notice_file
-        if n is None:
-            if not poll.complete:
-                return  # a source did not answer: no news is not "withdrawn"
-            if path and cloud.remove_notice_file(path):
-                log.info("node_notice_removed", node=self.node_name, path=path)
-            if self.planned is None:
-                return
-            if not self.observing:
-                me = me if me is not None else self.own_node()
-                was = parse_planned(me.reason)
-                if was is not None and me.is_unavailable:
-                    self.client.set_node_state([self.node_name], "resume")
-                    log.warning("node_resumed", node=self.node_name, why="the cloud notice was withdrawn",
-                                previous_reason=me.reason)
-                    self.metrics.planned.labels(was.kind.value, "withdrawn").inc()
-            self.planned = None
-            return
-        reason = n.reason
-        if self.observing:
-            if self.planned != reason:
-                log.warning("node_would_drain_planned", node=self.node_name, reason=reason, source=n.source)
-                self.metrics.planned.labels(n.kind.value, "would_drain").inc()
-                self.planned = reason
-            return
-        if path:
-            try:
-                if cloud.write_notice_file(path, cloud.notice_document(n, self.node_name, now)):
-                    log.warning("node_notice_written", node=self.node_name, path=path, reason=reason)
-            except OSError as err:  # the drain below still tells the wrapper
-                log.error("node_notice_not_written", node=self.node_name, path=path, error=str(err)[:200])
-        if self.planned == reason:
-            return
-        me = me if me is not None else self.own_node()
-        current = parse_reason(me.reason) if me.reason else None
-        if current is None or (parse_planned(me.reason) is not None and me.reason != reason):
-            self.client.set_node_state([self.node_name], "drain", reason)
-            self.metrics.planned.labels(n.kind.value, "drained").inc()
-            log.warning("node_drained_planned", node=self.node_name, reason=reason, source=n.source, key=n.key,
-                        previous_reason=me.reason or None)
-        elif me.reason != reason:
-            # A person's reason, or the agent's own fault mark: the node is out already; left as it is.
-            self.metrics.planned.labels(n.kind.value, "left").inc()
-            log.warning("planned_drain_left", node=self.node_name, reason=reason, current_reason=me.reason,
-                        why="the node already carries a reason the notice must not overwrite")
-        self.planned = reason
+        """A cloud notice: the planned drain and the node notice file (agent/planned.py)."""
+        planned.act_on_notice(self, poll, me, now)
 
     def _give_back(self) -> None:
         """End this agent's hold for the active checks (the node resumed unless a reason was set meanwhile)."""

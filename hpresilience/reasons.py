@@ -9,12 +9,19 @@ tag, so that a part never overwrites or resumes a reason a person (or another to
     [hpr-controller] repairing: reboot (attempt 1)
 A node the controller leaves for a person (a lemon: repaired too often) starts with `hpr: needs a person`,
 which reads as the controller's: nothing of ours picks it up or resumes it, and it counts against the ceiling.
+
+A planned drain (the cloud announced a reclaim or a maintenance; issue 25) is the agent's, without an action:
+    [hpr-agent] Planned:Reclaim by 2026-11-25T20:10:00Z ec2 spot terminate
+    [hpr-agent] Planned:Maintenance by 2026-11-28T09:00:00Z ec2 system-reboot: scheduled reboot
+No `Action:` word, so the controller never repairs it; the deadline is ISO 8601 UTC to the second. The
+agent also writes the same notice to NODE_NOTICE_FILE, which `hpresilience.torch.check_alive()` watches.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from enum import Enum
 
 
@@ -74,6 +81,54 @@ def parse_reason(reason: str) -> ParsedReason:
     detail = text[tag.end():] if tag else text[m.end():] if m else text
     detail = detail.strip(" :-")
     return ParsedReason(action, owner, detail)
+
+
+class PlannedKind(str, Enum):
+    """What is coming to a node that the cloud announced: the word after `Planned:` in its reason."""
+
+    RECLAIM = "Reclaim"  # the instance is taken away (EC2 spot terminate / stop / hibernate)
+    MAINTENANCE = "Maintenance"  # a scheduled event (reboot, retirement, stop) with a start time
+
+
+# Where the agent writes the node notice (root-owned /run/hpresilience, mode 0755; the file 0644, JSON):
+# hpresilience.torch's PreemptionConfig.notice_file defaults to it, and trusts it only when root owns both.
+NODE_NOTICE_FILE = "/run/hpresilience/notice.json"
+
+_PLANNED = re.compile(r"^\s*\[hpr-agent\]\s*Planned\s*:\s*(\w+)\s+by\s+(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\s*(.*)$",
+                      re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class PlannedReason:
+    kind: PlannedKind
+    deadline: float  # epoch seconds (UTC)
+    detail: str
+
+
+def iso_utc(epoch: float) -> str:
+    """2026-11-25T20:10:00Z: the deadline as every reason and notice file spells it."""
+    return datetime.fromtimestamp(int(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def planned_reason(kind: PlannedKind, deadline: float, detail: str) -> str:
+    """The reason of a planned drain: the agent's, no action word (nothing to repair), kind and deadline first."""
+    return _clip(f"{AGENT_TAG} Planned:{kind.value} by {iso_utc(deadline)} {detail}")
+
+
+def parse_planned(reason: str) -> PlannedReason | None:
+    """Kind, deadline and detail of a planned-drain reason the agent wrote; None for any other reason (an
+    operator's text that merely mentions `Planned:` is not one: the agent's tag must come first)."""
+    m = _PLANNED.match(reason or "")
+    if m is None:
+        return None
+    kind = next((k for k in PlannedKind if k.value.lower() == m.group(1).lower()), None)
+    if kind is None:
+        return None
+    try:
+        at = datetime.strptime(m.group(2).upper(), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return PlannedReason(kind, at.timestamp(), m.group(3).strip())
 
 
 def agent_reason(action: Action, detail: str) -> str:

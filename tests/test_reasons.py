@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from hpresilience.reasons import Action, agent_reason, controller_reason, parse_reason
+from hpresilience.reasons import (
+    Action,
+    PlannedKind,
+    PlannedReason,
+    agent_reason,
+    controller_reason,
+    iso_utc,
+    parse_planned,
+    parse_reason,
+    planned_reason,
+)
 
 
 @pytest.mark.parametrize("reason,action,owner", [
@@ -82,3 +92,28 @@ def test_a_node_left_for_a_person_reads_as_the_controllers_and_asks_nothing() ->
     assert r.startswith("hpr: needs a person") and parse_reason(r).owner == "controller"
     assert parse_reason(r).action is None
     assert parse_reason("hpr: fan replaced").owner is None  # only the exact prefix is ours
+
+
+def test_planned_reason_reads_back_kind_deadline_and_detail_and_asks_no_action() -> None:
+    """Issue 25: a cloud notice's drain is the agent's, carries no Action word (nothing to repair), and its
+    kind and deadline (ISO 8601 UTC to the second) read back exactly."""
+    deadline = 1_795_000_000.0
+    reason = planned_reason(PlannedKind.MAINTENANCE, deadline + 0.7, 'ec2 system-reboot: "scheduled"\nreboot')
+    assert reason == "[hpr-agent] Planned:Maintenance by 2026-11-18T11:06:40Z ec2 system-reboot: 'scheduled' reboot"
+    assert iso_utc(deadline) == "2026-11-18T11:06:40Z"
+    p = parse_planned(reason)
+    assert p == PlannedReason(PlannedKind.MAINTENANCE, deadline, "ec2 system-reboot: 'scheduled' reboot")
+    assert parse_reason(reason).owner == "agent" and parse_reason(reason).action is None
+
+
+@pytest.mark.parametrize("reason", [
+    "Planned:Reclaim by 2026-11-18T08:26:40Z ec2",  # no tag: an operator's text
+    "ops: [hpr-agent] Planned:Reclaim by 2026-11-18T08:26:40Z",  # the tag not first
+    "[hpr-agent] Planned:Upgrade by 2026-11-18T08:26:40Z x",  # not a kind of ours
+    "[hpr-agent] Planned:Reclaim by 2026-13-45T08:26:40Z x",  # no such date
+    "[hpr-agent] Planned:Reclaim soon",
+    "Action:Replace [hpr-agent] xid=79",
+    "",
+])
+def test_only_the_agents_own_planned_reasons_parse_as_planned(reason: str) -> None:
+    assert parse_planned(reason) is None

@@ -14,7 +14,8 @@ decision="would_mark" and nothing is done; an observing agent runs no Slurm comm
 check, which needs the node out of scheduling). A cycle holds the agent's state lock from reading its state
 to writing it back: the daemon and Slurm's HealthCheckProgram (`agent --once`) share that state.
 A fault event (an XID in the kernel log, an NVML event) wakes the loop at once: that is the event path
-whose latency bench/ measures. Nothing here raises out of the loop: a failed cycle is logged and retried.
+whose latency bench/ measures. A cloud reclaim or maintenance notice drains the node as a planned move
+(agent/planned.py). Nothing here raises out of the loop: a failed cycle is logged and retried.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hpresilience.agent import hold
+from hpresilience.agent import hold, planned
+from hpresilience.agent import notices as cloud
 from hpresilience.agent.guard import (
     Decision,
     DecisionKind,
@@ -47,7 +49,7 @@ from hpresilience.agent.watchdog import WatchdogPinger
 from hpresilience.fileio import atomic_write_text, locked
 from hpresilience.health.base import CheckResult, Mode
 from hpresilience.log import get_logger
-from hpresilience.reasons import Action, agent_reason, parse_reason
+from hpresilience.reasons import Action, agent_reason, parse_planned, parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify
@@ -91,6 +93,9 @@ class AgentMetrics:
                                 registry=registry)
         self.cycle_errors = Counter("hpr_agent_cycle_errors_total", "Cycles that failed (Slurm unreachable, ...)",
                                     registry=registry)
+        self.planned = Counter("hpr_agent_planned_drains_total",
+                               "Nodes drained (or, observing, that would have been) for a cloud notice",
+                               ["kind", "decision"], registry=registry)
         self.ceiling_holds = Counter("hpr_agent_ceiling_holds_total",
                                      "Marks held (or rolled back) because the fleet ceiling of nodes out of service "
                                      "for hpresilience was reached", ["action"], registry=registry)
@@ -124,6 +129,11 @@ class Agent:
         # The node is (or may still be) drained by this agent for its active checks: kept in the state file, so
         # the run after one killed mid-check (HealthCheckTimeout) looks at the node and gives it back.
         self.holding = False
+        # The planned-drain reason this agent last acted on (drained, or found a person's reason and left it):
+        # a notice is acted on once, not re-read from Slurm every cycle; kept in the state file.
+        self.planned: str | None = None
+        self.notices = cloud.NoticeWatcher(settings.notices) if settings.notices.sources else None
+        self.next_notice_poll = 0.0
         self._load_memory()
 
     @property
@@ -148,6 +158,8 @@ class Agent:
             self.memory.marked = marked if isinstance(marked, bool) else None
             self.last_active = float(data.get("last_active_at", 0.0))
             self.holding = data.get("holding") is True
+            planned = data.get("planned")
+            self.planned = planned if isinstance(planned, str) else None
         except FileNotFoundError:
             pass
         except (OSError, ValueError, AttributeError, TypeError) as err:
@@ -160,7 +172,8 @@ class Agent:
             atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
                                                            "marked": self.memory.marked,
                                                            "last_active_at": self.last_active,
-                                                           "holding": self.holding}))
+                                                           "holding": self.holding,
+                                                           "planned": self.planned}))
             self._state_stamp = self._stamp()
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
@@ -173,7 +186,8 @@ class Agent:
             return False
         if node.is_idle:
             return True
-        return parse_reason(node.reason).owner == "agent"
+        # Not on a node drained for a cloud notice: it is leaving, and a stress run there proves nothing.
+        return parse_reason(node.reason).owner == "agent" and parse_planned(node.reason) is None
 
     def active_due(self) -> bool:
         if not self.settings.active_checks:
@@ -186,7 +200,9 @@ class Agent:
     def own_node(self) -> Node:
         """This node as Slurm sees it: one query naming it, whatever the cluster's size."""
         me = self.client.node(self.node_name)
-        self.memory.marked = parse_reason(me.reason).owner == "agent" and me.is_unavailable
+        # A planned drain is not a mark to lift when checks pass: the notice decides (act_on_notice).
+        self.memory.marked = (parse_reason(me.reason).owner == "agent" and me.is_unavailable
+                              and parse_planned(me.reason) is None)
         return me
 
     def fleet_view(self, me: Node) -> FleetView:
@@ -212,6 +228,7 @@ class Agent:
     def _cycle(self, now: float | None) -> Decision:
         results = list(self.collector.passive())
         t = time.time() if now is None else now
+        notice = self.notices.poll(t, time.monotonic()) if self.notices is not None else None
         me: Node | None = None
         held: hold.Hold | None = None
         if not self.observing and self.active_due():
@@ -258,11 +275,22 @@ class Agent:
             self._give_back()
         elif self.holding and held is None and me is not None and not hold.is_hold(me):
             self.holding = False  # someone else took the node back meanwhile
+        if notice is not None:
+            self.act_on_notice(notice, me, t)
         self._save_memory()
         self.metrics.last_cycle.set(time.time())
         self.last_ok_cycle = time.monotonic()
         log.debug("check_cycle_finished", node=self.node_name, decision=decision.kind.value, checks=len(results))
         return decision
+
+    def notice_news(self) -> bool:
+        """Between cycles, every notices.poll_interval_s: whether the cloud's notices differ from what the agent
+        last acted on (a cycle then runs at once). Costs the metadata requests only, never a Slurm call."""
+        return planned.notice_news(self)
+
+    def act_on_notice(self, poll: cloud.Poll, me: Node | None, now: float) -> None:
+        """A cloud notice: the planned drain and the node notice file (agent/planned.py)."""
+        planned.act_on_notice(self, poll, me, now)
 
     def _give_back(self) -> None:
         """End this agent's hold for the active checks (the node resumed unless a reason was set meanwhile)."""
@@ -349,6 +377,9 @@ class Agent:
                     finally:
                         watchdog.cycle_ended()
                     next_cycle = time.monotonic() + self.settings.passive_interval_s
+                    self.next_notice_poll = time.monotonic() + self.settings.notices.poll_interval_s
+                elif self.notice_news():
+                    next_cycle = 0.0  # a spot reclaim leaves two minutes: act now, not at the next cycle
                 watchdog.beat()
                 # Wait in short slices so that SIGTERM (stop_event) is honoured within a second.
                 wait = min(max(0.0, next_cycle - time.monotonic()), 1.0)

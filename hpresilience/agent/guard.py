@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.health.base import CheckResult
 from hpresilience.health.verdict import worst
-from hpresilience.reasons import Action, agent_reason, parse_reason
+from hpresilience.reasons import Action, agent_reason, parse_planned, parse_reason
 from hpresilience.slurm.models import Node, ReasonGroup
 
 
@@ -93,7 +93,9 @@ class FleetView:
         for g in self.groups:
             size, ours = out.get(g.partition, (0, []))
             owner = parse_reason(g.reason).owner if g.reason else None
-            if owner is not None:
+            # A planned drain (a cloud notice) is not counted: the node goes whatever the agents decide, and
+            # counting it would hold real fault marks during a reclaim wave (docs/agent.md).
+            if owner is not None and parse_planned(g.reason) is None:
                 ours = ours + [(g.reason_at or 0, n, owner) for n in g.nodes]
             out[g.partition] = (size + g.count, ours)
         return out
@@ -129,12 +131,13 @@ def decide(node: Node, cluster: Sequence[Node] | Callable[[], FleetView], result
     or replace) count. `cluster`: every node, or a function returning the FleetView, called only for a new mark."""
     current = parse_reason(node.reason) if node.reason else None
     ours = current is not None and current.owner == "agent"
+    planned = parse_planned(node.reason) is not None  # a cloud notice's drain: the notice lifts it, not a clear check
     foreign = node.reason != "" and not ours and node.is_unavailable
     findings = [r for r in results if r.asks_action]
     top = worst(findings) if findings else None
 
     if top is None:
-        if ours and settings.resume_when_clear and node.is_unavailable:
+        if ours and not planned and settings.resume_when_clear and node.is_unavailable:
             return Decision(DecisionKind.RESUME, "faults the agent reported have cleared")
         return Decision(DecisionKind.NONE, "healthy")
     if foreign:

@@ -5,7 +5,30 @@ from __future__ import annotations
 from pydantic import Field
 
 from hpresilience.health.base import Mode
+from hpresilience.reasons import NODE_NOTICE_FILE
 from hpresilience.settings_base import Section
+
+
+class NoticeSettings(Section):
+    """Cloud notices of a reclaim or a maintenance (agent/notices.py): the node is drained before it goes."""
+
+    # Notice sources by name (agent/notices.py's registry; "ec2": instance metadata, IMDSv2). A source whose
+    # endpoint does not answer (not on that cloud) turns itself off and is asked again every `reprobe_s`.
+    sources: tuple[str, ...] = ("ec2",)
+    # The EC2 instance metadata endpoint (tests and `hpresilience.testing.fakeimds` point it elsewhere).
+    ec2_endpoint: str = "http://169.254.169.254"
+    # Absolute limit of one metadata request (token, spot action or scheduled events).
+    timeout_s: float = Field(default=1.0, gt=0, le=30)
+    reprobe_s: float = Field(default=3600.0, gt=0)
+    # Between check cycles the sources are also read this often; news (a notice, or one withdrawn) runs a cycle
+    # at once: a spot reclaim gives two minutes, which a 30 s cycle would cut to 90 s.
+    poll_interval_s: float = Field(default=5.0, gt=0)
+    # A scheduled maintenance drains the node this long before its start (NotBefore), not as soon as it is
+    # announced (days ahead): the wrapper moves the step off a drained node at its next checkpoint.
+    maintenance_lead_s: float = Field(default=3600.0, ge=0)
+    # Where the node notice file is written for hpresilience.torch's check_alive(); a root-owned directory
+    # that users cannot write (the agent's unit makes it: RuntimeDirectory=hpresilience). Empty: none.
+    notice_file: str = NODE_NOTICE_FILE
 
 
 class AgentSettings(Section):
@@ -38,3 +61,5 @@ class AgentSettings(Section):
     cycle_timeout_s: float = Field(default=3600.0, gt=0)
     # Where the agent keeps what must survive a restart (repeat counters, last results).
     state_dir: str = "/var/lib/hpresilience/agent"
+    # Reclaim and maintenance notices from the cloud (planned drains).
+    notices: NoticeSettings = Field(default_factory=NoticeSettings)

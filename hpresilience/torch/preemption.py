@@ -1,8 +1,10 @@
 """The preemption notice: check_alive() turns False once this job or node is going away.
 
-Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts or cancels a job), a notice
-file the hpresilience agent writes, and the EC2 spot interruption notice from instance metadata. The
-last is polled in a background thread, and only when enabled; the file check is a stat() per call.
+Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts or cancels a job), the node
+notice file the hpresilience agent writes on a cloud reclaim or maintenance notice (/run/hpresilience/
+notice.json by default; trusted only when root owns it and its directory, so a user on a shared node cannot
+stop another's job by creating it), and the EC2 spot interruption notice from instance metadata. The last
+is polled in a background thread, and only when enabled; the file check is an lstat() per call.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import threading
 import urllib.error
 import urllib.request
@@ -31,6 +34,7 @@ class PreemptionWatcher:
         self._stop = threading.Event()
         self._previous: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
+        self._ignored = ""
 
     def start(self) -> PreemptionWatcher:
         if threading.current_thread() is threading.main_thread():
@@ -62,8 +66,13 @@ class PreemptionWatcher:
             log.warning("preemption_notice_received", reason=reason)
 
     def alive(self) -> bool:
-        if self.reason is None and self.cfg.notice_file and os.path.exists(self.cfg.notice_file):
-            self._notice(f"notice file {self.cfg.notice_file}")
+        if self.reason is None and self.cfg.notice_file:
+            why = untrusted_notice(self.cfg.notice_file)
+            if why is None:
+                self._notice(f"notice file {self.cfg.notice_file}")
+            elif why and why != self._ignored:
+                self._ignored = why  # said once per distinct cause, not every step
+                log.warning("notice_file_ignored", path=self.cfg.notice_file, why=why)
         return self.reason is None
 
     def _poll_ec2(self) -> None:
@@ -77,6 +86,31 @@ class PreemptionWatcher:
                 self._notice(f"EC2 spot interruption: {action}")
                 return
             self._stop.wait(self.cfg.ec2_poll_s)
+
+
+def untrusted_notice(path: str, owner: int = 0) -> str | None:
+    """None when `path` is a notice to act on: a regular file (not a link) that `owner` (root: the agent)
+    owns and only it can write, in a directory `owner` owns that nobody else can write. "" when there is no
+    file (the common case: one lstat per call); else why it is not trusted, e.g. a user's file planted in a
+    world-writable directory on a shared node."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != owner or st.st_mode & 0o022:
+        return f"file owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (want uid {owner}, not " \
+               f"writable by others)"
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        dst = os.lstat(parent)
+    except OSError as err:
+        return f"directory unreadable: {err}"
+    if not stat.S_ISDIR(dst.st_mode) or dst.st_uid != owner or dst.st_mode & 0o022:
+        return f"directory {parent} owned by uid {dst.st_uid} with mode {stat.S_IMODE(dst.st_mode):o} " \
+               f"(want uid {owner}, not writable by others)"
+    return None
 
 
 def spot_interruption(base_url: str, timeout: float = 2.0) -> str | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from hpresilience.reasons import NODE_NOTICE_FILE
 from hpresilience.settings_base import Section
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -134,8 +135,10 @@ class PreemptionConfig(Section):
 
     # Signals that mean "you are being preempted"; Slurm's `--signal=USR1@120` is the usual one.
     signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM")
-    # A file whose existence means the node is going away (written by the hpresilience agent).
-    notice_file: str | None = None
+    # A file whose existence means the node is going away: the hpresilience agent writes it on a cloud reclaim
+    # or maintenance notice (docs/checkpoints.md). Trusted only when root owns it and its directory, and
+    # neither is writable by others (a user cannot forge it on a shared node). None: not watched.
+    notice_file: str | None = NODE_NOTICE_FILE
     # Poll the EC2 spot interruption notice (instance metadata) in a background thread.
     ec2_spot: bool = False
     ec2_metadata_url: str = "http://169.254.169.254"

@@ -8,6 +8,7 @@ from hpresilience.controller.loop import came_back
 from hpresilience.controller.selection import first_rung, group_for, requested
 from hpresilience.controller.settings import ControllerSettings, NodeGroup
 from hpresilience.controller.state import RepairRecord
+from hpresilience.reasons import PlannedKind, planned_reason
 from hpresilience.slurm.models import Node
 
 S = ControllerSettings()
@@ -80,3 +81,9 @@ def test_came_back_needs_a_new_slurmd_or_boot_and_a_responding_node() -> None:
     assert came_back(node("IDLE+DRAIN", slurmd_start_time=160, boot_time=50), rec)
     assert came_back(node("DOWN+DRAIN", slurmd_start_time=100, boot_time=90), rec)
     assert not came_back(node("IDLE+DRAIN+NOT_RESPONDING", slurmd_start_time=160), rec)
+
+
+@pytest.mark.parametrize("kind", list(PlannedKind))
+def test_a_planned_drain_is_never_picked_up_for_repair(kind: PlannedKind) -> None:
+    """Issue 25: the node is drained because the cloud takes it (reclaim) or maintains it; no repair of ours."""
+    assert requested(node("IDLE+DRAIN", planned_reason(kind, 1_795_000_000, "ec2 spot terminate")), S) is None

@@ -175,3 +175,13 @@ def test_controller_exec_start_repairs_a_node_through_the_slurm_gate_inside_its_
     assert "gate job exit 0: gate job: healthy" in done["last_health"]["detail"]
     assert list((state / "gates").glob("n2-*.json"))
     assert daemon.returncode == 0, out[-3000:]
+
+
+def test_the_agent_unit_gives_the_notice_file_a_root_owned_directory_users_can_read(tmp_path: Path) -> None:
+    """Issue 25: the agent writes the node notice file under /run/hpresilience, which ProtectSystem=strict
+    leaves read-only unless the unit makes it its RuntimeDirectory; 0755 so that ranks (users) can see the
+    file and only root can write there, kept across an agent restart."""
+    d = sandbox.directives(render(AGENT_UNIT, Layout(tmp_path)))
+    notice_dir = Path(Config().agent.notices.notice_file).parent
+    assert [Path("/run") / name for v in d["RuntimeDirectory"] for name in v.split()] == [notice_dir]
+    assert d["RuntimeDirectoryMode"] == ["0755"] and d["RuntimeDirectoryPreserve"] == ["yes"]

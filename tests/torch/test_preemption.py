@@ -139,3 +139,33 @@ def test_check_alive_uses_the_installed_watcher(tmp_path: Path) -> None:
     finally:
         w.stop()
         preemption._default = None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another user")
+def test_notice_file_is_trusted_only_when_root_owns_it_and_its_directory(
+        watcher_factory: list[PreemptionWatcher], tmp_path: Path) -> None:
+    """On a shared node a user must not be able to stop another user's ranks by creating the notice file."""
+    d = tmp_path / "run"
+    d.mkdir(mode=0o755)
+    notice = d / "notice.json"
+    w = _start(watcher_factory, notice_file=str(notice), signals=())
+    notice.write_text("{}")
+    os.chown(notice, 65534, 65534)  # a user's file
+    assert w.alive() and "uid 65534" in (preemption.untrusted_notice(str(notice)) or "")
+    os.chown(notice, 0, 0)
+    os.chmod(notice, 0o666)  # root's, but anyone may rewrite it
+    assert w.alive()
+    os.chmod(notice, 0o644)
+    os.chmod(d, 0o1777)  # a directory others write (like /tmp): they could have put it there
+    assert w.alive() and "directory" in (preemption.untrusted_notice(str(notice)) or "")
+    os.chmod(d, 0o755)
+    link = tmp_path / "link.json"
+    link.symlink_to(notice)
+    assert preemption.untrusted_notice(str(link)) == "not a regular file"
+    assert not w.alive() and "notice file" in (w.reason or "")
+
+
+def test_the_agents_notice_file_is_watched_by_default() -> None:
+    from hpresilience.reasons import NODE_NOTICE_FILE
+
+    assert PreemptionConfig().notice_file == NODE_NOTICE_FILE == "/run/hpresilience/notice.json"

@@ -98,7 +98,7 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
 def resolve(settings: AutoResumeSettings, srun: SrunArgs, given: Mapping[str, Any], srun_bin: str,
             env: Mapping[str, str]) -> WrapperOptions:
     """The wrapper's options from the configuration's section and the command line's values (by `dest`)."""
-    option_of_field = {o.field: o.spelled for o in SRUN_OPTIONS if o.field}
+    option_of_field = {o.field: o.spelled for o in SRUN_OPTIONS if o.target is Target.SETTINGS and o.field}
     updates = {o.field: given[o.dest] for o in SRUN_OPTIONS
                if o.target is Target.SETTINGS and o.field and given.get(o.dest) is not None}
     if updates:
@@ -111,7 +111,7 @@ def resolve(settings: AutoResumeSettings, srun: SrunArgs, given: Mapping[str, An
             raise ConfigError(f"{option_of_field.get(path, '--auto-resume-*')}: {message}") from None
     rules = given.get("rules")
     policy = load_rules_file(rules, settings.run_policy) if rules else None
-    keywords = {o.dest: given.get(o.dest) for o in SRUN_OPTIONS if o.target is Target.KEYWORD}
+    keywords = {o.field: given.get(o.dest) for o in SRUN_OPTIONS if o.target is Target.KEYWORD and o.field}
     try:
         return options_from(settings, srun, srun_bin, env, run_policy=policy, **keywords)
     except ValueError as err:

@@ -31,7 +31,7 @@ class Target(Enum):
     """Where a given value acts."""
 
     SETTINGS = "settings"  # overrides the AutoResumeSettings field `field`
-    KEYWORD = "keyword"  # passed to options_from as the keyword `dest`
+    KEYWORD = "keyword"  # passed to options_from as the keyword `field` (the WrapperOptions field it sets)
     COMMAND = "command"  # read by the command itself (the --auto-resume gate, the rules file)
 
 
@@ -42,7 +42,7 @@ class SrunOption:
     kind: Kind
     help: str
     target: Target
-    field: str | None = None  # Target.SETTINGS: the AutoResumeSettings field
+    field: str | None = None  # Target.SETTINGS: the AutoResumeSettings field; Target.KEYWORD: options_from's keyword
     default: str | None = None  # None: not given (the configuration file's value applies)
     low: float | None = None  # Kind.INT/FLOAT bounds, checked by click as the value is parsed
     high: float | None = None
@@ -75,10 +75,11 @@ SRUN_OPTIONS: tuple[SrunOption, ...] = (
                Target.COMMAND, example="rules.yaml"),
     SrunOption("auto-resume-state-dir", "state_dir", Kind.TEXT,
                "Per-job state and event files (shared FS). Default: $SLURM_SUBMIT_DIR/.hpresilience/jobs.",
-               Target.KEYWORD, example="/shared/jobs"),
-    SrunOption("auto-resume-metrics-file", "metrics_path", Kind.TEXT,
+               Target.KEYWORD, field="state_dir", example="/shared/jobs"),
+    SrunOption("auto-resume-metrics-file", "metrics_file", Kind.TEXT,
                "Prometheus textfile to write (default: <autoresume.metrics_dir>/hpresilience_job_<JOBID>.prom "
-               "when that directory is writable; '' for none).", Target.KEYWORD, example="/m/job.prom"),
+               "when that directory is writable; '' for none).", Target.KEYWORD, field="metrics_path",
+               example="/m/job.prom"),
     SrunOption("auto-resume-poll-interval", "poll_interval", Kind.FLOAT,
                "Seconds between checks of the step's node states in Slurm (default 1).",
                Target.SETTINGS, field="poll_interval_s", low=0.1, example="0.5"),
@@ -92,9 +93,9 @@ SRUN_OPTIONS: tuple[SrunOption, ...] = (
                "MASTER_PORT is this plus an offset that changes every attempt (default 29500).",
                Target.SETTINGS, field="master_port_base", low=1024, high=45000, example="31000"),
     SrunOption("pre-train-script", "pre_train_script", Kind.TEXT, "Run once per node before each attempt.",
-               Target.KEYWORD, example="/bin/true"),
+               Target.KEYWORD, field="pre_train_script", example="/bin/true"),
     SrunOption("post-train-script", "post_train_script", Kind.TEXT, "Run once per node after each attempt.",
-               Target.KEYWORD, example="/bin/true"),
+               Target.KEYWORD, field="post_train_script", example="/bin/true"),
 )
 
 

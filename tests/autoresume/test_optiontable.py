@@ -3,12 +3,16 @@ settings field or options keyword."""
 
 from __future__ import annotations
 
+import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpresilience.autoresume.options import WrapperOptions, resolve
+from hpresilience.autoresume.options import WrapperOptions, options_from, resolve
 from hpresilience.autoresume.optiontable import SRUN_OPTIONS, Kind, SrunOption, Target, merge_scanned, scan_names
 from hpresilience.autoresume.settings import AutoResumeSettings
 from hpresilience.autoresume.srunargs import parse_srun_args
@@ -65,7 +69,8 @@ def test_every_option_is_a_click_option_found_by_the_scan_and_mapped_where_it_ac
         assert getattr(opts.watch, option.field) == before[option.dest]
         assert getattr(_resolve(defaults, tmp_path).watch, option.field) != before[option.dest]
     else:
-        assert str(getattr(opts, option.dest)) == value
+        assert option.field is not None
+        assert str(getattr(opts, option.field)) == value
 
 
 def test_table_names_are_unique_and_settings_rows_name_real_fields() -> None:
@@ -73,7 +78,12 @@ def test_table_names_are_unique_and_settings_rows_name_real_fields() -> None:
     assert len(names) == len(set(names))
     assert len({o.dest for o in SRUN_OPTIONS}) == len(SRUN_OPTIONS)
     for option in SRUN_OPTIONS:
-        assert (option.target is Target.SETTINGS) == (option.field in AutoResumeSettings.model_fields), option.name
+        if option.target is Target.SETTINGS:
+            assert option.field in AutoResumeSettings.model_fields, option.name
+        elif option.target is Target.KEYWORD:
+            assert option.field in inspect.signature(options_from).parameters, option.name
+        else:
+            assert option.field is None, option.name
         assert (option.kind is Kind.FLAG) == (option.off is not None), option.name
 
 
@@ -106,3 +116,14 @@ def test_the_shim_hands_every_table_option_to_the_wrapper_and_knows_which_take_n
     flag_case = next(line for line in shim.splitlines() if "--auto-resume-*=*" in line and "|" in line)
     spelled = {w.strip().lstrip("-") for w in flag_case.split("|") if w.strip().startswith("--") and "*" not in w}
     assert spelled == set(flags)
+
+
+def test_a_value_among_srun_options_gets_the_same_check_as_one_given_before_them() -> None:
+    """Before the table, `srun -N2 --auto-resume-spares=-1 cmd` took -1 unchecked (the scan passed raw text)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SLURM_JOB_ID="12", HPRESILIENCE_REAL_SRUN="/bin/false")
+    for args in (["--auto-resume-spares=-1", "-N2", "true"], ["-N2", "--auto-resume-spares=-1", "true"]):
+        res = subprocess.run([sys.executable, "-m", "hpresilience", "srun", *args], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert res.returncode == 2 and "Invalid value for '--auto-resume-spares': -1 is not in the range x>=0" in (
+            res.stderr), res.stderr

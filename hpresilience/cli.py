@@ -8,6 +8,7 @@ tracebacks are shown only with --verbose.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import click
@@ -50,13 +51,17 @@ def _set_global(name: str) -> Any:
     return callback
 
 
+# Commands already given the global options: get_command runs on every lookup of a command.
+_WITH_GLOBAL_OPTIONS: weakref.WeakSet[click.Command] = weakref.WeakSet()
+
+
 def accept_global_options(cmd: click.Command) -> None:
     """Let --json, -v/--verbose and --config follow the subcommand too (`hpresilience check --json`), as people
     type them; an option the command defines itself keeps the command's meaning."""
-    if getattr(cmd, "_hpr_global_options", False):
+    if cmd in _WITH_GLOBAL_OPTIONS:
         return
     taken = {o for p in cmd.params for o in getattr(p, "opts", [])}
-    extra = [
+    extra: list[tuple[list[str], dict[str, Any], str]] = [
         (["--json"], dict(is_flag=True, default=None), "json_output"),
         (["-v", "--verbose"], dict(is_flag=True, default=None), "verbose"),
         (["--config"], dict(type=click.Path(dir_okay=False), default=None), "config_path"),
@@ -65,8 +70,8 @@ def accept_global_options(cmd: click.Command) -> None:
         free = [o for o in opts if o not in taken]
         if free:
             cmd.params.append(click.Option(free, expose_value=False, hidden=True, callback=_set_global(attr),
-                                           **kwargs))  # type: ignore[arg-type]
-    cmd._hpr_global_options = True  # type: ignore[attr-defined]
+                                           **kwargs))
+    _WITH_GLOBAL_OPTIONS.add(cmd)
     if isinstance(cmd, click.Group):
         for sub in cmd.commands.values():
             accept_global_options(sub)

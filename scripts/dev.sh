@@ -71,6 +71,8 @@ case "$cmd" in
     "$VENV/bin/ruff" check hpresilience tests bench
     say "mypy --strict (package)"
     "$VENV/bin/mypy"
+    say "mypy --strict (tests)"
+    "$VENV/bin/mypy" tests
     # The newer releases' roots are built (first time only) while the 22.05 suite runs.
     roots_log=$(mktemp)
     ( for release in $RELEASES; do "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- true; done ) \

@@ -79,10 +79,12 @@ def mutate_bytes(data: bytes, draw: Any) -> bytes:
     """One byte-level accident to a serialized document: truncation, a foreign byte, a duplicated line."""
     kind = draw(st.sampled_from(["none", "none", "truncate", "insert", "dupline", "bom16", "deep"]))
     if kind == "truncate" and data:
-        return data[:draw(st.integers(0, len(data)))]
+        cut: int = draw(st.integers(0, len(data)))
+        return data[:cut]
     if kind == "insert":
-        at = draw(st.integers(0, len(data)))
-        return data[:at] + draw(st.binary(min_size=1, max_size=8)) + data[at:]
+        at: int = draw(st.integers(0, len(data)))
+        foreign: bytes = draw(st.binary(min_size=1, max_size=8))
+        return data[:at] + foreign + data[at:]
     if kind == "dupline" and b"\n" in data:
         lines = data.split(b"\n")
         i = draw(st.integers(0, len(lines) - 1))
@@ -92,6 +94,6 @@ def mutate_bytes(data: bytes, draw: Any) -> bytes:
     if kind == "deep":
         # Deeper cases live in tests/test_fileio.py: PyYAML's scanner looks up to 1024 characters ahead
         # on each level there, which costs about a second per file (bounded, but too slow to repeat 100,000 times).
-        depth = draw(st.sampled_from([10, 63, 65, 100]))
+        depth: int = draw(st.sampled_from([10, 63, 65, 100]))
         return data + b"\nzz: " + b"[" * depth + b"]" * depth + b"\n"
     return data

@@ -37,7 +37,7 @@ def test_values_are_read_and_frozen(tmp_path: Path) -> None:
     cfg = load_config(p)
     assert cfg.slurm.command_timeout_s == 5 and cfg.devcluster.overrides == {"SlurmdTimeout": "5"}
     with pytest.raises(ValidationError):
-        cfg.slurm.command_timeout_s = 1  # type: ignore[misc]
+        cfg.slurm.command_timeout_s = 1
 
 
 def test_unknown_key_names_file_and_path(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience import fileio
 from hpresilience.fileio import atomic_write, atomic_write_text
 
 
@@ -38,7 +37,7 @@ def test_default_mode_is_private_and_mode_is_set_before_the_rename(tmp_path: Pat
         seen.append(os.stat(src).st_mode & 0o777)
         real_replace(src, dst)
 
-    monkeypatch.setattr(fileio.os, "replace", spy)
+    monkeypatch.setattr("hpresilience.fileio.os.replace", spy)
     atomic_write(tmp_path / "b.prom", b"x", mode=0o644)
     assert seen == [0o644] and (tmp_path / "b.prom").stat().st_mode & 0o777 == 0o644
 
@@ -46,8 +45,17 @@ def test_default_mode_is_private_and_mode_is_set_before_the_rename(tmp_path: Pat
 def test_fsync_happens_before_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     order: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(fileio.os, "fsync", lambda fd: (order.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(fileio.os, "replace", lambda a, b: (order.append("replace"), real_replace(a, b))[1])
+
+    def fsync(fd: int) -> None:
+        order.append("fsync")
+        real_fsync(fd)
+
+    def replace(a: str, b: Path) -> None:
+        order.append("replace")
+        real_replace(a, b)
+
+    monkeypatch.setattr("hpresilience.fileio.os.fsync", fsync)
+    monkeypatch.setattr("hpresilience.fileio.os.replace", replace)
     atomic_write(tmp_path / "f", "data", fsync=True)
     assert order == ["fsync", "replace"]
     order.clear()
@@ -63,7 +71,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Pat
     def full_disk(src: str, dst: Path) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fileio.os, "replace", full_disk)
+    monkeypatch.setattr("hpresilience.fileio.os.replace", full_disk)
     with pytest.raises(OSError, match="No space"):
         atomic_write(p, b"new")
     assert p.read_bytes() == b"old" and leftovers(tmp_path) == []
@@ -73,7 +81,12 @@ def test_the_temporary_file_is_in_the_target_directory(tmp_path: Path, monkeypat
     """Same directory, so the rename never crosses file systems (a rename across them is a copy)."""
     dirs: list[str] = []
     real_replace = os.replace
-    monkeypatch.setattr(fileio.os, "replace", lambda a, b: (dirs.append(os.path.dirname(a)), real_replace(a, b))[1])
+
+    def replace(a: str, b: Path) -> None:
+        dirs.append(os.path.dirname(a))
+        real_replace(a, b)
+
+    monkeypatch.setattr("hpresilience.fileio.os.replace", replace)
     atomic_write(tmp_path / "sub" / "f", b"x")
     assert dirs == [str(tmp_path / "sub")]
 

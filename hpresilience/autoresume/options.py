@@ -7,12 +7,17 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pydantic import ValidationError
+
+from hpresilience.autoresume.optiontable import SRUN_OPTIONS, Target
 from hpresilience.autoresume.report import default_metrics_path
-from hpresilience.autoresume.settings import AutoResumeSettings, RunPolicySettings
+from hpresilience.autoresume.settings import AutoResumeSettings, RunPolicySettings, load_rules_file
 from hpresilience.autoresume.srunargs import SrunArgs
 from hpresilience.autoresume.state import default_state_dir
 from hpresilience.errors import ConfigError
+from hpresilience.settings_base import validation_problems
 
 
 @dataclass(frozen=True)
@@ -88,3 +93,26 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
         master_port_base=master_port_base or settings.master_port_base,
         script_timeout_s=settings.script_timeout_s, requeue_wait_s=settings.requeue_wait_s,
         pre_train_script=pre_train_script, post_train_script=post_train_script, watch=settings)
+
+
+def resolve(settings: AutoResumeSettings, srun: SrunArgs, given: Mapping[str, Any], srun_bin: str,
+            env: Mapping[str, str]) -> WrapperOptions:
+    """The wrapper's options from the configuration's section and the command line's values (by `dest`)."""
+    option_of_field = {o.field: o.spelled for o in SRUN_OPTIONS if o.target is Target.SETTINGS and o.field}
+    updates = {o.field: given[o.dest] for o in SRUN_OPTIONS
+               if o.target is Target.SETTINGS and o.field and given.get(o.dest) is not None}
+    if updates:
+        # Through the settings model, so the command line gets the file's checks (no NaN, no infinity).
+        try:
+            settings = type(settings).model_validate({**settings.model_dump(), **updates})
+        except ValidationError as err:
+            # The settings' own checks, told in the command line's words: the option, not the key path.
+            path, message = validation_problems(err)[0]
+            raise ConfigError(f"{option_of_field.get(path, '--auto-resume-*')}: {message}") from None
+    rules = given.get("rules")
+    policy = load_rules_file(rules, settings.run_policy) if rules else None
+    keywords = {o.field: given.get(o.dest) for o in SRUN_OPTIONS if o.target is Target.KEYWORD and o.field}
+    try:
+        return options_from(settings, srun, srun_bin, env, run_policy=policy, **keywords)
+    except ValueError as err:
+        raise ConfigError(f"srun --auto-resume: {err}") from None

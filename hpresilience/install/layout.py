@@ -14,10 +14,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from hpresilience.errors import ConfigError
 from hpresilience.health.base import Mode
 
 Role = Literal["compute", "controller", "login"]
 ROLES: tuple[Role, ...] = ("compute", "controller", "login")
+
+
+def as_role(name: str) -> Role:
+    """A role's name (from a command line that offered ROLES) as a Role."""
+    for role in ROLES:
+        if role == name:
+            return role
+    raise ConfigError(f"unknown role {name!r} (known: {', '.join(ROLES)})")
 # The lowest Python the package runs on; pyproject.toml's requires-python says the same (a test holds them).
 MIN_PYTHON = (3, 11)
 

@@ -91,6 +91,25 @@ def read_manifest(layout: Layout) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+# A manifest is written by us but read back from disk: each entry is taken in the shape it should have,
+# and one of another shape (an edited or older file) reads as empty.
+def manifest_list(data: dict[str, object], key: str) -> list[str]:
+    value = data.get(key)
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def manifest_map(data: dict[str, object], key: str) -> dict[str, str]:
+    value = data.get(key)
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def manifest_lists(data: dict[str, object], key: str) -> dict[str, list[str]]:
+    value = data.get(key)
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): [str(p) for p in v] for k, v in value.items() if isinstance(v, list)}
+
+
 def _pip(layout: Layout, *args: str) -> None:
     r = proc.run([str(layout.venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
                      "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S)

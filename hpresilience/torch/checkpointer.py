@@ -1,5 +1,6 @@
-"""TieredCheckpointer: memory tier in the save call, peer copy and durable tier behind it (postcommit.py),
-tiered restore (loading.py).
+"""TieredCheckpointer: memory tier in the save call; peer copy and durable tier behind it (a PostCommit,
+postcommit.py); tiered restore (a Loader, loading.py). Both parts are given what they need at creation and
+know nothing of this class.
 
 Threads and groups. Each kind of collective has its own gloo group, used by exactly one thread at a time
 and in the same order on every rank: DCP's save/load (`save` group, the DCP worker or the main thread),
@@ -17,7 +18,6 @@ from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.nn.modules.module import register_module_forward_pre_hook
@@ -26,26 +26,14 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from hpresilience.errors import ConfigError
 from hpresilience.log import get_logger
 from hpresilience.torch import heartbeat
-from hpresilience.torch.direct import DirectSave, DirectWriter
+from hpresilience.torch.direct import DirectWriter
 from hpresilience.torch.durable import durable_tier
-from hpresilience.torch.jobs import (
-    CheckpointStats,
-    Committed,
-    FailureLog,
-    JobQueue,
-    Stage,
-    Stop,
-    Upload,
-)
-from hpresilience.torch.layout import (
-    ChecksumError,
-    MemoryTier,
-    shard_names,
-)
-from hpresilience.torch.loading import LoadMixin
-from hpresilience.torch.postcommit import PostCommitMixin
+from hpresilience.torch.jobs import CheckpointStats, Committed, DirectSave, Failure, Stage
+from hpresilience.torch.layout import MemoryTier
+from hpresilience.torch.loading import Loader
+from hpresilience.torch.postcommit import PostCommit
+from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.replica import peer_of, source_of
-from hpresilience.torch.restore import Source
 from hpresilience.torch.settings import CheckpointConfig
 from hpresilience.torch.staging import CachedStager, local_bytes
 from hpresilience.torch.storage import TierStorageWriter
@@ -53,7 +41,7 @@ from hpresilience.torch.storage import TierStorageWriter
 log = get_logger("hpresilience.torch")
 
 
-class TieredCheckpointer(PostCommitMixin, LoadMixin):
+class TieredCheckpointer:
     """Save and restore one job's training state through the memory, peer and S3 tiers."""
 
     def __init__(self, cfg: CheckpointConfig, *, s3_client: Any = None) -> None:
@@ -96,25 +84,40 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         self._inflight: Future[Any] | None = None
         self._inflight_posted = threading.Event()
         self._capacity_checked = shard > 0
-        self._pinned: set[int] = set()
-        self._lock = threading.Lock()
-        self._repl_ok = True
-        self.last_committed: int | None = None
-        # Where the last load took this rank's shard from: "own", "peer" or "s3".
-        self.last_source: str | None = None
-        self._last_sources: list[Source] = []
-        self.last_skipped: list[str] = []
         # Tests set this to crash a rank between writing its shard and renaming it into place.
         self.fault_hook: Any = None
-        self.stats = CheckpointStats()
-        self._failed = FailureLog(self.stats)
-        self._post_q: JobQueue[Committed | DirectSave | Stop] = JobQueue()
-        self._s3_q: JobQueue[Upload | Stop] = JobQueue()
-        self._threads = [threading.Thread(target=self._post_loop, name="ckpt-post", daemon=True)]
-        if self.durable is not None:
-            self._threads.append(threading.Thread(target=self._s3_loop, name="ckpt-s3", daemon=True))
-        for t in self._threads:
-            t.start()
+        self._post = PostCommit(cfg, self.tier, self.durable, rank=self.rank, world=self.world,
+                                distributed=self.distributed, peer=self.peer, source=self.source,
+                                repl_pg=self._repl_pg, s3_pg=self._s3_pg)
+        self._loader = Loader(cfg, self.tier, self.durable, rank=self.rank, world=self.world,
+                              distributed=self.distributed, save_pg=self._save_pg, repl_pg=self._repl_pg,
+                              flush=self.flush, prepared=self._set_last_committed)
+        self.stats: CheckpointStats = self._post.stats
+        self._post.start()
+
+    # ------------------------------------------------------------------ state of the parts
+    @property
+    def last_committed(self) -> int | None:
+        """The newest step this checkpointer committed or prepared to load."""
+        return self._post.last_committed
+
+    def _set_last_committed(self, step: int) -> None:
+        self._post.last_committed = step
+
+    @property
+    def last_source(self) -> str | None:
+        """Where the last load took this rank's shard from: "own", "peer", "s3"/"filesystem" or "resharded"."""
+        return self._loader.last_source
+
+    @property
+    def last_skipped(self) -> list[str]:
+        """Why the last load passed over newer or nearer sources: "step N, rank R from SOURCE: reason"."""
+        return self._loader.last_skipped
+
+    @property
+    def failures(self) -> list[Failure]:
+        """Every save and post-commit failure of this checkpointer, oldest first."""
+        return self._post.failures
 
     # ------------------------------------------------------------------ saving
     def _writer(self, step: int) -> TierStorageWriter:
@@ -146,7 +149,7 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         self.wait()
         self._check_capacity_once(state_dict)
         md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
-        self._post_q.put(Committed(step, md, to_s3))
+        self._post.submit(Committed(step, md, to_s3))
 
     def async_save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> Future[Any]:
         """Stage `state_dict` (one memcpy; in the background when `background_staging`) and write it
@@ -172,9 +175,9 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         def done(f: Future[Any], step: int = step) -> None:
             try:
                 if f.exception() is not None:
-                    self._fail(step, Stage.SAVE, f.exception() or "failed")
+                    self._post.fail(step, Stage.SAVE, f.exception() or "failed")
                 else:
-                    self._post_q.put(Committed(step, f.result(), to_s3))
+                    self._post.submit(Committed(step, f.result(), to_s3))
             finally:
                 posted.set()
 
@@ -224,16 +227,22 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         node, the peer copy, the durable tier where due (or as `to_s3` says) and retention. Call it on
         every rank."""
         self._check_to_s3(to_s3)
-        return DirectWriter(self, step, to_s3)
+        return DirectWriter(self.tier, step, world_size=self.world, to_s3=to_s3, submit=self.submit,
+                            fault_hook=self.fault_hook)
+
+    def submit(self, job: Committed | DirectSave) -> None:
+        """Queue a saved step's post-commit work (for DirectWriter; save()/async_save() do it themselves)."""
+        self._post.submit(job)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every committed step is copied to its peer and uploaded where due, at most
+        `timeout` seconds (default `timeout_s`). True when all of it finished and nothing failed since
+        the last flush; the failures themselves are in `failures` and counted in `stats`."""
+        deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
+        ok = self.wait()
+        return self._post.settle(deadline) and ok
 
     # ------------------------------------------------------------------ loading
-    def _gather(self, obj: Any) -> list[Any]:
-        if not self.distributed:
-            return [obj]
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj, group=self._save_pg)
-        return out
-
     def load(self, state_dict: dict[str, Any], step: int | None = None) -> int | None:
         """Load the newest step every rank can get (or `step`) into `state_dict`; None if there is none.
 
@@ -242,46 +251,18 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         saved with another world size is resharded: each rank gathers the saved shards from the nodes
         holding them, else from S3.
         """
-        bad: set[tuple[int, Source, int]] = set()
-        bad_steps: set[int] = set()
-        self.last_skipped = []
-        while True:
-            prepared = self.prepare_load(step, bad, state_dict=state_dict, bad_steps=bad_steps)
-            if prepared is None:
-                return None
-            chosen, reader = prepared
-            try:
-                dcp_load(state_dict, storage_reader=reader, process_group=self._save_pg)
-            except CheckpointException as err:
-                # Checksums are verified during the read; a damaged shard fails the load on every rank
-                # alike (DCP gathers the failures), and every rank then tries the next source.
-                damaged = sorted(r for r, (exc, _) in err.failures.items() if isinstance(exc, ChecksumError))
-                if not damaged:
-                    raise
-                if not self._last_sources:  # a resharding load: a gathered shard is damaged, skip the step
-                    bad_steps.add(chosen)
-                    self.last_skipped += [
-                        f"step {chosen} (resharded), read by rank {r}: {err.failures[r][0]}" for r in damaged
-                    ]
-                    log.warning("checkpoint_step_skipped", step=chosen, errors=self.last_skipped[-len(damaged):])
-                    continue
-                if self.rank in damaged:
-                    # Whatever its source, the shard was read from this rank's step folder: drop it, or
-                    # the next attempt would take it for an own copy and fail on it again.
-                    for name in shard_names(self.rank):
-                        (self.tier.step_dir(chosen) / name).unlink(missing_ok=True)
-                for r in damaged:
-                    bad.add((r, self._last_sources[r], chosen))
-                    self.last_skipped.append(
-                        f"step {chosen}, rank {r} from {self._name(self._last_sources[r])}: {err.failures[r][0]}"
-                    )
-                    log.warning(
-                        "checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0])
-                    )
-                continue
-            finally:
-                self.finish_load(chosen)
-            return chosen
+        return self._loader.load(state_dict, step)
+
+    def prepare_load(self, step: int | None = None, *, verify_first: bool = False,
+                     state_dict: dict[str, Any] | None = None) -> tuple[int, TierStorageReader] | None:
+        """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
+        reader for it (None: nothing loadable). `load()` is this plus dcp.load; call `finish_load(step)`
+        after reading."""
+        return self._loader.prepare_load(step, verify_first=verify_first, state_dict=state_dict)
+
+    def finish_load(self, step: int) -> None:
+        """Remove what a prepared load fetched for `step` (collective like prepare_load)."""
+        self._loader.finish_load(step)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self, *, keep_tier: bool = False, timeout: float | None = None) -> bool:
@@ -294,12 +275,7 @@ class TieredCheckpointer(PostCommitMixin, LoadMixin):
         """
         deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
         ok = self.flush(timeout=max(0.0, deadline - time.monotonic()))
-        self._post_q.put(Stop())
-        if self.durable is not None:
-            self._s3_q.put(Stop())
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        stuck = [t.name for t in self._threads if t.is_alive()]
+        stuck = self._post.stop(deadline)
         for hook in (self._step_hook, self._forward_hook):
             if hook is not None:
                 hook.remove()

@@ -14,22 +14,31 @@ from __future__ import annotations
 import pickle
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.stateful import Stateful
 
 from hpresilience.errors import HPResilienceError
-from hpresilience.torch.layout import METADATA, ShardIndex, shard_names, step_name, verify_shard
+from hpresilience.torch.durable import DurableTier
+from hpresilience.torch.layout import METADATA, MemoryTier, ShardIndex, shard_names, step_name, verify_shard
 from hpresilience.torch.private import read_trusted
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source
 
-if TYPE_CHECKING:
-    from hpresilience.torch.loading import LoadMixin
+
+class LoadingRank(Protocol):
+    """What gathering needs of the loading rank (loading.Loader is one)."""
+
+    tier: MemoryTier
+    durable: DurableTier | None
+    rank: int
+    repl_pg: Any  # the gloo group shard transfers use
+
+    def gather(self, obj: Any) -> list[Any]: ...
 
 
-def restore_dir(ck: LoadMixin, step: int) -> Path:
+def restore_dir(ck: LoadingRank, step: int) -> Path:
     return ck.tier.base / ".restore" / f"rank_{ck.rank}" / step_name(step)
 
 
@@ -53,7 +62,7 @@ def needed_ranks(state_dict: dict[str, Any] | None, metadata_path: Path, saved: 
 
 
 def gather_shards(
-    ck: LoadMixin,
+    ck: LoadingRank,
     step: int,
     saved: int,
     sources: list[Source],
@@ -76,7 +85,7 @@ def gather_shards(
     need = needed_ranks(state_dict, ck.tier.step_dir(step) / METADATA, saved)
     have = {r: ck.tier.find_shard(step, r) for r in sorted(need)}
     missing = [r for r, d in have.items() if d is None]
-    wants = ck._gather(missing)
+    wants = ck.gather(missing)
     problem: str | None = None
     # The same loop on every rank: each (needer, saved rank) pair that a node serves is one transfer.
     for needer, rs in enumerate(wants):
@@ -89,9 +98,9 @@ def gather_shards(
             if ck.rank == holder:
                 d = ck.tier.find_shard(step, r)
                 assert d is not None, f"rank {holder} reported shard {r} of step {step} and lost it"
-                send_files(ck._repl_pg, [d / n for n in files], dst=needer)
+                send_files(ck.repl_pg, [d / n for n in files], dst=needer)
             elif ck.rank == needer:
-                recv_files(ck._repl_pg, [into / n for n in files], src=holder)
+                recv_files(ck.repl_pg, [into / n for n in files], src=holder)
     dirs: list[Path] = []
     for r in missing:
         try:
@@ -129,7 +138,7 @@ def _verify_all(step: int, ranks: list[int], dirs: list[Path], *, whole: bool) -
     return None
 
 
-def cleanup(ck: LoadMixin, step: int) -> None:
+def cleanup(ck: LoadingRank, step: int) -> None:
     shutil.rmtree(restore_dir(ck, step).parent, ignore_errors=True)
 
 

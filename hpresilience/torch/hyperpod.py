@@ -114,9 +114,11 @@ class SageMakerTieredStorageWriter(DirectWriter):
             step = int(m.group(1))
         ck = checkpointer_for(checkpoint_config)
         # Read at creation, as HyperPod does: set config.save_to_s3 before making the step's writer.
-        super().__init__(ck, step, bool(checkpoint_config.save_to_s3))
-        if checkpoint_config.save_to_s3:
+        to_s3 = bool(checkpoint_config.save_to_s3)
+        if to_s3:
             ck._check_to_s3(True)
+        super().__init__(ck.tier, step, world_size=ck.world, to_s3=to_s3, submit=ck.submit, fault_hook=ck.fault_hook)
+        self.ck = ck
 
     @property
     def s3_checkpoint_dir(self) -> str:

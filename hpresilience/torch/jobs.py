@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -37,6 +38,20 @@ class Committed:
 
 
 @dataclass(frozen=True)
+class DirectSave:
+    """A step written through a DirectWriter (dcp.save with `storage_writer=`): the ranks agree whether
+    every shard was written and the coordinator committed, then the post-commit work runs as for Committed.
+
+    `metadata` resolves on the coordinator only (DCP calls no other rank after its commit): to the step's
+    metadata once committed, to None when the commit failed."""
+
+    step: int
+    to_s3: bool | None
+    written: bool
+    metadata: Future[Any]
+
+
+@dataclass(frozen=True)
 class Upload:
     """A committed step due for the durable tier."""
 
@@ -46,6 +61,11 @@ class Upload:
 @dataclass(frozen=True)
 class Stop:
     """Ends a worker once everything queued before it is done."""
+
+
+# What the post-commit thread and the upload thread are given.
+PostJob = Committed | DirectSave | Stop
+UploadJob = Upload | Stop
 
 
 @dataclass(frozen=True)

@@ -1,57 +1,118 @@
-"""The restore half of TieredCheckpointer: choose a step every rank can get, bring it within reach, verify.
+"""The restore half of a tiered checkpoint: choose a step every rank can get, bring it within reach, verify,
+load; a damaged shard or step is skipped and the next source tried.
 
-Kept apart from saving so each module stays readable; the methods run on the checkpointer's own state
-(tier, groups, S3) and every one of them is collective over the checkpointer's gloo groups.
+TieredCheckpointer owns one `Loader`; every method here is collective over the checkpointer's gloo
+groups (`save` for choosing and DCP's read, `repl` for shard transfers).
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.torch import elastic
-from hpresilience.torch.layout import COMMIT, METADATA, ShardIndex, shard_names, verify_shard
+from hpresilience.torch.durable import DurableTier
+from hpresilience.torch.layout import (
+    COMMIT,
+    METADATA,
+    ChecksumError,
+    MemoryTier,
+    ShardIndex,
+    shard_names,
+    verify_shard,
+)
 from hpresilience.torch.private import read_trusted
 from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
-
-if TYPE_CHECKING:
-    from hpresilience.torch.durable import DurableTier
-    from hpresilience.torch.layout import MemoryTier
-    from hpresilience.torch.settings import CheckpointConfig
+from hpresilience.torch.settings import CheckpointConfig
 
 log = get_logger("hpresilience.torch")
 
 
-class LoadMixin:
-    """Mixed into TieredCheckpointer, which sets these attributes."""
+class Loader:
+    """Restores one rank's state. `flush` is the checkpointer's (pending saves settle before a load looks);
+    `prepared` is told each step a load prepared (the checkpointer's last committed step from then on)."""
 
-    cfg: CheckpointConfig
-    tier: MemoryTier
-    durable: DurableTier | None
-    rank: int
-    world: int
-    distributed: bool
-    last_source: str | None
-    # Why the last load passed over newer or nearer sources: "step N, rank R from SOURCE: reason".
-    last_skipped: list[str]
-    last_committed: int | None
-    _last_sources: list[Source]  # per rank, of the last same-world step prepared ([] after a reshard)
-    _save_pg: Any
-    _repl_pg: Any
+    def __init__(self, cfg: CheckpointConfig, tier: MemoryTier, durable: DurableTier | None, *, rank: int,
+                 world: int, distributed: bool, save_pg: Any, repl_pg: Any, flush: Callable[[], bool],
+                 prepared: Callable[[int], None]) -> None:
+        self.cfg = cfg
+        self.tier = tier
+        self.durable = durable
+        self.rank = rank
+        self.world = world
+        self.distributed = distributed
+        self._save_pg = save_pg
+        self.repl_pg = repl_pg
+        self._flush = flush
+        self._prepared = prepared
+        # Where the last load took this rank's shard from: "own", "peer", "s3"/"filesystem" or "resharded".
+        self.last_source: str | None = None
+        # Why the last load passed over newer or nearer sources: "step N, rank R from SOURCE: reason".
+        self.last_skipped: list[str] = []
+        self._last_sources: list[Source] = []  # per rank, of the last same-world step prepared ([] after a reshard)
 
-    def flush(self, timeout: float | None = None) -> bool:
-        raise NotImplementedError
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (the `save` group)."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self._save_pg)
+        return out
 
-    def _gather(self, obj: Any) -> list[Any]:
-        raise NotImplementedError
+    def load(self, state_dict: dict[str, Any], step: int | None = None) -> int | None:
+        """Load the newest step every rank can get (or `step`) into `state_dict`; None if there is none.
+        (TieredCheckpointer.load tells the sources.)"""
+        bad: set[tuple[int, Source, int]] = set()
+        bad_steps: set[int] = set()
+        self.last_skipped = []
+        while True:
+            prepared = self.prepare_load(step, bad, state_dict=state_dict, bad_steps=bad_steps)
+            if prepared is None:
+                return None
+            chosen, reader = prepared
+            try:
+                dcp_load(state_dict, storage_reader=reader, process_group=self._save_pg)
+            except CheckpointException as err:
+                # Checksums are verified during the read; a damaged shard fails the load on every rank
+                # alike (DCP gathers the failures), and every rank then tries the next source.
+                damaged = sorted(r for r, (exc, _) in err.failures.items() if isinstance(exc, ChecksumError))
+                if not damaged:
+                    raise
+                if not self._last_sources:  # a resharding load: a gathered shard is damaged, skip the step
+                    bad_steps.add(chosen)
+                    self.last_skipped += [
+                        f"step {chosen} (resharded), read by rank {r}: {err.failures[r][0]}" for r in damaged
+                    ]
+                    log.warning("checkpoint_step_skipped", step=chosen, errors=self.last_skipped[-len(damaged):])
+                    continue
+                if self.rank in damaged:
+                    # Whatever its source, the shard was read from this rank's step folder: drop it, or
+                    # the next attempt would take it for an own copy and fail on it again.
+                    for name in shard_names(self.rank):
+                        (self.tier.step_dir(chosen) / name).unlink(missing_ok=True)
+                for r in damaged:
+                    bad.add((r, self._last_sources[r], chosen))
+                    self.last_skipped.append(
+                        f"step {chosen}, rank {r} from {self._name(self._last_sources[r])}: {err.failures[r][0]}"
+                    )
+                    log.warning(
+                        "checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0])
+                    )
+                continue
+            finally:
+                self.finish_load(chosen)
+            return chosen
 
     def prepare_load(
         self,
@@ -64,7 +125,7 @@ class LoadMixin:
         """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
         reader for it (None: nothing loadable). `load()` is this plus dcp.load. `state_dict`, when
         given, narrows a resharding load to the saved shards it asks for."""
-        self.flush()
+        self._flush()
         inv = self.tier.inventory(self.rank)
         inv["s3"] = []
         if self.durable is not None and self.rank == 0:
@@ -72,7 +133,7 @@ class LoadMixin:
                 inv["s3"] = self.durable.committed_steps()
             except HPResilienceError as err:
                 log.warning("durable_listing_failed", tier=self.durable.kind, error=str(err))
-        invs = self._gather(inv)
+        invs = self.gather(inv)
         s3_steps = set(invs[0]["s3"])
         s3_worlds = self._durable_worlds(sorted(s3_steps)[-3:], invs)
         committed = s3_steps.union(*(set(i["committed"]) for i in invs))
@@ -93,7 +154,7 @@ class LoadMixin:
                 problem, dirs = self._materialize_elastic(
                     chosen, saved, el_sources, invs, s3_steps, state_dict, verify_first
                 )
-                errs = self._gather(problem)
+                errs = self.gather(problem)
                 if not any(errs):
                     break
                 bad_steps.add(chosen)
@@ -104,7 +165,7 @@ class LoadMixin:
             assert same is not None
             chosen, sources = same
             problem = self._materialize(chosen, sources, invs, s3_steps, verify_first)
-            errs = self._gather(problem)
+            errs = self.gather(problem)
             if not any(errs):
                 dirs = []
                 break
@@ -137,7 +198,7 @@ class LoadMixin:
                 fetch_missing=self._s3_fetcher(chosen) if chosen in s3_steps else None,
             )
         log.info("checkpoint_load_prepared", step=chosen, rank=self.rank, source=self.last_source)
-        self.last_committed = chosen
+        self._prepared(chosen)
         return chosen, reader
 
     def _fetch_dir(self) -> Path:
@@ -241,9 +302,9 @@ class LoadMixin:
             if src[0] == "peer" and self.rank in (r, src[1]):
                 files = shard_names(r)
                 if self.rank == src[1]:
-                    send_files(self._repl_pg, [self.tier.peer_dir(r, step) / n for n in files], dst=r)
+                    send_files(self.repl_pg, [self.tier.peer_dir(r, step) / n for n in files], dst=r)
                 else:
-                    recv_files(self._repl_pg, [d / n for n in files], src=src[1])
+                    recv_files(self.repl_pg, [d / n for n in files], src=src[1])
         if problem is not None:
             return problem
         try:

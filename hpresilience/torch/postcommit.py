@@ -1,9 +1,9 @@
-"""The post-commit half of TieredCheckpointer: after DCP committed a step, the markers on every node, the
+"""The post-commit half of a tiered checkpoint: after DCP committed a step, the markers on every node, the
 peer copy, the durable-tier upload and retention, in background threads, with failures recorded.
 
-Kept apart from saving and loading so each module stays readable; the methods run on the checkpointer's
-own state. Collectives here use the post-commit group (`repl`) and the upload group (`s3`), each from
-one thread, in the same order on every rank.
+TieredCheckpointer owns one `PostCommit` and hands it jobs (`submit`); this module knows nothing of
+saving or loading. Collectives here use the post-commit group (`repl`) and the upload group (`s3`), each
+from one thread, in the same order on every rank.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,59 +20,68 @@ import torch.distributed as dist
 from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
-from hpresilience.torch.direct import DirectSave
+from hpresilience.torch.durable import DurableTier
 from hpresilience.torch.jobs import (
     CheckpointStats,
     Committed,
+    DirectSave,
     Failure,
     FailureLog,
     JobQueue,
+    PostJob,
     Stage,
     Stop,
     Upload,
+    UploadJob,
 )
-from hpresilience.torch.layout import COMMIT, METADATA, shard_names
+from hpresilience.torch.layout import COMMIT, METADATA, MemoryTier, shard_names
 from hpresilience.torch.replica import exchange
-
-if TYPE_CHECKING:
-    from hpresilience.torch.durable import DurableTier
-    from hpresilience.torch.layout import MemoryTier
-    from hpresilience.torch.settings import CheckpointConfig
+from hpresilience.torch.settings import CheckpointConfig
 
 log = get_logger("hpresilience.torch")
 
 
-class PostCommitMixin:
-    """Mixed into TieredCheckpointer, which sets these attributes."""
+class PostCommit:
+    """The background work after each commit: one thread for markers, peer copy and retention, one for
+    uploads (when there is a durable tier). `start()` them, `submit()` jobs, `settle()` to wait."""
 
-    cfg: CheckpointConfig
-    tier: MemoryTier
-    durable: DurableTier | None
-    rank: int
-    world: int
-    distributed: bool
-    peer: int | None
-    source: int | None
-    stats: CheckpointStats
-    last_committed: int | None
-    _failed: FailureLog
-    _post_q: JobQueue[Committed | DirectSave | Stop]
-    _s3_q: JobQueue[Upload | Stop]
-    _repl_pg: Any
-    _s3_pg: Any
-    _lock: threading.Lock
-    _pinned: set[int]
-    _repl_ok: bool
+    def __init__(self, cfg: CheckpointConfig, tier: MemoryTier, durable: DurableTier | None, *, rank: int,
+                 world: int, distributed: bool, peer: int | None, source: int | None, repl_pg: Any,
+                 s3_pg: Any) -> None:
+        self.cfg = cfg
+        self.tier = tier
+        self.durable = durable
+        self.rank = rank
+        self.world = world
+        self.distributed = distributed
+        self.peer = peer
+        self.source = source
+        self._repl_pg = repl_pg
+        self._s3_pg = s3_pg
+        self.stats = CheckpointStats()
+        self.last_committed: int | None = None
+        self._failed = FailureLog(self.stats)
+        self._post_q: JobQueue[PostJob] = JobQueue()
+        self._s3_q: JobQueue[UploadJob] = JobQueue()
+        self._lock = threading.Lock()
+        self._pinned: set[int] = set()  # steps kept from retention until their upload ends
+        self._repl_ok = True
+        self._threads = [threading.Thread(target=self._post_loop, name="ckpt-post", daemon=True)]
+        if durable is not None:
+            self._threads.append(threading.Thread(target=self._s3_loop, name="ckpt-s3", daemon=True))
 
-    def wait(self) -> bool:
-        raise NotImplementedError
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every committed step is copied to its peer and uploaded where due, at most
-        `timeout` seconds (default `timeout_s`). True when all of it finished and nothing failed since
-        the last flush; the failures themselves are in `failures` and counted in `stats`."""
-        deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
-        ok = self.wait()
+    def submit(self, job: Committed | DirectSave) -> None:
+        """Queue a saved step's post-commit work."""
+        self._post_q.put(job)
+
+    def settle(self, deadline: float) -> bool:
+        """Wait (until the `time.monotonic()` deadline) for every queued job; True when all of them finished
+        and nothing failed since the last call."""
+        ok = True
         for q in (self._post_q, self._s3_q):
             if not q.join(max(0.0, deadline - time.monotonic())):
                 log.error("checkpoint_flush_timed_out", rank=self.rank, pending=q.pending())
@@ -80,20 +90,26 @@ class PostCommitMixin:
             ok = False
         return ok
 
+    def stop(self, deadline: float) -> list[str]:
+        """Stop the threads once their queues are done; the names of those still running at the deadline."""
+        self._post_q.put(Stop())
+        if self.durable is not None:
+            self._s3_q.put(Stop())
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in self._threads if t.is_alive()]
+
     @property
     def failures(self) -> list[Failure]:
-        """Every save and post-commit failure of this checkpointer, oldest first."""
+        """Every save and post-commit failure, oldest first."""
         return list(self._failed.all)
 
-    def _fail(self, step: int, stage: Stage, err: BaseException | str) -> None:
+    def fail(self, step: int, stage: Stage, err: BaseException | str) -> None:
+        """Record and log a failure (a save's own, or a post-commit stage's); the next settle() is False."""
         text = str(err) or type(err).__name__ if isinstance(err, BaseException) else err
         self._failed.add(Failure(step=step, stage=stage, error=text, rank=self.rank))
         event = "checkpoint_save_failed" if stage is Stage.SAVE else "checkpoint_post_commit_failed"
         log.error(event, step=step, stage=stage.value, rank=self.rank, error=text)
-
-    def submit(self, job: Committed | DirectSave) -> None:
-        """Queue a saved step's post-commit work (for DirectWriter; save()/async_save() do it themselves)."""
-        self._post_q.put(job)
 
     def _post_loop(self) -> None:
         while True:
@@ -106,7 +122,7 @@ class PostCommitMixin:
                 else:
                     self._after_commit(job.step, job.metadata, job.to_s3)
             except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                self._fail(getattr(job, "step", -1), Stage.MARKERS, err)
+                self.fail(-1 if isinstance(job, Stop) else job.step, Stage.MARKERS, err)
             finally:
                 self._post_q.done()
 
@@ -120,14 +136,16 @@ class PostCommitMixin:
         md = None
         if ok and self.rank == 0:
             # Every shard is written, so the coordinator's DCP thread goes on to finish() at once.
-            job.finished.wait(self.cfg.timeout_s)
-            md = job.metadata
+            try:
+                md = job.metadata.result(self.cfg.timeout_s)
+            except FutureTimeout:
+                md = None
         if self.distributed:
             box: list[Any] = [md]
             dist.broadcast_object_list(box, src=0, group=self._repl_pg)
             md = box[0]
         if md is None:
-            self._fail(job.step, Stage.SAVE, "not committed: a rank failed to write its shard")
+            self.fail(job.step, Stage.SAVE, "not committed: a rank failed to write its shard")
             return
         self._after_commit(job.step, md, job.to_s3)
 
@@ -155,7 +173,7 @@ class PostCommitMixin:
                 self.tier.write_commit(d, step, self.world, str(save_id))
         except OSError as err:
             marked = False
-            self._fail(step, Stage.MARKERS, err)
+            self.fail(step, Stage.MARKERS, err)
         self.stats.committed += 1
         self.stats.last_committed_step = step
         log.info("checkpoint_committed", step=step, rank=self.rank)
@@ -164,7 +182,7 @@ class PostCommitMixin:
             if everywhere:
                 self._replicate(step)
             else:
-                self._fail(step, Stage.PEER_COPY, "skipped: a rank could not write this step's markers")
+                self.fail(step, Stage.PEER_COPY, "skipped: a rank could not write this step's markers")
         due = self.durable is not None and (
             to_s3 if to_s3 is not None else self.cfg.s3_every > 0 and step % self.cfg.s3_every == 0
         )
@@ -175,7 +193,7 @@ class PostCommitMixin:
         try:
             self.tier.prune(self.rank, step, self.cfg.keep, pinned, peer_src=self.source)
         except OSError as err:
-            self._fail(step, Stage.RETENTION, err)
+            self.fail(step, Stage.RETENTION, err)
         self.last_committed = step
         if due:
             self._s3_q.put(Upload(step))
@@ -193,7 +211,7 @@ class PostCommitMixin:
         except Exception as err:  # noqa: BLE001 - any failure here must stop replication, not training
             # A broken exchange leaves the group's message order unknown: stop using it rather than hang.
             self._repl_ok = False
-            self._fail(step, Stage.PEER_COPY, err)
+            self.fail(step, Stage.PEER_COPY, err)
             log.error("peer_replica_disabled", step=step, peer=self.peer, error=str(err))
             return
         self.stats.peer_copies += 1
@@ -208,7 +226,7 @@ class PostCommitMixin:
                     return
                 self._upload(job.step)
             except Exception as err:  # noqa: BLE001 - a background failure must never kill training
-                self._fail(getattr(job, "step", -1), Stage.UPLOAD, err)
+                self.fail(-1 if isinstance(job, Stop) else job.step, Stage.UPLOAD, err)
             finally:
                 if isinstance(job, Upload):
                     with self._lock:
@@ -223,7 +241,7 @@ class PostCommitMixin:
             self.durable.upload_shard(d, step, self.rank)
         except (HPResilienceError, OSError) as err:
             ok = 0
-            self._fail(step, Stage.UPLOAD, err)
+            self.fail(step, Stage.UPLOAD, err)
         if self.distributed:
             flag = torch.tensor([ok])
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._s3_pg)
@@ -241,6 +259,6 @@ class PostCommitMixin:
                 try:
                     self.durable.prune(self.cfg.s3_keep)
                 except HPResilienceError as err:
-                    self._fail(step, Stage.RETENTION, err)
+                    self.fail(step, Stage.RETENTION, err)
         self.stats.uploads += 1
         self.stats.last_uploaded_step = step

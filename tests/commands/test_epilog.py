@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,10 +16,10 @@ from hpresilience.install.installer import lay_out
 from hpresilience.install.layout import Layout
 
 
-def _epilog(capsys: pytest.CaptureFixture[str], root: Path, job: str, uid: int | None = None) -> dict[str, object]:
+def _epilog(capsys: pytest.CaptureFixture[str], root: Path, job: str, uid: int | None = None) -> dict[str, Any]:
     rc = main(["--json", "epilog", "--memory-root", str(root), "--job-id", job, "--uid", str(uid or os.geteuid())])
     assert rc == 0
-    out: dict[str, object] = json.loads(capsys.readouterr().out)
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
     return out
 
 
@@ -50,7 +51,7 @@ def test_a_crashed_jobs_memory_tier_is_removed_by_the_epilog(
     other = _ns(ck.tier.root, "other-job", "77")
     # The job "crashes": no close(). Then Slurm runs the epilog for job 4242.
     out = _epilog(capsys, root, "4242")
-    assert [r["folder"] for r in out["removed"]] == [str(tier)]  # type: ignore[index, union-attr]
+    assert [r["folder"] for r in out["removed"]] == [str(tier)]
     assert not tier.exists() and other.exists()
 
 

@@ -6,6 +6,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,7 +155,7 @@ def test_script_provider_refuses_option_like_or_split_node_values(tmp_path: Path
     """Issue 14 item 13: the `script` provider appended the node name bare, so `-x` became an option."""
     cmd = script(tmp_path, f'echo "$@" > "{tmp_path}/args"\n')
     p = create_provider("script", {"command": [cmd, "{node}", "{address}", "{hostname}", "{action}"]}, ctx())
-    fields = {"name": "gpu-3", "address": "10.0.0.3", "hostname": "ip-10-0-0-3", field: value}
+    fields: dict[str, Any] = {"name": "gpu-3", "address": "10.0.0.3", "hostname": "ip-10-0-0-3", field: value}
     with pytest.raises(ExternalError, match=f"refusing node {'node' if field == 'name' else field} "):
         p.act(Node(states=frozenset({"IDLE"}), **fields), "reboot")
     assert not (tmp_path / "args").exists()

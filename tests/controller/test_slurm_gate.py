@@ -100,7 +100,12 @@ def test_repair_with_the_slurm_gate_resumes_the_node_once_the_gate_job_passed(
                             gate={"kind": "slurm", "job_command": argv, "timeout_s": 60})
     ctl = Controller(settings, slurm)
     slurm.set_node_state(["n4"], "fail", "Action:Replace")
-    wait_until(lambda: ctl.cycle() is None and not ctl.records, "the repair of n4 to finish", timeout=90)
+
+    def repaired() -> bool:
+        ctl.cycle()
+        return not ctl.records
+
+    wait_until(repaired, "the repair of n4 to finish", timeout=90)
     ctl.pool.shutdown()
     [done] = history(tmp_path / "state")
     assert done["outcome"] == "repaired" and "gate job exit 0: healthy" in done["last_health"]["detail"]

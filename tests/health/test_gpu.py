@@ -6,6 +6,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -388,7 +389,7 @@ def _fake_pynvml(lost_on: str) -> types.ModuleType:
 
         return call
 
-    values = {
+    values: dict[str, Any] = {
         "nvmlInit": None,
         "nvmlShutdown": None,
         "nvmlSystemGetDriverVersion": "570.158.01",

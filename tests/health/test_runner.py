@@ -158,7 +158,13 @@ def test_stop_kills_the_active_check_in_flight_and_runs_no_more(tmp_path: Path) 
         return c.ok("ran")
 
     stop = threading.Event()
-    threading.Thread(target=lambda: (started.wait(10), time.sleep(0.3), stop.set()), daemon=True).start()
+
+    def stop_soon() -> None:
+        started.wait(10)
+        time.sleep(0.3)
+        stop.set()
+
+    threading.Thread(target=stop_soon, daemon=True).start()
     t0 = time.monotonic()
     first, after = run_checks([Fn("stress", stress, timeout=60, kind=Kind.ACTIVE),
                                Fn("after", second, timeout=60, kind=Kind.ACTIVE)], stop=stop)

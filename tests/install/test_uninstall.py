@@ -27,7 +27,7 @@ def test_install_then_uninstall_each_role_leaves_nothing_install_wrote(tmp_path:
     layout = Layout(tmp_path)
     before = files_under(tmp_path)
     for role in ("compute", "login"):
-        lay_out(layout, role, config=None, package_changed=False, use_systemd=False, slurm_conf=None)  # type: ignore[arg-type]
+        lay_out(layout, role, config=None, package_changed=False, use_systemd=False, slurm_conf=None)
     installed = files_under(tmp_path) - before
     assert "etc/systemd/system/hpresilience-agent.service" in installed
     r = uninstall(tmp_path, "compute")

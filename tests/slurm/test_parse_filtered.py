@@ -15,6 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from hpresilience.slurm import parse
+from hpresilience.slurm.models import Node
 from tests.conftest import FIXTURES
 
 SLURM = FIXTURES / "slurm"
@@ -30,7 +31,7 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     time.tzset()
 
 
-def text_nodes() -> dict[str, parse.Node]:
+def text_nodes() -> dict[str, Node]:
     return {n.name: n for n in parse.parse_nodes_oneliner((SLURM / "show_node_oneliner_22.05.txt").read_text())}
 
 

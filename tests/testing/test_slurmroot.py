@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from hpresilience.errors import ConfigError, EnvironmentMissing
-from hpresilience.testing import slurmroot
+from hpresilience.testing import rootexec, slurmroot
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.slurmroot import SlurmRelease
 from tests.conftest import TEST_BASE_PORT
@@ -41,7 +41,7 @@ def test_host_release_runs_without_a_root() -> None:
 def test_a_release_whose_root_is_missing_names_the_command_that_builds_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HPRESILIENCE_ROOTS_DIR", str(tmp_path / "roots"))
-    monkeypatch.delenv(slurmroot.rootexec.INSIDE, raising=False)
+    monkeypatch.delenv(rootexec.INSIDE, raising=False)
     with pytest.raises(EnvironmentMissing, match=r"devcluster up --slurm 26\.05"):
         slurmroot.prefix(SlurmRelease.V26_05)
 

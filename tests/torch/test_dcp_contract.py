@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -52,11 +53,11 @@ def test_reader_loads_the_step_named_by_checkpoint_id_not_the_one_it_was_built_f
 def test_async_save_accepts_the_leaf_types_dcp_save_accepts(tmp_path: Path, background: bool) -> None:
     """A dataclass and a set in the state dict: dcp.save takes them, so async_save must too."""
     with _ckpt(tmp_path, background_staging=background) as ck:
-        state = {"w": torch.arange(6.0), "info": RunInfo("a", 3), "tags": {"x", "y"}}
+        state: dict[str, Any] = {"w": torch.arange(6.0), "info": RunInfo("a", 3), "tags": {"x", "y"}}
         ck.async_save(state, 1).result()
         state["info"].seen = 99  # changed after the call: the checkpoint keeps the value at the call
         ck.flush()
-        got = {"w": torch.zeros(6), "info": RunInfo("", 0), "tags": set()}
+        got: dict[str, Any] = {"w": torch.zeros(6), "info": RunInfo("", 0), "tags": set()}
         assert ck.load(got) == 1
         assert torch.equal(got["w"], torch.arange(6.0))
         assert got["info"] == RunInfo("a", 3) and got["tags"] == {"x", "y"}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint import async_save as dcp_async_save
-from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save
+from torch.distributed.checkpoint.storage import StorageWriter
 
 from hpresilience.errors import ConfigError
 from hpresilience.torch import CheckpointConfig, TieredCheckpointer
@@ -19,6 +22,13 @@ from hpresilience.torch.hyperpod import (
 from tests.torch._workers import empty_state, matches, state_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _async_save(state: dict[str, Any], *, storage_writer: StorageWriter) -> Future[Any]:
+    """dcp.async_save as a trainer calls it; without an async stager it returns a plain future."""
+    resp = async_save(state, storage_writer=storage_writer)
+    assert isinstance(resp, Future)
+    return resp
 
 
 def _ckpt(tmp_path: Path, **kw: object) -> TieredCheckpointer:
@@ -53,7 +63,7 @@ def test_writer_from_the_checkpointer_given_to_dcp_async_save_carries_s3_and_ret
     cfg = {"s3_base": "s3://ckpt/direct", "s3_endpoint_url": s3_endpoint, "keep": 1}
     with _ckpt(tmp_path / "a", **cfg) as ck:
         for s in (1, 2, 3):
-            dcp_async_save(state_for(s, 0), storage_writer=ck.storage_writer(s, to_s3=s == 2)).result()
+            _async_save(state_for(s, 0), storage_writer=ck.storage_writer(s, to_s3=s == 2)).result()
             ck.flush()  # an upload in progress pins its step; flushing lets the next commit prune it
         assert ck.tier.steps() == [3]  # retention ran: keep=1
         assert ck.durable is not None and ck.durable.committed_steps() == [2]
@@ -73,7 +83,7 @@ def test_hyperpod_reader_finds_the_latest_step_itself_and_raises_when_there_is_n
     for s in (10, 20):
         conf.save_to_s3 = s == 10
         w = SageMakerTieredStorageWriter(checkpoint_config=conf, step=s)
-        dcp_async_save(state_for(s, 0), storage_writer=w).result()
+        _async_save(state_for(s, 0), storage_writer=w).result()
     assert w.s3_checkpoint_dir.endswith("/hp/hp1/step_0000000020")
     reader = SageMakerTieredStorageReader(checkpoint_config=conf)
     got = empty_state(0)

@@ -60,7 +60,7 @@ def _log(base: Path, rank: int) -> str:
 def _saved_wsum(text: str, step: int) -> str:
     m = re.findall(rf"^saved step={step} wsum=(\S+)$", text, re.M)
     assert m, f"step {step} was not saved:\n{text[-2000:]}"
-    return m[-1]
+    return str(m[-1])
 
 
 def test_hyperpod_documented_loop_survives_a_kill_and_resumes(tmp_path: Path, s3_endpoint: str) -> None:

@@ -20,10 +20,16 @@ from hpresilience.torch.staging import CachedStager, TornStateError, _stage_tree
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def _model() -> nn.Module:
+def _model() -> nn.Sequential:
     torch.manual_seed(0)
     # 512x512 float32 weight: 1 MiB, copied in the background; BatchNorm statistics: copied inline.
     return nn.Sequential(nn.Linear(512, 512), nn.BatchNorm1d(512))
+
+
+def _linear(model: nn.Sequential) -> nn.Linear:
+    layer = model[0]
+    assert isinstance(layer, nn.Linear)
+    return layer
 
 
 def _train_step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -63,7 +69,7 @@ def _loaded(ck: TieredCheckpointer, step: int) -> dict[str, torch.Tensor]:
 def test_stage_tree_defers_only_large_plain_tensors_and_keeps_current_python_values() -> None:
     big, small = torch.randn(1024), torch.randn(4)
     src = {"a": big, "b": [small, 7], "c": (torch.tensor(3), "x")}
-    cache = {"a": torch.empty(1024), "b": [torch.empty(4), 1], "c": (torch.tensor(0), "old")}
+    cache: dict[str, Any] = {"a": torch.empty(1024), "b": [torch.empty(4), 1], "c": (torch.tensor(0), "old")}
     deferred: list[Any] = []
     view = _stage_tree(src, cache, deferred, inline_below=1024)
     assert [(d is cache["a"], s is big) for d, s in deferred] == [(True, True)]
@@ -88,7 +94,7 @@ def test_background_save_returns_before_the_copy_and_optimizer_step_waits_for_it
     _train_step(model, opt)
     assert pending.done()  # the step's pre-hook waited
     fut.result()
-    assert not torch.equal(model[0].weight, before["0.weight"])
+    assert not torch.equal(_linear(model).weight, before["0.weight"])
     got = _loaded(bg, 1)
     for k, v in before.items():
         assert torch.equal(got[k], v), k
@@ -96,13 +102,13 @@ def test_background_save_returns_before_the_copy_and_optimizer_step_waits_for_it
 
 def test_wait_staged_blocks_until_the_copy_is_done(bg: TieredCheckpointer) -> None:
     model = _model()
-    saved = model[0].weight.detach().clone()
+    saved = _linear(model).weight.detach().clone()
     assert bg.wait_staged() == 0.0
     _slow_copy(bg._stager, 0.3)
     fut = bg.async_save({"model": model.state_dict()}, 1)
     assert bg.wait_staged() > 0.1
     with torch.no_grad():
-        model[0].weight.add_(1.0)  # safe now: the checkpoint already has its copy
+        _linear(model).weight.add_(1.0)  # safe now: the checkpoint already has its copy
     fut.result()
     assert torch.equal(_loaded(bg, 1)["0.weight"], saved)
 
@@ -129,7 +135,7 @@ def test_failed_background_copy_fails_that_save_and_the_previous_step_stays(
     got = _loaded(bg, 1)
     assert all(torch.equal(got[k], v) for k, v in first.items())
     bg.async_save({"model": model.state_dict()}, 3).result()
-    assert torch.equal(_loaded(bg, 3)["0.weight"], model[0].weight)
+    assert torch.equal(_loaded(bg, 3)["0.weight"], _linear(model).weight)
 
 
 def test_the_optimizer_guard_exists_only_while_a_background_checkpointer_is_open(tmp_path: Path) -> None:
@@ -155,11 +161,11 @@ def test_in_place_change_during_the_background_copy_fails_that_save_loudly(bg: T
     """An EMA-style edit outside optimizer.step() while the copy runs: the save is dropped, not torn."""
     model = _model()
     bg.async_save({"model": model.state_dict()}, 1).result()
-    before = model[0].weight.detach().clone()
+    before = _linear(model).weight.detach().clone()
     _slow_copy(bg._stager, 0.3)
     fut = bg.async_save({"model": model.state_dict()}, 2)
     with torch.no_grad():
-        model[0].weight.mul_(0.5)  # not through the optimizer, no wait_staged(): the guard must catch it
+        _linear(model).weight.mul_(0.5)  # not through the optimizer, no wait_staged(): the guard must catch it
     with pytest.raises(TornStateError, match="changed in place while async_save"):
         fut.result()
     assert bg.wait() is False  # the failed save reports through wait() too, without raising

@@ -19,6 +19,7 @@ from hpresilience.torch import (
     TierStorageReader,
     TierStorageWriter,
 )
+from hpresilience.torch.s3tier import S3Tier
 from tests.torch._workers import empty_state, matches, state_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -148,7 +149,7 @@ def test_s3_copy_with_a_flipped_byte_is_refused(tmp_path: Path, s3_endpoint: str
     with _ckpt(tmp_path / "a", **cfg) as ck:
         ck.save(state_for(1, 0), 1)
         ck.flush()
-        assert ck.durable is not None
+        assert isinstance(ck.durable, S3Tier)
         key = ck.durable.key(1, "rank_0.bin")
         body = bytearray(ck.durable.client.get_object(Bucket="ckpt", Key=key)["Body"].read())
         body[5] ^= 0x01

@@ -4,6 +4,7 @@ and sized against both the tier's free space and the job's cgroup memory limit b
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 GIB = 1 << 30
 
 
-def _ck(tmp_path: Path, **kw: object) -> TieredCheckpointer:
+def _ck(tmp_path: Path, **kw: Any) -> TieredCheckpointer:
     return TieredCheckpointer(CheckpointConfig(namespace="n", memory_dir=str(tmp_path), replicate=False, **kw))
 
 

@@ -10,6 +10,7 @@ import os
 import pickle
 import pwd
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ class _Payload:
     def __init__(self, marker: str) -> None:
         self.marker = marker
 
-    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -137,7 +138,7 @@ def test_restore_from_s3_works_under_a_group_writable_umask(tmp_path: Path, s3_e
     """Shared clusters often run with umask 002; files the tier writes or downloads stay private anyway."""
     old = os.umask(0o002)
     try:
-        cfg = {"s3_base": "s3://ckpt/umask", "s3_every": 1, "s3_endpoint_url": s3_endpoint}
+        cfg: dict[str, Any] = {"s3_base": "s3://ckpt/umask", "s3_every": 1, "s3_endpoint_url": s3_endpoint}
         with TieredCheckpointer(CheckpointConfig(namespace="u", memory_dir=str(tmp_path / "a"), **cfg)) as ck:
             ck.save(state_for(1, 0), 1)
             ck.flush()

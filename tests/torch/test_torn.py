@@ -72,6 +72,7 @@ def _copy_no_grad(m: nn.Sequential) -> None:
 
 def _init(m: nn.Sequential) -> None:
     for layer in m:
+        assert isinstance(layer.weight, torch.Tensor)
         nn.init.zeros_(layer.weight)
 
 

@@ -19,6 +19,7 @@ from hpresilience.controller.providers import ProviderContext, create_provider
 from hpresilience.errors import ConfigError
 from hpresilience.health.profiles import load_profile
 from hpresilience.health.settings import HealthSettings
+from hpresilience.reasons import Action
 from hpresilience.settings_base import MAX_SECONDS
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
@@ -219,8 +220,8 @@ def test_a_site_provider_declared_in_the_config_is_accepted_and_used(tmp_path: P
                    {"name": "cpu", "nodes": ["cpu-*"], "provider": "plain", "options": {"anything": 1}}]}}, "c.yaml")
     controller = Controller(cfg.controller, SlurmClient())
     node = Node(name="gpu-3", address="10.0.0.3", hostname="gpu-3", states=frozenset({"DOWN"}))
-    assert controller.providers["gpu"].act(node, "reboot") == "ipmi reboot of gpu-3 as admin for group gpu"
-    assert controller.providers["cpu"].act(node, "replace") == "replace gpu-3 with ['anything']"
+    assert controller.providers["gpu"].act(node, Action.REBOOT) == "ipmi reboot of gpu-3 as admin for group gpu"
+    assert controller.providers["cpu"].act(node, Action.REPLACE) == "replace gpu-3 with ['anything']"
 
 
 @pytest.mark.parametrize(("providers", "group", "line"), [

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hpresilience.errors import ConfigError, SlurmParseError
+from hpresilience.reasons import Action
 from hpresilience.settings_base import Problems, Section, reference_error
 from hpresilience.slurm.hostlist import expand
 
-RepairAction = Literal["reboot", "replace"]
-DEFAULT_LADDER: tuple[RepairAction, ...] = ("reboot", "replace", "replace")
+DEFAULT_LADDER: tuple[Action, ...] = (Action.REBOOT, Action.REPLACE, Action.REPLACE)
 
 
 def not_installed_here(target: str) -> bool:
@@ -115,7 +115,7 @@ class ControllerSettings(Section):
     come_back_timeout_s: float = Field(default=1800.0, gt=0)
     # The escalation ladder: a repair starts at the first rung of the requested action and moves one rung
     # up each time the node does not come back or fails the gate; past the last rung it is left for a person.
-    ladder: list[RepairAction] = Field(default_factory=lambda: list(DEFAULT_LADDER), min_length=1)
+    ladder: list[Action] = Field(default_factory=lambda: list(DEFAULT_LADDER), min_length=1)
     # A node repaired this many times within lemon_window_s is not put back after its last repair: it stays
     # drained with a reason starting "hpr: needs a person" that names its repairs (step "lemon" in status).
     lemon_repairs: int = Field(default=3, ge=1)
@@ -149,8 +149,10 @@ class ControllerSettings(Section):
 
     @field_validator("ladder")
     @classmethod
-    def _ladder_has_both(cls, ladder: list[RepairAction]) -> list[RepairAction]:
-        if "replace" not in ladder:
+    def _ladder_has_both(cls, ladder: list[Action]) -> list[Action]:
+        if Action.NONE in ladder:
+            raise ValueError("a rung of the ladder is 'reboot' or 'replace', not 'none'")
+        if Action.REPLACE not in ladder:
             raise ValueError("the ladder must contain 'replace' (an Action:Replace request starts there)")
         return ladder
 

@@ -20,7 +20,7 @@ from hpresilience.proc import run as run_command
 from hpresilience.reasons import Action
 
 
-class Fn(Check):
+class Fn(Check[CheckOptions]):
     family = "test"
 
     def __init__(

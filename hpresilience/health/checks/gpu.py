@@ -15,6 +15,7 @@ from hpresilience.health.base import (
     CheckOptions,
     CheckResult,
     HostPaths,
+    OptionsT,
     Status,
     read_text,
     register,
@@ -44,7 +45,7 @@ RECOVERY_ACTIONS = {
 }
 
 
-class GpuCheck(Check):
+class GpuCheck(Check[OptionsT]):
     family = "gpu"
 
     def snapshot(self) -> GpuSnapshot:
@@ -58,10 +59,10 @@ class GpuCheck(Check):
 
         snap = self.ctx.cached("gpu.snapshot", read)
         if isinstance(snap, str):
-            if nvidia_pci_devices(self.ctx.paths) or self.ctx.expect.get("gpus"):
+            if nvidia_pci_devices(self.ctx.paths) or self.ctx.expect.gpus:
                 raise NvmlUnavailable(snap)
             self.absent(f"no NVIDIA GPU (NVML: {snap})")
-        if snap.count == 0 and not self.ctx.expect.get("gpus"):
+        if snap.count == 0 and not self.ctx.expect.gpus:
             self.absent("NVML reports no GPUs")
         return snap
 
@@ -82,7 +83,7 @@ class GpuCountOptions(CheckOptions):
 
 
 @register
-class GpuCount(GpuCheck):
+class GpuCount(GpuCheck[GpuCountOptions]):
     """GPU count vs the profile, and GPUs whose NVML handle is lost (fallen off the bus)."""
 
     name = "gpu.count"
@@ -90,7 +91,6 @@ class GpuCount(GpuCheck):
 
     def _grace(self) -> str:
         """Why a missing GPU must not act yet ("" when it may): just booted, or the driver just changed."""
-        assert isinstance(self.options, GpuCountOptions)
         if self.ctx.strict:
             return ""
         g = self.options.grace_s
@@ -113,7 +113,6 @@ class GpuCount(GpuCheck):
         return ""
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, GpuCountOptions)
         pci = nvidia_pci_devices(self.ctx.paths)
         grace = self._grace()
         try:
@@ -123,7 +122,7 @@ class GpuCount(GpuCheck):
             if grace:
                 return self.warn(f"{what} ({grace})", key="gpu.nvml_unavailable", pci_devices=pci)
             return self.fail(what, Action.REBOOT, "gpu.nvml_unavailable", False, pci_devices=pci)
-        expected = self.options.expected if self.options.expected is not None else self.ctx.expect.get("gpus")
+        expected = self.options.expected if self.options.expected is not None else self.ctx.expect.gpus
         findings = []
         for g in snap.gpus:
             if g.lost:
@@ -215,14 +214,13 @@ class GpuPcieOptions(CheckOptions):
 
 
 @register
-class GpuPcie(GpuCheck):
+class GpuPcie(GpuCheck[GpuPcieOptions]):
     """PCIe link trained below its maximum width (or generation): a warning, the GPU still works."""
 
     name = "gpu.pcie"
     Options = GpuPcieOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, GpuPcieOptions)
         findings = []
         links = {}
         for g in self.gpus():
@@ -272,14 +270,13 @@ class GpuClocksOptions(CheckOptions):
 
 
 @register
-class GpuClocks(GpuCheck):
+class GpuClocks(GpuCheck[GpuClocksOptions]):
     """Hardware clock slowdown (thermal, power brake) active right now: a warning to investigate."""
 
     name = "gpu.clocks"
     Options = GpuClocksOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, GpuClocksOptions)
         bad = [r for r in self.options.reasons if r not in CLOCK_REASONS]
         if bad:
             return self.result(
@@ -304,7 +301,7 @@ class GpuClocks(GpuCheck):
 
 
 @register
-class GpuRecoveryAction(GpuCheck):
+class GpuRecoveryAction(GpuCheck[CheckOptions]):
     """The driver's own verdict (NVML field 230): reset/reboot/drain required."""
 
     name = "gpu.recovery"

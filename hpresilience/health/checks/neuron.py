@@ -83,18 +83,17 @@ class NeuronCountOptions(CheckOptions):
 
 
 @register
-class NeuronCount(Check):
+class NeuronCount(Check[NeuronCountOptions]):
     name = "neuron.count"
     family = "neuron"
     Options = NeuronCountOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, NeuronCountOptions)
         devs = neuron_devices(self.ctx.paths)
         expected = (
             self.options.expected
             if self.options.expected is not None
-            else self.ctx.expect.get("neuron_devices")
+            else self.ctx.expect.neuron_devices
         )
         if not devs and not expected:
             return self.absent("no Neuron devices")
@@ -131,7 +130,7 @@ class NeuronCountersOptions(CheckOptions):
 
 
 @register
-class NeuronCounters(Check):
+class NeuronCounters(Check[NeuronCountersOptions]):
     """Uncorrected HBM/SRAM ECC, per-core hw_error, reset failures: deltas against a per-boot baseline."""
 
     name = "neuron.counters"
@@ -139,7 +138,6 @@ class NeuronCounters(Check):
     Options = NeuronCountersOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, NeuronCountersOptions)
         devs = neuron_devices(self.ctx.paths)
         if not devs:
             return self.absent("no Neuron devices")

@@ -22,7 +22,7 @@ class XidOptions(CheckOptions):
 
 
 @register
-class XidCheck(Check):
+class XidCheck(Check[XidOptions]):
     name = "xid"
     family = "xid"
     default_timeout_s = 10.0
@@ -40,7 +40,6 @@ class XidCheck(Check):
         )
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, XidOptions)
         if not self._accelerators_present():
             self.absent("no NVIDIA or Neuron devices whose kernel-log errors to watch")
         catalog = load_catalog(self.ctx.xid_overrides)

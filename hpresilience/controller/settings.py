@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from hpresilience.controller.gates import GateSettings
 from hpresilience.errors import ConfigError, SlurmParseError
 from hpresilience.reasons import Action
-from hpresilience.settings_base import Problems, Section, reference_error
+from hpresilience.settings_base import Problems, Section
 from hpresilience.slurm.hostlist import expand
 
 DEFAULT_LADDER: tuple[Action, ...] = (Action.REBOOT, Action.REPLACE, Action.REPLACE)
@@ -51,54 +52,6 @@ class NodeGroup(Section):
                 except SlurmParseError as err:
                     raise ValueError(str(err)) from None
         return nodes
-
-
-class GateSettings(Section):
-    """The health gate a repaired node must pass before it is resumed."""
-
-    # `slurm`: run `job_command` on the node as a Slurm job in a maintenance reservation (no ssh needed).
-    # `command`: the controller runs `command` itself (a template: {node}, {address}, {hostname}; an ssh command
-    # line by default); exit 0 = pass. `none`: always pass.
-    kind: str = "slurm"
-    # `--strict`: no post-boot grace, so a node that came back short of GPUs fails now (docs/controller.md).
-    job_command: list[str] = Field(default_factory=lambda: [
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
-    # The gate job's working directory on the node (stress-ng writes its scratch files there).
-    job_chdir: str = "/tmp"
-    command: list[str] = Field(default_factory=lambda: [
-        # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
-        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "--", "{address}",
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
-    timeout_s: float = Field(default=900.0, gt=0)
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, kind: str) -> str:
-        from hpresilience.controller.gates import GATES
-
-        if kind not in GATES:
-            raise reference_error(f"unknown gate {kind!r}; known: {', '.join(GATES.names())}")
-        return kind
-
-    @field_validator("command")
-    @classmethod
-    def _command_template(cls, command: list[str], info: ValidationInfo) -> list[str]:
-        from hpresilience.controller.templates import GATE_KEYS, template_problem
-
-        problem = template_problem(command, GATE_KEYS) if info.data.get("kind") == "command" else None
-        if problem:
-            raise reference_error(problem)
-        return command
-
-    @field_validator("job_command")
-    @classmethod
-    def _job_command_template(cls, command: list[str]) -> list[str]:
-        from hpresilience.controller.templates import job_command_problem
-
-        problem = job_command_problem(command)
-        if problem:
-            raise reference_error(problem)
-        return command
 
 
 class ControllerSettings(Section):

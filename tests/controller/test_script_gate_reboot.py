@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.controller.gates import create_gate
+from hpresilience.controller.gates import GateSettings, create_gate
 from hpresilience.controller.providers import ProviderContext, create_provider
-from hpresilience.controller.settings import GateSettings
 from hpresilience.controller.templates import render, run_site_command
 from hpresilience.errors import ExternalError, SlurmError
 from hpresilience.reasons import Action

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.controller.gates import GateContext, GateResult, create_gate
+from hpresilience.controller.gates import GateContext, GateResult, GateSettings, create_gate
 from hpresilience.controller.loop import Controller
-from hpresilience.controller.settings import ControllerSettings, GateSettings
+from hpresilience.controller.settings import ControllerSettings
 from hpresilience.controller.state import RepairRecord, Step
 from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from hpresilience.config import config_from_mapping
-from hpresilience.controller.gates import create_gate
+from hpresilience.controller.gates import GateSettings, create_gate
 from hpresilience.controller.loop import STEP_METHODS, Controller
 from hpresilience.controller.providers import ProviderContext, create_provider
-from hpresilience.controller.settings import ControllerSettings, GateSettings, NodeGroup
+from hpresilience.controller.settings import ControllerSettings, NodeGroup
 from hpresilience.controller.state import FOR_A_PERSON, ControllerLocked, RepairRecord, StateStore, Step
 from hpresilience.errors import ConfigError
 from hpresilience.reasons import Action

@@ -12,7 +12,7 @@ from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import load_config
 from hpresilience.errors import ExternalError
 from hpresilience.install.hyperpod import RESOURCE_CONFIG, detect_role
-from hpresilience.install.layout import ROLES, Layout, Role
+from hpresilience.install.layout import ROLES, Layout, Role, as_role
 from hpresilience.install.venv import check_source, ensure_venv, running_in, source_digest
 from hpresilience.log import setup_logging
 
@@ -54,7 +54,7 @@ def install(c: Ctx, role: str, wheel: str | None, source: str | None, config_fil
         pp = Path(provisioning_parameters) if provisioning_parameters else rc.with_name("provisioning_parameters.json")
         role, group = detect_role(rc, pp)
         click.echo(f"role {role} (instance group {group!r} in {rc})")
-    r: Role = role  # type: ignore[assignment]
+    r = as_role(role)
     if use_systemd is None:
         use_systemd = str(layout.root) == "/" and Path("/run/systemd/system").is_dir()
     if layout_only:
@@ -138,7 +138,7 @@ def uninstall(c: Ctx, role: str, root: str, prefix: str, use_systemd: bool | Non
     layout = Layout(Path(root).resolve(), "/" + prefix.strip("/"))
     if use_systemd is None:
         use_systemd = str(layout.root) == "/" and Path("/run/systemd/system").is_dir()
-    rep = remove(layout, role, use_systemd)  # type: ignore[arg-type]
+    rep = remove(layout, as_role(role), use_systemd)
     lines = [f"hpresilience {role}: {len(rep.removed)} path(s) removed, {len(rep.kept)} kept under {layout.root}"]
     lines += [f"  removed {p}" for p in rep.removed] + [f"  kept {p}" for p in rep.kept]
     if rep.systemd:

@@ -20,7 +20,7 @@ from hpresilience.errors import ExternalError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.health.base import Mode
 from hpresilience.install.layout import Layout, Role, default_config, profile_script, render, template
-from hpresilience.install.venv import read_manifest
+from hpresilience.install.venv import manifest_mapping, manifest_strings, read_manifest
 from hpresilience.log import get_logger
 from hpresilience.slurm.conf import merge_lines, parse_settings
 
@@ -172,16 +172,16 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
 
 def write_manifest(layout: Layout, role: Role, report: Report) -> None:
     data = read_manifest(layout)
-    roles = sorted({*(data.get("roles") or []), role})  # type: ignore[misc]
+    roles = sorted({*manifest_strings(data.get("roles")), role})
     files = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
              for p in report.written + report.unchanged if Path(p).is_file() and not Path(p).is_symlink()}
     links = {p: os.readlink(p) for p in report.written + report.unchanged if Path(p).is_symlink()}
     # Which role laid out which path: `uninstall --role R` removes only what no other installed role uses.
-    role_files = dict(data.get("role_files") or {})  # type: ignore[call-overload]
+    role_files = manifest_mapping(data.get("role_files"))
     role_files[role] = sorted(set(report.written + report.unchanged))
     data.update({"version": __version__, "roles": roles, "prefix": layout.prefix, "root": str(layout.root),
-                 "files": {**dict(data.get("files") or {}), **files},  # type: ignore[call-overload]
-                 "links": {**dict(data.get("links") or {}), **links},  # type: ignore[call-overload]
+                 "files": {**manifest_mapping(data.get("files")), **files},
+                 "links": {**manifest_mapping(data.get("links")), **links},
                  "role_files": role_files})
     atomic_write_text(layout.manifest, json.dumps(data, indent=2, sort_keys=True) + "\n")
 

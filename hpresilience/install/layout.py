@@ -14,10 +14,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from hpresilience.errors import ConfigError
 from hpresilience.health.base import Mode
 
 Role = Literal["compute", "controller", "login"]
 ROLES: tuple[Role, ...] = ("compute", "controller", "login")
+
+
+def as_role(word: str) -> Role:
+    """A role word (a click choice, a detected role) as a Role; ConfigError naming the known ones."""
+    for role in ROLES:
+        if word == role:
+            return role
+    raise ConfigError(f"unknown role {word!r}; known: {', '.join(ROLES)}")
 # The lowest Python the package runs on; pyproject.toml's requires-python says the same (a test holds them).
 MIN_PYTHON = (3, 11)
 

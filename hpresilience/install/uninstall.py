@@ -19,7 +19,7 @@ from hpresilience import proc
 from hpresilience.errors import ConfigError, ExternalError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.install.layout import Layout, Role
-from hpresilience.install.venv import read_manifest
+from hpresilience.install.venv import manifest_mapping, manifest_strings, read_manifest
 from hpresilience.log import get_logger
 
 log = get_logger("hpresilience.install")
@@ -40,11 +40,11 @@ def _str_map(value: object) -> dict[str, str]:
 
 def uninstall(layout: Layout, role: Role, use_systemd: bool) -> UninstallReport:
     data = read_manifest(layout)
-    roles = [str(r) for r in data.get("roles") or []]  # type: ignore[attr-defined]
+    roles = manifest_strings(data.get("roles"))
     if role not in roles:
         raise ConfigError(f"role {role} is not installed under {layout.root} (manifest {layout.manifest} lists "
                           f"{', '.join(roles) or 'no role'})")
-    role_files = {str(r): [str(p) for p in ps] for r, ps in dict(data.get("role_files") or {}).items()}  # type: ignore[call-overload]
+    role_files = {r: manifest_strings(ps) for r, ps in manifest_mapping(data.get("role_files")).items()}
     files, links = _str_map(data.get("files")), _str_map(data.get("links"))
     # A manifest from before role_files: its paths are this role's only when it is the only role.
     mine = role_files.get(role, sorted({*files, *links}) if roles == [role] else [])

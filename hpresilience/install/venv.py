@@ -83,6 +83,16 @@ def running_in(layout: Layout) -> bool:
         return False
 
 
+def manifest_strings(value: object) -> list[str]:
+    """A manifest list (roles) as strings; anything else reads as empty."""
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def manifest_mapping(value: object) -> dict[str, object]:
+    """A manifest mapping (files, links, role_files) with string keys; anything else reads as empty."""
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+
 def read_manifest(layout: Layout) -> dict[str, object]:
     try:
         data = json.loads(layout.manifest.read_text())

@@ -57,10 +57,11 @@ class HyperPodProvider:
             kwargs["NextToken"] = token
 
     def act(self, node: Node, action: Action) -> str:
-        op = "batch_reboot_cluster_nodes" if action is Action.REBOOT else "batch_replace_cluster_nodes"
         try:
             node_id = self.node_id(node)
-            res = getattr(self.sm, op)(ClusterName=self.options.cluster_name, NodeIds=[node_id])
+            batch = (self.sm.batch_reboot_cluster_nodes if action is Action.REBOOT
+                     else self.sm.batch_replace_cluster_nodes)
+            res = batch(ClusterName=self.options.cluster_name, NodeIds=[node_id])
         except ExternalError:
             raise
         except (BotoCoreError, ClientError) as err:  # keep Code and Message only, never the request

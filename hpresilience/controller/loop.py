@@ -119,9 +119,10 @@ class Controller:
         g = group_for(node, self.settings.groups)
         return (g.come_back_timeout_s if g and g.come_back_timeout_s else None) or self.settings.come_back_timeout_s
 
-    def _set_state(self, rec: RepairRecord, action: str, reason: str) -> None:
+    def _set_state(self, rec: RepairRecord, state: str, reason: str) -> None:
+        """`state`: scontrol's word for the node (drain, down), not a repair action."""
         if not self.settings.dry_run:
-            self.client.set_node_state([rec.node], action, reason)
+            self.client.set_node_state([rec.node], state, reason)
 
     # -- one cycle -----------------------------------------------------------------------------------
     def cycle(self, now: float | None = None) -> None:
@@ -296,8 +297,8 @@ class Controller:
     def _start_gate(self, rec: RepairRecord, node: Node) -> None:
         self._submit(rec, self.gate.check, node)
 
-    def _submit(self, rec: RepairRecord, fn: Any, *args: Any) -> None:
-        def work() -> Any:
+    def _submit(self, rec: RepairRecord, fn: Callable[..., object], *args: object) -> None:
+        def work() -> object:
             try:
                 return fn(*args)
             finally:  # before the future reads as done, so no cycle sees it done with an older snapshot

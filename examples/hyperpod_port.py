@@ -86,7 +86,7 @@ def main():
         start_step = state_dict["step"] + 1
 
         print(f"Resumed training from step {start_step} wsum={weight_sum(model):.6f}", flush=True)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - the documented loop's line, kept as HyperPod users paste it
         print(f"No checkpoint found, starting from scratch: {str(e).splitlines()[0]}", flush=True)
 
     # Training loop
@@ -129,7 +129,7 @@ def main():
             if future is not None:
                 exc = future.exception()
                 if exc:
-                    print(f"Failure in saving previous checkpoint: {str(exc)}")
+                    print(f"Failure in saving previous checkpoint: {str(exc)}")  # noqa: RUF010 - as documented
                     # Handle failures as required
                 else:
                     result = future.result()  # noqa: F841

@@ -22,7 +22,6 @@ from hpresilience.health.settings import HealthSettings
 from hpresilience.log import LoggingSettings
 from hpresilience.settings_base import Section, format_validation_error
 from hpresilience.slurm.settings import SlurmSettings
-from hpresilience.testing.settings import DevclusterSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/hpresilience/config.yaml")
 ENV_VAR = "HPRESILIENCE_CONFIG"
@@ -31,7 +30,10 @@ ENV_VAR = "HPRESILIENCE_CONFIG"
 class Config(Section):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
-    devcluster: DevclusterSettings = Field(default_factory=DevclusterSettings)
+    # The embedded test cluster's section, kept as written: it is validated where a devcluster is started
+    # (testing/settings.py's devcluster_settings, from the devcluster and demo commands), so that no runtime part
+    # imports testing/.
+    devcluster: dict[str, Any] = Field(default_factory=dict)
     health: HealthSettings = Field(default_factory=HealthSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import stat
 import tempfile
@@ -15,6 +16,9 @@ from typing import Any
 import yaml
 
 from hpresilience.errors import ConfigError
+from hpresilience.log import get_logger
+
+log = get_logger("hpresilience")
 
 
 def atomic_write(path: Path | str, data: bytes | str, *, mode: int | None = None, fsync: bool = False,
@@ -54,6 +58,24 @@ def atomic_write(path: Path | str, data: bytes | str, *, mode: int | None = None
 def atomic_write_text(path: Path | str, text: str, fsync: bool = False, mode: int | None = None) -> None:
     """`atomic_write` for text (UTF-8)."""
     atomic_write(path, text, mode=mode, fsync=fsync)
+
+
+def read_json_state(path: Path | str, event: str, **context: Any) -> dict[str, Any] | None:
+    """A JSON object a part keeps as its state; None when the file is absent, and None with the warning `event`
+    (the path, the error and `context`) when it cannot be read, is not JSON or is not an object. Corrupt state
+    starts afresh and says so; it never stops a daemon. (`or {}`: the empty state.)"""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        log.warning(event, path=str(p), error=str(err)[:200], **context)
+        return None
+    if not isinstance(data, dict):
+        log.warning(event, path=str(p), error=f"not a JSON object but {type(data).__name__}", **context)
+        return None
+    return data
 
 
 @contextmanager

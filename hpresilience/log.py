@@ -12,14 +12,19 @@ from typing import Any, Literal, TextIO
 
 import structlog
 from pydantic import Field
+from structlog.typing import FilteringBoundLogger
 
 from hpresilience.settings_base import Section
 
 _configured = False
+# A log level by name, as the `logging:` section and a call that picks its level (`Logger.log`) spell it.
+Level = Literal["debug", "info", "warning", "error"]
+# The logger every part gets: structlog's filtering bound logger, so each call is type-checked.
+Logger = FilteringBoundLogger
 
 
 class LoggingSettings(Section):
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    level: Level = "info"
     # None: JSON when stderr is not a terminal (journald, log shippers), readable otherwise.
     json_lines: bool | None = Field(default=None, alias="json")
 
@@ -58,9 +63,15 @@ def setup_logging(level: str = "info", json: bool | None = None, stream: TextIO 
     _configured = True
 
 
-def get_logger(name: str | None = None, **context: Any) -> Any:
+def get_logger(name: str | None = None, **context: Any) -> Logger:
     """A bound structlog logger; configures JSON-on-stderr defaults if nobody did."""
     if not _configured:
         setup_logging()
-    log = structlog.get_logger(name)
+    # structlog types get_logger as Any: the wrapper class set in setup_logging is a filtering bound logger.
+    log: Logger = structlog.get_logger(name)
     return log.bind(**context) if context else log
+
+
+def level_number(level: Level) -> int:
+    """The number `Logger.log` takes for a level name."""
+    return logging.getLevelNamesMapping()[level.upper()]

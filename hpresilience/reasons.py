@@ -22,14 +22,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from enum import Enum
+from enum import Enum, StrEnum
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     """What a fault asks of the node, from a check's result to the Slurm reason: the one scale of severity.
 
     The value is the lower-case word of `hpresilience check --json` and of the controller's ladder; the
-    Slurm reason spells it capitalised (`reason_word`), as HyperPod's operators type it.
+    Slurm reason spells it capitalised (`reason_word`), as HyperPod's operators type it. A StrEnum, so that
+    it formats as its word wherever it is written out (a provider's result line, a site script's argument).
     """
 
     NONE = "none"

@@ -68,7 +68,7 @@ case "$cmd" in
     setup
     shift
     say "ruff"
-    "$VENV/bin/ruff" check hpresilience tests bench
+    "$VENV/bin/ruff" check hpresilience tests bench examples
     say "mypy --strict (package)"
     "$VENV/bin/mypy"
     say "mypy --strict (tests)"

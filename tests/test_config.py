@@ -19,23 +19,26 @@ from hpresilience.controller.providers import ProviderContext, create_provider
 from hpresilience.errors import ConfigError
 from hpresilience.health.profiles import load_profile
 from hpresilience.health.settings import HealthSettings
+from hpresilience.reasons import Action
 from hpresilience.settings_base import MAX_SECONDS
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.settings import devcluster_settings
 
 
 def test_defaults_work_without_any_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HPRESILIENCE_CONFIG", raising=False)
     cfg = load_config(None)
-    assert cfg == Config() and cfg.slurm.command_timeout_s == 30.0 and cfg.devcluster.nodes == 4
+    assert cfg == Config() and cfg.slurm.command_timeout_s == 30.0 and devcluster_settings(cfg.devcluster).nodes == 4
 
 
 def test_values_are_read_and_frozen(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text("slurm:\n  command_timeout_s: 5\ndevcluster:\n  overrides: {SlurmdTimeout: '5'}\n")
     cfg = load_config(p)
-    assert cfg.slurm.command_timeout_s == 5 and cfg.devcluster.overrides == {"SlurmdTimeout": "5"}
+    assert cfg.slurm.command_timeout_s == 5
+    assert devcluster_settings(cfg.devcluster).overrides == {"SlurmdTimeout": "5"}
     with pytest.raises(ValidationError):
         cfg.slurm.command_timeout_s = 1
 
@@ -219,8 +222,8 @@ def test_a_site_provider_declared_in_the_config_is_accepted_and_used(tmp_path: P
                    {"name": "cpu", "nodes": ["cpu-*"], "provider": "plain", "options": {"anything": 1}}]}}, "c.yaml")
     controller = Controller(cfg.controller, SlurmClient())
     node = Node(name="gpu-3", address="10.0.0.3", hostname="gpu-3", states=frozenset({"DOWN"}))
-    assert controller.providers["gpu"].act(node, "reboot") == "ipmi reboot of gpu-3 as admin for group gpu"
-    assert controller.providers["cpu"].act(node, "replace") == "replace gpu-3 with ['anything']"
+    assert controller.providers["gpu"].act(node, Action.REBOOT) == "ipmi reboot of gpu-3 as admin for group gpu"
+    assert controller.providers["cpu"].act(node, Action.REPLACE) == "replace gpu-3 with ['anything']"
 
 
 @pytest.mark.parametrize(("providers", "group", "line"), [
@@ -316,3 +319,15 @@ def test_agents_and_the_wrapper_run_with_a_provider_declared_for_the_controller_
     run = Run(cluster, slurm, tmp_path / "job", "", "echo trained", nodes=1, env={"HPRESILIENCE_CONFIG": str(cfg)})
     assert run.wait_done() == "0", run.err
     assert "trained" in run.out
+
+
+def test_the_devcluster_section_is_validated_where_a_devcluster_starts_naming_file_and_key(tmp_path: Path) -> None:
+    """config.py keeps `devcluster:` as written (no runtime part imports testing/); the devcluster and demo
+    commands validate it, and a typo there is one line naming the file and the key path."""
+    p = tmp_path / "c.yaml"
+    p.write_text("devcluster:\n  nodez: 3\n")
+    assert load_config(p).devcluster == {"nodez": 3}
+    with pytest.raises(ConfigError, match=r"c\.yaml: devcluster\.nodez: unknown key"):
+        devcluster_settings(load_config(p).devcluster, str(p))
+    p.write_text("devcluster:\n  nodes: 3\n")
+    assert devcluster_settings(load_config(p).devcluster, str(p)).nodes == 3

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from hpresilience.errors import ConfigError
-from hpresilience.fileio import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES, read_yaml
+from hpresilience.fileio import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES, read_json_state, read_yaml
 
 # 514 bytes of YAML that expand to 9**9 strings when dumped (what `config show` did for minutes).
 ALIAS_BOMB = """health:
@@ -153,3 +154,22 @@ def test_yaml_conversions_pyyaml_lets_escape_are_config_errors(tmp_path: Path, t
     p.write_text(text)
     with pytest.raises(ConfigError, match=f"not valid YAML: .*{re.escape(words)}"):
         read_yaml(p)
+
+
+@pytest.mark.parametrize(("text", "error"), [("{not json", "Expecting property name"),
+                                              ("[1, 2]", "not a JSON object but list")])
+def test_corrupt_json_state_reads_as_none_with_the_callers_warning(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(text)
+    with capture_logs() as logs:
+        assert read_json_state(path, "thing_state_unreadable", part="probe") is None
+    assert [(e["event"], e["path"], e["part"]) for e in logs] == [("thing_state_unreadable", str(path), "probe")]
+    assert error in logs[0]["error"]
+
+
+def test_absent_json_state_is_none_without_a_warning_and_an_object_reads_back(tmp_path: Path) -> None:
+    with capture_logs() as logs:
+        assert read_json_state(tmp_path / "none.json", "thing_state_unreadable") is None
+        (tmp_path / "ok.json").write_text('{"a": 1}')
+        assert read_json_state(tmp_path / "ok.json", "thing_state_unreadable") == {"a": 1}
+    assert logs == []

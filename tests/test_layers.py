@@ -50,9 +50,12 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def _imports(path: Path, module: str) -> list[str]:
+def _imports(path: Path, module: str, type_checking: bool = False, every_name: bool = False) -> list[str]:
+    """The hpresilience modules `module` imports (`type_checking`: those under `if TYPE_CHECKING:` too).
+    `from X import a` names X, and X.a as well when X is the package itself or `every_name` is set (a.py may
+    be a submodule: the caller keeps only names that are modules)."""
     tree = ast.parse(path.read_text(), str(path))
-    skip = _type_checking_nodes(tree)
+    skip = set() if type_checking else _type_checking_nodes(tree)
     out: list[str] = []
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -68,7 +71,7 @@ def _imports(path: Path, module: str) -> list[str]:
             else:
                 target = node.module or ""
             # `from hpresilience import x` imports the unit x when x is a submodule.
-            out += [target] + [f"{target}.{a.name}" for a in node.names if target == "hpresilience"]
+            out += [target] + [f"{target}.{a.name}" for a in node.names if every_name or target == "hpresilience"]
     return [t for t in out if t == "hpresilience" or t.startswith("hpresilience.")]
 
 
@@ -154,6 +157,98 @@ def test_the_checker_sees_upward_imports_cycles_and_imports_inside_functions(tmp
         f"hpresilience.slurm.client imports hpresilience.config (layer {LAYER_OF['config']}) "
         f"from layer {LAYER_OF['slurm']}"]
     assert find_cycle(graph) in (["config", "slurm", "config"], ["slurm", "config", "slurm"])
+
+
+# Modules tied by import cycles that are being taken apart on another branch (issue 28: the torch checkpointer's
+# parts, through TYPE_CHECKING back-references: checkpointer <-> direct, with postcommit on the way, and
+# loading <-> elastic). A cycle within one of these sets is let through meanwhile; any other fails. Remove the
+# sets once those cycles are gone.
+KNOWN_MODULE_CYCLES: list[frozenset[str]] = []
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    return {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in sorted(root.rglob("*.py"))}
+
+
+def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the modules of its own unit it imports, at run time, inside functions or under TYPE_CHECKING:
+    a cycle through any of them still ties the modules into one (and the type checker reads them all).
+    `from pkg import a` counts as an import of pkg.a when that is a module, and of pkg itself."""
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for target in _imports(path, module, type_checking=True, every_name=True):
+            # A module's own package is imported before the module whatever it says: no cycle of its making.
+            ancestor = module.startswith(target + ".")
+            if target in modules and not ancestor and _unit(target) == _unit(module) != "__init__":
+                graph[module].add(target)
+    return graph
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected sets of two or more modules (Tarjan), each a cycle or several tied together."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[frozenset[str]] = []
+
+    def visit(u: str) -> None:
+        index[u] = low[u] = len(index)
+        stack.append(u)
+        on_stack.add(u)
+        for v in sorted(graph.get(u, ())):
+            if v not in index:
+                visit(v)
+                low[u] = min(low[u], low[v])
+            elif v in on_stack:
+                low[u] = min(low[u], index[v])
+        if low[u] == index[u]:
+            members = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                members.add(w)
+                if w == u:
+                    break
+            if len(members) > 1:
+                out.append(frozenset(members))
+
+    for u in sorted(graph):
+        if u not in index:
+            visit(u)
+    return sorted(out, key=sorted)
+
+
+def test_no_import_cycle_between_the_modules_of_a_unit() -> None:
+    new = [c for c in module_cycles(module_graph()) if not any(c <= known for known in KNOWN_MODULE_CYCLES)]
+    assert not new, "import cycles inside a unit (TYPE_CHECKING imports count):\n" + "\n".join(
+        " <-> ".join(sorted(c)) for c in new)
+
+
+def test_the_module_cycle_check_finds_a_planted_cycle_through_a_function_and_type_checking(tmp_path: Path) -> None:
+    """The cycle rule would pass vacuously if the walker missed an import form: each is planted in a copy."""
+    pkg = tmp_path / "hpresilience"
+    (pkg / "controller").mkdir(parents=True)
+    (pkg / "slurm").mkdir()
+    for init in (pkg, pkg / "controller", pkg / "slurm"):
+        (init / "__init__.py").write_text("")
+    # gates -> settings at run time inside a function; settings -> gates the top-level way.
+    (pkg / "controller" / "gates.py").write_text("def f():\n    from hpresilience.controller.settings import S\n")
+    (pkg / "controller" / "settings.py").write_text("from hpresilience.controller import gates\n")
+    # a -> b only for the type checker, b -> a relatively: still a cycle.
+    (pkg / "controller" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                             "    from hpresilience.controller.b import B\n")
+    (pkg / "controller" / "b.py").write_text("from .a import A\n")
+    # One way only, and across units: no cycle.
+    (pkg / "controller" / "loop.py").write_text("from hpresilience.controller.gates import f\n"
+                                                "from hpresilience.slurm import client\n")
+    (pkg / "slurm" / "client.py").write_text("import hpresilience.slurm\n")
+    assert module_cycles(module_graph(pkg)) == [
+        frozenset({"hpresilience.controller.a", "hpresilience.controller.b"}),
+        frozenset({"hpresilience.controller.gates", "hpresilience.controller.settings"})]
+    assert module_graph(pkg)["hpresilience.controller.loop"] == {"hpresilience.controller.gates"}
 
 
 @pytest.mark.parametrize("unit", sorted(LAYER_OF))

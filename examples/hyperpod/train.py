@@ -60,7 +60,7 @@ def main() -> int:
     ckpt = Path(os.environ.get("CKPT_DIR", "ckpt")) / "checkpoint.pt"
     timeout = timedelta(seconds=float(os.environ.get("DIST_TIMEOUT_S", "600")))
     dist.init_process_group("gloo", timeout=timeout)  # torchrun sets RANK, WORLD_SIZE, MASTER_*
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     model, opt = new_model()
     ddp = DistributedDataParallel(model)
     step = 0

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from hpresilience.health.base import Check, CheckResult, Kind, Mode
+from hpresilience.health.base import AnyCheck, CheckResult, Kind, Mode
 from hpresilience.health.events import KernelLogFollower, NvmlXidSource, XidEventSource
 from hpresilience.health.profiles import build_checks, load_profile, make_context
 from hpresilience.health.runner import run_checks
@@ -54,8 +54,8 @@ class HealthCollector:
         self.ctx = make_context(settings)
         self.profile = load_profile(settings, profile, self.ctx.paths)
         self.ctx = make_context(settings, self.profile)
-        self.passive_checks: list[Check] = build_checks(self.profile, self.ctx, (Kind.PASSIVE,))
-        self.active_checks: list[Check] = [
+        self.passive_checks: list[AnyCheck] = build_checks(self.profile, self.ctx, (Kind.PASSIVE,))
+        self.active_checks: list[AnyCheck] = [
             c for c in build_checks(self.profile, self.ctx, (Kind.ACTIVE,)) if c.kind == Kind.ACTIVE
         ]
         self.sources = list(sources) if sources is not None else open_event_sources(settings)
@@ -73,7 +73,7 @@ class HealthCollector:
         """Kill the checks in flight and run no more: the daemon is stopping."""
         self.stopping.set()
 
-    def _run(self, checks: list[Check]) -> list[CheckResult]:
+    def _run(self, checks: list[AnyCheck]) -> list[CheckResult]:
         self.ctx.clear_cache()
         out = []
         for r in run_checks(checks, stop=self.stopping):

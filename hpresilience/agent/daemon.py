@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -46,7 +46,7 @@ from hpresilience.agent.guard import (
 )
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.agent.watchdog import WatchdogPinger
-from hpresilience.fileio import atomic_write_text, locked
+from hpresilience.fileio import atomic_write_text, locked, read_json_state
 from hpresilience.health.base import CheckResult, Mode
 from hpresilience.log import get_logger
 from hpresilience.reasons import Action, agent_reason, parse_planned, parse_reason
@@ -67,6 +67,21 @@ class Collector(Protocol):
     def wait_event(self, timeout: float) -> bool:
         """Block up to `timeout` s; True as soon as a fault event (XID, NVML event) arrived."""
         ...
+
+
+@runtime_checkable
+class Cancellable(Protocol):
+    """A collector that can kill its checks in flight (agent/collector.py's can; a test's may not)."""
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class ObservingSome(Protocol):
+    """A collector whose profile names checks only observed while the agent enforces (`mode: observe`)."""
+
+    @property
+    def observe_only(self) -> frozenset[str]: ...
 
 
 def default_node_name() -> str:
@@ -125,7 +140,8 @@ class Agent:
         self.lock_wait_s = settings.cycle_timeout_s if lock_wait_s is None else lock_wait_s
         self._state_stamp: tuple[int, int, int] | None = None
         # Checks whose faults are only observed while the agent enforces (health.checks.NAME.mode: observe).
-        self.observe_only: frozenset[str] = frozenset(getattr(collector, "observe_only", frozenset()))
+        self.observe_only = (frozenset(collector.observe_only) if isinstance(collector, ObservingSome)
+                             else frozenset[str]())
         # The node is (or may still be) drained by this agent for its active checks: kept in the state file, so
         # the run after one killed mid-check (HealthCheckTimeout) looks at the node and gives it back.
         self.holding = False
@@ -151,8 +167,11 @@ class Agent:
 
     def _load_memory(self) -> None:
         self._state_stamp = self._stamp()
+        # No file, or one nobody can read (warned of): the memory stays as it is.
+        data = read_json_state(self.state_path, "agent_state_unreadable")
+        if data is None:
+            return
         try:
-            data = json.loads(self.state_path.read_text())
             self.memory.streaks = {str(k): int(v) for k, v in data.get("streaks", {}).items()}
             marked = data.get("marked")
             self.memory.marked = marked if isinstance(marked, bool) else None
@@ -160,9 +179,7 @@ class Agent:
             self.holding = data.get("holding") is True
             planned = data.get("planned")
             self.planned = planned if isinstance(planned, str) else None
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, AttributeError, TypeError) as err:
+        except (ValueError, AttributeError, TypeError) as err:
             # Start afresh (streaks at zero, own node read once), but say so: a state file nobody can read
             # is worth an operator's look.
             log.warning("agent_state_unreadable", path=str(self.state_path), error=str(err)[:200])
@@ -394,6 +411,5 @@ class Agent:
     def stop(self) -> None:
         self.stop_event.set()
         # A cycle in flight may be 30 s into a stress test: the collector kills its checks when it can.
-        cancel = getattr(self.collector, "cancel", None)
-        if callable(cancel):
-            cancel()
+        if isinstance(self.collector, Cancellable):
+            self.collector.cancel()

@@ -13,17 +13,45 @@ What was acted on (`agent.planned`) is kept in the agent's state file: Slurm is 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+from prometheus_client import Counter
 
 from hpresilience.agent import notices as cloud
+from hpresilience.agent.settings import AgentSettings
 from hpresilience.log import get_logger
 from hpresilience.reasons import parse_planned, parse_reason
+from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 
-if TYPE_CHECKING:
-    from hpresilience.agent.daemon import Agent
-
 log = get_logger("hpresilience.agent")
+
+
+class _PlannedMetrics(Protocol):
+    @property
+    def planned(self) -> Counter: ...
+
+
+class Agent(Protocol):
+    """What of the agent (agent/daemon.py's Agent) a notice needs: named here, so that this module does not
+    import the daemon that imports it."""
+
+    planned: str | None
+    next_notice_poll: float
+
+    @property
+    def settings(self) -> AgentSettings: ...
+    @property
+    def client(self) -> SlurmClient: ...
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def metrics(self) -> _PlannedMetrics: ...
+    @property
+    def notices(self) -> cloud.NoticeWatcher | None: ...
+    @property
+    def observing(self) -> bool: ...
+    def own_node(self) -> Node: ...
 
 
 def notice_news(agent: Agent) -> bool:

@@ -155,7 +155,7 @@ def status(c: Ctx, history_lines: int, state_dir: str | None) -> None:
     for r in records.values():
         health = r.last_health or {}
         h = ("pass" if health.get("passed") else "fail") + f" {_ago(health.get('at'))}" if health else "-"
-        lines.append(f"{r.node:12} {r.step:13} {_ago(r.step_since):10} {(r.action or r.requested):8} "
+        lines.append(f"{r.node:12} {r.step:13} {_ago(r.step_since):10} {r.current:8} "
                      f"{r.attempt:>3}  {h}; {r.why}")
     if not records:
         lines.append("(no node under repair)")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
+from hpresilience.commands.devcluster import settings_of
 from hpresilience.testing.demo import Story, Timeline, run_story
 from hpresilience.testing.devcluster import DevCluster
 
@@ -19,9 +20,10 @@ from hpresilience.testing.devcluster import DevCluster
 @pass_ctx
 def demo(c: Ctx, keep: bool, timeout: float) -> None:
     """Run the whole story on a local Slurm cluster and print its timeline."""
-    state_dir = os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or c.config.devcluster.state_dir
-    cl = DevCluster(state_dir=Path(state_dir), nodes=4, base_port=c.config.devcluster.base_port,
-                    overrides={"SlurmdTimeout": "10", **c.config.devcluster.overrides}, bin_dir=c.config.slurm.bin_dir)
+    dev = settings_of(c)
+    state_dir = os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or dev.state_dir
+    cl = DevCluster(state_dir=Path(state_dir), nodes=4, base_port=dev.base_port,
+                    overrides={"SlurmdTimeout": "10", **dev.overrides}, bin_dir=c.config.slurm.bin_dir)
     tl = Timeline()
     tl.say(f"starting a real Slurm cluster: slurmctld + 4 slurmd in {cl.state_dir}")
     took = cl.up(progress=tl.say)

@@ -13,18 +13,25 @@ from pathlib import Path
 import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
+from hpresilience.config import resolve_config_path
 from hpresilience.testing import slurmroot
 from hpresilience.testing.devaccounting import describe
 from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.settings import DevclusterSettings, devcluster_settings
 from hpresilience.testing.slurmroot import SlurmRelease
 
 RELEASES = [r.value for r in SlurmRelease]
 
 
+def settings_of(c: Ctx) -> DevclusterSettings:
+    """The configuration's `devcluster:` section, validated here: only what starts a devcluster composes it."""
+    return devcluster_settings(c.config.devcluster, str(resolve_config_path(c.config_path) or "<config>"))
+
+
 def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
                  overrides: tuple[str, ...] = (), accounting: bool | None = None, extra_nodes: int | None = None,
                  proctrack: str | None = None, slurm: str | None = None) -> DevCluster:
-    s = c.config.devcluster
+    s = settings_of(c)
     extra = dict(s.overrides)
     for item in overrides:
         key, sep, value = item.partition("=")

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from hpresilience.controller.settings import GateSettings
+from pydantic import Field, ValidationInfo, field_validator
+
 from hpresilience.controller.templates import (
     GATE_KEYS,
     job_command_problem,
@@ -31,6 +32,7 @@ from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
 from hpresilience.reasons import parse_reason
 from hpresilience.registry import Registry
+from hpresilience.settings_base import Section, reference_error
 from hpresilience.slurm import reservations
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
@@ -38,6 +40,49 @@ from hpresilience.slurm.models import Node
 log = get_logger("hpresilience.controller")
 # Gate outputs kept per node: enough to compare the last few repairs, bounded whatever happens.
 EVIDENCE_KEPT = 10
+
+
+# The gates' own settings section (controller.gate), beside the gates it chooses among: settings.py composes it.
+class GateSettings(Section):
+    """The health gate a repaired node must pass before it is resumed."""
+
+    # `slurm`: run `job_command` on the node as a Slurm job in a maintenance reservation (no ssh needed).
+    # `command`: the controller runs `command` itself (a template: {node}, {address}, {hostname}; an ssh command
+    # line by default); exit 0 = pass. `none`: always pass.
+    kind: str = "slurm"
+    # `--strict`: no post-boot grace, so a node that came back short of GPUs fails now (docs/controller.md).
+    job_command: list[str] = Field(default_factory=lambda: [
+        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
+    # The gate job's working directory on the node (stress-ng writes its scratch files there).
+    job_chdir: str = "/tmp"
+    command: list[str] = Field(default_factory=lambda: [
+        # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
+        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "--", "{address}",
+        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
+    timeout_s: float = Field(default=900.0, gt=0)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in GATES:
+            raise reference_error(f"unknown gate {kind!r}; known: {', '.join(GATES.names())}")
+        return kind
+
+    @field_validator("command")
+    @classmethod
+    def _command_template(cls, command: list[str], info: ValidationInfo) -> list[str]:
+        problem = template_problem(command, GATE_KEYS) if info.data.get("kind") == "command" else None
+        if problem:
+            raise reference_error(problem)
+        return command
+
+    @field_validator("job_command")
+    @classmethod
+    def _job_command_template(cls, command: list[str]) -> list[str]:
+        problem = job_command_problem(command)
+        if problem:
+            raise reference_error(problem)
+        return command
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,10 +34,10 @@ from hpresilience.controller.notices import JobNotifier
 from hpresilience.controller.providers import Provider, ProviderContext, create_provider, provider_registry
 from hpresilience.controller.selection import OUT_OF_SERVICE, first_rung, group_for, requested
 from hpresilience.controller.settings import ControllerSettings
-from hpresilience.controller.state import ACTIVE_STEPS, FOR_A_PERSON, STEPS, RepairRecord, StateStore
+from hpresilience.controller.state import ACTIVE_STEPS, FOR_A_PERSON, STEPS, RepairRecord, StateStore, Step
 from hpresilience.errors import HPResilienceError
-from hpresilience.log import get_logger
-from hpresilience.reasons import Action, controller_reason, parse_reason, person_reason
+from hpresilience.log import Level, get_logger, level_number
+from hpresilience.reasons import controller_reason, parse_reason, person_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.jobs import held_among, release_requeued_job, requeued_jobs_held
 from hpresilience.slurm.models import Node
@@ -44,6 +45,8 @@ from hpresilience.systemd import notify, watchdog_interval_s
 
 log = get_logger("hpresilience.controller")
 DEFAULT_GROUP = "default"
+# How each step the loop drives is advanced (the steps for a person are only watched, in `advance`).
+StepMethod = Callable[["Controller", RepairRecord, Node, float], None]
 
 
 class Controller:
@@ -86,15 +89,18 @@ class Controller:
         self.records = self.store.load_all()
         self.seen = self.events.last_marks()
         for rec in self.records.values():
-            log.info("repair_record_loaded", node=rec.node, step=rec.step, attempt=rec.attempt, action=rec.action)
+            log.info("repair_record_loaded", node=rec.node, step=rec.step.value, attempt=rec.attempt,
+                     action=rec.action.value if rec.action else "")
 
     # -- decisions: one JSON line per step -----------------------------------------------------------
-    def _decision(self, event: str, rec: RepairRecord, level: str = "info", **extra: Any) -> None:
-        getattr(log, level)(event, node=rec.node, step=rec.step, requested=rec.requested, action=rec.action or None,
-                            attempt=rec.attempt, provider=rec.provider, why=rec.why,
-                            dry_run=self.settings.dry_run or None, **extra)
-        self.events.record(event, rec.node, "controller", rec.why, step=rec.step, requested=rec.requested,
-                           action=rec.action or None, attempt=rec.attempt, provider=rec.provider, **extra)
+    def _decision(self, event: str, rec: RepairRecord, level: Level = "info", **extra: Any) -> None:
+        action = rec.action.value if rec.action else None
+        log.log(level_number(level), event, node=rec.node, step=rec.step.value, requested=rec.requested.value,
+                action=action, attempt=rec.attempt, provider=rec.provider, why=rec.why,
+                dry_run=self.settings.dry_run or None, **extra)
+        self.events.record(event, rec.node, "controller", rec.why, step=rec.step.value,
+                           requested=rec.requested.value, action=action, attempt=rec.attempt,
+                           provider=rec.provider, **extra)
 
     def note_reasons(self, nodes: list[Node]) -> None:
         self.seen = self.events.note_reasons(self.seen, nodes)
@@ -113,9 +119,10 @@ class Controller:
         g = group_for(node, self.settings.groups)
         return (g.come_back_timeout_s if g and g.come_back_timeout_s else None) or self.settings.come_back_timeout_s
 
-    def _set_state(self, rec: RepairRecord, action: str, reason: str) -> None:
+    def _set_state(self, rec: RepairRecord, state: str, reason: str) -> None:
+        """`state`: scontrol's word for the node (drain, down), not a repair action."""
         if not self.settings.dry_run:
-            self.client.set_node_state([rec.node], action, reason)
+            self.client.set_node_state([rec.node], state, reason)
 
     # -- one cycle -----------------------------------------------------------------------------------
     def cycle(self, now: float | None = None) -> None:
@@ -159,7 +166,7 @@ class Controller:
         for rec in self.records.values():
             counts[rec.step] += 1
         for step, count in counts.items():
-            self.metrics.nodes.labels(step).set(count)
+            self.metrics.nodes.labels(step.value).set(count)
         self.count_fleet(nodes)
 
     def count_fleet(self, nodes: list[Node]) -> None:
@@ -196,74 +203,74 @@ class Controller:
         in_service = not node.states & OUT_OF_SERVICE
         if rec.step in FOR_A_PERSON:
             if in_service:
-                rec.why = f"resumed by someone else after the controller left it for a person ({rec.step})"
-                self._finish(rec, "lemon_cleared" if rec.step == "lemon" else "resumed_by_operator")
+                rec.why = f"resumed by someone else after the controller left it for a person ({rec.step.value})"
+                self._finish(rec, "lemon_cleared" if rec.step is Step.LEMON else "resumed_by_operator")
             elif parsed.owner != "controller" and requested(node, self.settings) is not None:
                 rec.why = f"new request: {node.reason}"
                 self._finish(rec, "superseded")  # picked up afresh next cycle
             return
-        if rec.step == "gating":
+        if rec.step is Step.GATING:
             # The slurm gate holds the node in service inside its reservation while its job runs (and after a
             # restart mid-gate until the gate runs again): the gate's result decides, not the node's state.
             self._step_gating(rec, node, now)
             return
-        if in_service and rec.step != "acting":
+        if in_service and rec.step is not Step.ACTING:
             rec.why = f"node back in service without the controller ({node.state_text})"
             self._finish(rec, "resumed_outside_controller")
             return
-        still_asked = parsed.action is not None if rec.step != "pending" else requested(node, self.settings) is not None
+        still_asked = (parsed.action is not None if rec.step is not Step.PENDING
+                       else requested(node, self.settings) is not None)
         if parsed.owner is None and not still_asked:
             rec.why = f"reason changed by someone else: {node.reason!r}"
             self._finish(rec, "taken_over")
             return
-        getattr(self, f"_step_{rec.step}")(rec, node, now)
+        STEP_METHODS[rec.step](self, rec, node, now)
 
     # -- steps ---------------------------------------------------------------------------------------
     def _step_pending(self, rec: RepairRecord, node: Node, now: float) -> None:
-        action = Action.REPLACE if rec.requested == "replace" else Action.REBOOT
         if node.is_busy:
             waited = now - rec.detected_at
             if waited >= self.settings.forced_down_after_s and not rec.forced_down:
-                reason = controller_reason(f"forced down after {waited:.0f} s waiting for its jobs", action)
+                reason = controller_reason(f"forced down after {waited:.0f} s waiting for its jobs", rec.requested)
                 self._set_state(rec, "down", reason)
                 rec.forced_down = True
-                rec.move("pending", f"forced down after {waited:.0f} s waiting for its jobs", now)
+                rec.move(Step.PENDING, f"forced down after {waited:.0f} s waiting for its jobs", now)
                 self.store.save(rec)
                 self._decision("node_forced_down", rec, "warning", waited_s=round(waited, 1))
             elif not rec.why.startswith("waiting for its jobs") and not rec.forced_down:
-                rec.move("pending", f"waiting for its jobs (forced down after {self.settings.forced_down_after_s:g} s)",
-                         now)
+                rec.move(Step.PENDING,
+                         f"waiting for its jobs (forced down after {self.settings.forced_down_after_s:g} s)", now)
                 self.store.save(rec)
                 self._decision("repair_waiting_for_jobs", rec, state=node.state_text)
             return
         busy = sum(1 for r in self.records.values() if r.step in ACTIVE_STEPS)
         if busy >= self.settings.max_concurrent:
             if rec.why != "waiting for a repair slot":
-                rec.move("pending", "waiting for a repair slot", now)
+                rec.move(Step.PENDING, "waiting for a repair slot", now)
                 self.store.save(rec)
                 self._decision("repair_waiting_for_slot", rec, under_repair=busy)
             return
-        rec.action = self.settings.ladder[rec.rung]
-        why = f"{rec.action} (attempt {rec.attempt + 1}) via {rec.provider}"
+        action = rec.action = self.settings.ladder[rec.rung]
+        why = f"{action.value} (attempt {rec.attempt + 1}) via {rec.provider}"
         if self.settings.dry_run:
             if rec.why != f"would {why}":
                 rec.why = f"would {why}"
                 self._decision("repair_would_start", rec)
             return
         # Drain first: a node that slurmd re-registers must not take jobs before the health gate.
-        self._set_state(rec, "drain", controller_reason(f"repairing: {why}", action))
+        self._set_state(rec, "drain", controller_reason(f"repairing: {why}", rec.requested))
         rec.attempt += 1
         rec.slurmd_before, rec.boot_before, rec.acted_at = node.slurmd_start_time, node.boot_time, now
-        rec.move("acting", f"provider asked to {why}", now)
+        rec.move(Step.ACTING, f"provider asked to {why}", now)
         self.store.save(rec)
         self._decision("repair_action_started", rec, state=node.state_text)
         provider = self.providers[self._group(rec.node)]
-        self._submit(rec, provider.act, node, rec.action)
+        self._submit(rec, provider.act, node, action)
 
     def _step_acting(self, rec: RepairRecord, node: Node, now: float) -> None:
         fut = self.inflight.pop(rec.node, None)
         if fut is None:
-            rec.move("waiting_back", "controller restarted while the provider acted: waiting for the node "
+            rec.move(Step.WAITING_BACK, "controller restarted while the provider acted: waiting for the node "
                      "rather than acting twice", now)
             self.store.save(rec)
             self._decision("repair_action_resumed", rec)
@@ -272,13 +279,13 @@ class Controller:
         if err is not None:
             self._attempt_failed(rec, f"provider {rec.provider} failed: {err}", "provider_error", now)
             return
-        rec.move("waiting_back", str(fut.result()), now)
+        rec.move(Step.WAITING_BACK, str(fut.result()), now)
         self.store.save(rec)
         self._decision("repair_action_done", rec)
 
     def _step_waiting_back(self, rec: RepairRecord, node: Node, now: float) -> None:
         if came_back(node, rec):
-            rec.move("gating", f"slurmd registered again ({node.state_text})", now)
+            rec.move(Step.GATING, f"slurmd registered again ({node.state_text})", now)
             self.store.save(rec)
             self._decision("node_came_back", rec, waited_s=round(now - (rec.acted_at or now), 1))
             self._start_gate(rec, node)
@@ -290,8 +297,8 @@ class Controller:
     def _start_gate(self, rec: RepairRecord, node: Node) -> None:
         self._submit(rec, self.gate.check, node)
 
-    def _submit(self, rec: RepairRecord, fn: Any, *args: Any) -> None:
-        def work() -> Any:
+    def _submit(self, rec: RepairRecord, fn: Callable[..., object], *args: object) -> None:
+        def work() -> object:
             try:
                 return fn(*args)
             finally:  # before the future reads as done, so no cycle sees it done with an older snapshot
@@ -311,7 +318,7 @@ class Controller:
         rec.last_health = result.to_json()
         self.metrics.gate.labels("pass" if result.passed else "fail").inc()
         self.events.record("health_gate_passed" if result.passed else "health_gate_failed", rec.node, "controller",
-                           result.detail, attempt=rec.attempt, action=rec.action or None)
+                           result.detail, attempt=rec.attempt, action=rec.action.value if rec.action else None)
         if not result.passed:
             self._attempt_failed(rec, f"health gate failed: {result.detail}", "gate_failed", now)
             return
@@ -325,7 +332,7 @@ class Controller:
             return
         self.client.set_node_state([rec.node], "resume")
         rec.why = f"health gate passed ({result.detail}); resumed"
-        self.metrics.duration.labels(rec.provider, rec.requested).observe(max(0.0, now - rec.detected_at))
+        self.metrics.duration.labels(rec.provider, rec.requested.value).observe(max(0.0, now - rec.detected_at))
         self._finish(rec, "repaired")
 
     def _leave_for_a_person(self, rec: RepairRecord, earlier: list[dict[str, Any]], now: float) -> None:
@@ -333,19 +340,19 @@ class Controller:
         repairs in the reason (Slurm clips reasons at 200 characters: the count comes first)."""
         days = self.settings.lemon_window_s / 86400
         shown = [f"{h.get('requested', '?')} {time.strftime('%m-%d %H:%M', time.localtime(h['at']))}"
-                 for h in earlier[-4:]] + [f"{rec.action or rec.requested} now"]
+                 for h in earlier[-4:]] + [f"{rec.current.value} now"]
         text = f"repaired {len(earlier) + 1} times within {days:g} d: {', '.join(shown)}"
         self._set_state(rec, "drain", person_reason(text))
-        rec.move("lemon", f"needs a person: {text}", now)
+        rec.move(Step.LEMON, f"needs a person: {text}", now)
         self.store.save(rec)
-        self.metrics.outcomes.labels(rec.provider, rec.requested, "lemon").inc()
+        self.metrics.outcomes.labels(rec.provider, rec.requested.value, "lemon").inc()
         self._decision("node_left_for_a_person", rec, "error", repairs=len(earlier) + 1, last_health=rec.last_health)
 
     def _attempt_failed(self, rec: RepairRecord, why: str, kind: str, now: float) -> None:
-        self.metrics.failures.labels(rec.provider, rec.action or rec.requested, kind).inc()
+        self.metrics.failures.labels(rec.provider, rec.current.value, kind).inc()
         rec.rung += 1
         if rec.rung < len(self.settings.ladder):
-            rec.move("pending", f"escalating to {self.settings.ladder[rec.rung]}: {why}", now)
+            rec.move(Step.PENDING, f"escalating to {self.settings.ladder[rec.rung].value}: {why}", now)
             self.store.save(rec)
             self._decision("repair_escalated", rec, "warning")
             return
@@ -355,9 +362,9 @@ class Controller:
         self._set_state(rec, "down", reason)
         # DOWN alone would be undone by ReturnToService once slurmd answers; DRAIN keeps it out.
         self._set_state(rec, "drain", reason)
-        rec.move("given_up", text, now)
+        rec.move(Step.GIVEN_UP, text, now)
         self.store.save(rec)
-        self.metrics.outcomes.labels(rec.provider, rec.requested, "given_up").inc()
+        self.metrics.outcomes.labels(rec.provider, rec.requested.value, "given_up").inc()
         self._decision("repair_given_up", rec, "error", last_health=rec.last_health)
 
     def _finish(self, rec: RepairRecord, outcome: str) -> None:
@@ -366,7 +373,7 @@ class Controller:
             self.seen.pop(rec.node, None)  # resumed by us: recorded as node_resumed, not as back_in_service
         self.inflight.pop(rec.node, None)
         self.store.finish(rec, outcome)
-        self.metrics.outcomes.labels(rec.provider, rec.requested, outcome).inc()
+        self.metrics.outcomes.labels(rec.provider, rec.requested.value, outcome).inc()
         self._decision("node_resumed" if outcome == "repaired" else "repair_finished", rec,
                        "info" if outcome == "repaired" else "warning", outcome=outcome, last_health=rec.last_health,
                        took_s=round(time.time() - rec.detected_at, 1))
@@ -499,6 +506,16 @@ class Controller:
     def stop(self) -> None:
         self.stop_event.set()
         self.wake.set()
+
+
+# The steps the loop drives, each to its one method; the steps for a person have none (`advance` only watches
+# them). Checked at import: a step added to Step without a method here fails at once, not mid-repair.
+STEP_METHODS: dict[Step, StepMethod] = {
+    Step.PENDING: Controller._step_pending,
+    Step.ACTING: Controller._step_acting,
+    Step.WAITING_BACK: Controller._step_waiting_back,
+    Step.GATING: Controller._step_gating,
+}
 
 
 def came_back(node: Node, rec: RepairRecord) -> bool:

@@ -11,6 +11,7 @@ A reason someone else wrote without an `Action:` word (maintenance, a site tool)
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -27,7 +28,7 @@ REBOOT_LEFTOVERS = ("reboot asap", "reboot timed out")
 
 @dataclass(frozen=True)
 class Request:
-    action: str  # reboot | replace
+    action: Action  # reboot | replace
     why: str
     # Set for a node down without a reason: repair only once it has stayed so for `down_grace_s` from here
     # (Slurm's reason time when it has one, else 0 and the loop counts from when it first saw the node).
@@ -41,16 +42,16 @@ def requested(node: Node, settings: ControllerSettings) -> Request | None:
     parsed = parse_reason(node.reason)
     if parsed.action is not None:
         who = parsed.owner or "operator"
-        return Request("replace" if parsed.action is Action.REPLACE else "reboot",
+        return Request(parsed.action,
                        f"Action:{parsed.action.reason_word} set by {who} ({node.reason_set_by or 'unknown user'})")
     if parsed.owner is not None:
         return None  # our own or the agent's reason without an action: nothing asked of us
     low = node.reason.strip().lower()
     if settings.repair_reboot_leftovers and low.startswith(REBOOT_LEFTOVERS):
-        return Request("reboot", f"left behind by scontrol reboot ({node.reason.strip()!r})")
+        return Request(Action.REBOOT, f"left behind by scontrol reboot ({node.reason.strip()!r})")
     if (settings.repair_down_without_reason and "DOWN" in node.states and "DRAIN" not in node.states
             and node.reason.strip() in settings.down_reasons):
-        return Request("reboot", f"down with reason {node.reason.strip()!r}", float(node.reason_changed_at or 0))
+        return Request(Action.REBOOT, f"down with reason {node.reason.strip()!r}", float(node.reason_changed_at or 0))
     return None
 
 
@@ -73,6 +74,6 @@ def group_for(node: str, groups: list[NodeGroup]) -> NodeGroup | None:
     return None
 
 
-def first_rung(ladder: list[str], action: str) -> int:
+def first_rung(ladder: Sequence[Action], action: Action) -> int:
     """A request starts at the first rung of its own action (the settings guarantee a replace rung)."""
-    return ladder.index(action) if action in ladder else ladder.index("replace")
+    return ladder.index(action) if action in ladder else ladder.index(Action.REPLACE)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from hpresilience.controller.gates import GateSettings
 from hpresilience.errors import ConfigError, SlurmParseError
-from hpresilience.settings_base import Problems, Section, reference_error
+from hpresilience.reasons import Action
+from hpresilience.settings_base import Problems, Section
 from hpresilience.slurm.hostlist import expand
 
-RepairAction = Literal["reboot", "replace"]
-DEFAULT_LADDER: tuple[RepairAction, ...] = ("reboot", "replace", "replace")
+DEFAULT_LADDER: tuple[Action, ...] = (Action.REBOOT, Action.REPLACE, Action.REPLACE)
 
 
 def not_installed_here(target: str) -> bool:
@@ -53,54 +54,6 @@ class NodeGroup(Section):
         return nodes
 
 
-class GateSettings(Section):
-    """The health gate a repaired node must pass before it is resumed."""
-
-    # `slurm`: run `job_command` on the node as a Slurm job in a maintenance reservation (no ssh needed).
-    # `command`: the controller runs `command` itself (a template: {node}, {address}, {hostname}; an ssh command
-    # line by default); exit 0 = pass. `none`: always pass.
-    kind: str = "slurm"
-    # `--strict`: no post-boot grace, so a node that came back short of GPUs fails now (docs/controller.md).
-    job_command: list[str] = Field(default_factory=lambda: [
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
-    # The gate job's working directory on the node (stress-ng writes its scratch files there).
-    job_chdir: str = "/tmp"
-    command: list[str] = Field(default_factory=lambda: [
-        # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
-        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "--", "{address}",
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
-    timeout_s: float = Field(default=900.0, gt=0)
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, kind: str) -> str:
-        from hpresilience.controller.gates import GATES
-
-        if kind not in GATES:
-            raise reference_error(f"unknown gate {kind!r}; known: {', '.join(GATES.names())}")
-        return kind
-
-    @field_validator("command")
-    @classmethod
-    def _command_template(cls, command: list[str], info: ValidationInfo) -> list[str]:
-        from hpresilience.controller.templates import GATE_KEYS, template_problem
-
-        problem = template_problem(command, GATE_KEYS) if info.data.get("kind") == "command" else None
-        if problem:
-            raise reference_error(problem)
-        return command
-
-    @field_validator("job_command")
-    @classmethod
-    def _job_command_template(cls, command: list[str]) -> list[str]:
-        from hpresilience.controller.templates import job_command_problem
-
-        problem = job_command_problem(command)
-        if problem:
-            raise reference_error(problem)
-        return command
-
-
 class ControllerSettings(Section):
     """Settings for the head-node replacement controller. Every field has a default that works with no file."""
 
@@ -115,7 +68,7 @@ class ControllerSettings(Section):
     come_back_timeout_s: float = Field(default=1800.0, gt=0)
     # The escalation ladder: a repair starts at the first rung of the requested action and moves one rung
     # up each time the node does not come back or fails the gate; past the last rung it is left for a person.
-    ladder: list[RepairAction] = Field(default_factory=lambda: list(DEFAULT_LADDER), min_length=1)
+    ladder: list[Action] = Field(default_factory=lambda: list(DEFAULT_LADDER), min_length=1)
     # A node repaired this many times within lemon_window_s is not put back after its last repair: it stays
     # drained with a reason starting "hpr: needs a person" that names its repairs (step "lemon" in status).
     lemon_repairs: int = Field(default=3, ge=1)
@@ -149,8 +102,10 @@ class ControllerSettings(Section):
 
     @field_validator("ladder")
     @classmethod
-    def _ladder_has_both(cls, ladder: list[RepairAction]) -> list[RepairAction]:
-        if "replace" not in ladder:
+    def _ladder_has_both(cls, ladder: list[Action]) -> list[Action]:
+        if Action.NONE in ladder:
+            raise ValueError("a rung of the ladder is 'reboot' or 'replace', not 'none'")
+        if Action.REPLACE not in ladder:
             raise ValueError("the ladder must contain 'replace' (an Action:Replace request starts there)")
         return ladder
 

@@ -13,24 +13,47 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write_text
 from hpresilience.log import get_logger
+from hpresilience.reasons import Action
 
 log = get_logger("hpresilience.controller")
 
-# pending: detected, waiting for its jobs to end (or to be forced down) or for a free repair slot.
-# acting: the provider was asked to act. waiting_back: waiting for slurmd to register again.
-# gating: the health gate runs. given_up: left out of service for a person. lemon: it passed its gate but
-# was repaired too often (controller.lemon_repairs within lemon_window_s): left drained for a person.
-STEPS = ("pending", "acting", "waiting_back", "gating", "given_up", "lemon")
+
+
+class Step(StrEnum):
+    """Where a repair stands (docs/design.md draws the transitions). The value is the word stored in the
+    record's JSON and shown by `hpresilience controller status`."""
+
+    # Detected, waiting for its jobs to end (or to be forced down) or for a free repair slot.
+    PENDING = "pending"
+    # The provider was asked to act.
+    ACTING = "acting"
+    # Waiting for slurmd to register again.
+    WAITING_BACK = "waiting_back"
+    # The health gate runs.
+    GATING = "gating"
+    # Left out of service for a person.
+    GIVEN_UP = "given_up"
+    # It passed its gate but was repaired too often (controller.lemon_repairs within lemon_window_s): left
+    # drained for a person.
+    LEMON = "lemon"
+
+
+STEPS = tuple(Step)
 # Steps in which the node waits for a person: nothing of ours acts on it until someone resumes it.
-FOR_A_PERSON = frozenset({"given_up", "lemon"})
-ACTIVE_STEPS = frozenset({"acting", "waiting_back", "gating"})
+FOR_A_PERSON = frozenset({Step.GIVEN_UP, Step.LEMON})
+ACTIVE_STEPS = frozenset({Step.ACTING, Step.WAITING_BACK, Step.GATING})
+# What a record may ask a provider for (the controller's ladder has only these words).
+REPAIR_ACTIONS = frozenset({Action.REBOOT, Action.REPLACE})
+E = TypeVar("E", bound=StrEnum)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -41,15 +64,15 @@ class ControllerLocked(HPResilienceError):
 @dataclass
 class RepairRecord:
     node: str
-    requested: str  # the action asked for: reboot | replace
+    requested: Action  # the action asked for: reboot | replace
     reason: str  # the node's reason when the repair was picked up
     provider: str
     detected_at: float
-    step: str = "pending"
+    step: Step = Step.PENDING
     step_since: float = 0.0
     rung: int = 0  # index into the escalation ladder
     attempt: int = 0  # provider actions taken so far
-    action: str = ""  # the action of the current attempt
+    action: Action | None = None  # the action of the current attempt; None before the first
     forced_down: bool = False
     slurmd_before: int | None = None
     boot_before: int | None = None
@@ -58,22 +81,45 @@ class RepairRecord:
     history: list[dict[str, Any]] = field(default_factory=list)
     why: str = ""
 
-    def move(self, step: str, why: str, now: float | None = None) -> None:
+    def move(self, step: Step, why: str, now: float | None = None) -> None:
         t = time.time() if now is None else now
-        self.history.append({"at": round(t, 3), "from": self.step, "to": step, "why": why})
+        self.history.append({"at": round(t, 3), "from": self.step.value, "to": step.value, "why": why})
         del self.history[:-20]  # bounded: a record must stay small whatever happens
         self.step, self.step_since, self.why = step, t, why
 
+    @property
+    def current(self) -> Action:
+        """The action of the current attempt, or the one asked for before the first attempt."""
+        return self.action or self.requested
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The stored form: the words as plain strings, and "" for no attempt yet (the format records have
+        always had, so a controller of either side of a change reads the other's)."""
+        data = asdict(self)
+        data.update(requested=self.requested.value, step=self.step.value,
+                    action=self.action.value if self.action else "")
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RepairRecord:
+        """A stored record; ValueError naming the field whose word is not one of ours."""
         known = {f.name for f in fields(cls)}
-        rec = cls(**{k: v for k, v in data.items() if k in known})
-        if rec.step not in STEPS:
-            raise ValueError(f"unknown step {rec.step!r}")
-        return rec
+        values = {k: v for k, v in data.items() if k in known}
+        values["step"] = _word(Step, "step", values.get("step", Step.PENDING.value), STEPS)
+        values["requested"] = _word(Action, "requested", values.get("requested"), REPAIR_ACTIONS)
+        raw = values.get("action") or None
+        values["action"] = None if raw is None else _word(Action, "action", raw, REPAIR_ACTIONS)
+        return cls(**values)
+
+
+def _word(kind: type[E], name: str, raw: object, allowed: Iterable[E]) -> E:
+    try:
+        value = kind(raw) if isinstance(raw, str) else None
+    except ValueError:
+        value = None
+    if value is None or value not in allowed:
+        raise ValueError(f"unknown {name} {raw!r}")
+    return value
 
 
 class StateStore:
@@ -145,7 +191,7 @@ class StateStore:
         """Drop the node's record and keep one line of it in the history."""
         if not self.persist:
             return
-        line = {"node": rec.node, "outcome": outcome, "at": round(time.time(), 3), "requested": rec.requested,
+        line = {"node": rec.node, "outcome": outcome, "at": round(time.time(), 3), "requested": rec.requested.value,
                 "provider": rec.provider, "attempts": rec.attempt, "detected_at": rec.detected_at,
                 "last_health": rec.last_health, "why": rec.why}
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
 from pydantic import Field
 
@@ -127,6 +127,18 @@ class HostPaths:
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Expectation:
+    """The device counts the node's profile promises (`expect:` in a profile); None: it promises nothing.
+
+    A check's own `expected` option wins over these; a promised count also means the device family must be
+    there (absent devices then fail instead of being not applicable)."""
+
+    gpus: int | None = None
+    neuron_devices: int | None = None
+    efa_devices: int | None = None
+
+
 @dataclass
 class CheckContext:
     """What every check may use: paths, commands, settings, on-disk state, and a per-run cache."""
@@ -139,7 +151,7 @@ class CheckContext:
     xid_overrides: dict[int, str] = field(default_factory=dict)
     reboots_before_replace: int = 2
     escalation_window_s: float = 14 * 86400.0
-    expect: dict[str, int] = field(default_factory=dict)
+    expect: Expectation = field(default_factory=Expectation)
     # No post-boot or driver-change grace (`check --strict`, the controller's health gate): a repaired node
     # must show all its hardware now, not in five minutes.
     strict: bool = False
@@ -189,8 +201,12 @@ class CheckContext:
         return self.state_dir / name
 
 
-class Check:
-    """Base class of every check. Subclasses set the class attributes and implement `run()`."""
+OptionsT = TypeVar("OptionsT", bound=CheckOptions)
+
+
+class Check(Generic[OptionsT]):
+    """Base class of every check, generic over its options model `OptionsT`. Subclasses set the class attributes
+    (`Options` is `OptionsT` itself: the profile's options are validated against it) and implement `run()`."""
 
     name: ClassVar[str] = ""
     family: ClassVar[str] = ""
@@ -198,7 +214,7 @@ class Check:
     default_timeout_s: ClassVar[float] = 10.0
     Options: ClassVar[type[CheckOptions]] = CheckOptions
 
-    def __init__(self, options: CheckOptions, ctx: CheckContext) -> None:
+    def __init__(self, options: OptionsT, ctx: CheckContext) -> None:
         self.options = options
         self.ctx = ctx
 
@@ -268,10 +284,12 @@ class Check:
 
 # Every check by name. Filled by the check modules' @register as they are imported; importing
 # `hpresilience.health.checks` imports the built-in ones (this module does not: the checks build on it).
-CHECKS: Registry[type[Check]] = Registry("check")
+AnyCheck = Check[Any]
+CHECKS: Registry[type[AnyCheck]] = Registry("check")
+C = TypeVar("C", bound=type[AnyCheck])
 
 
-def register(cls: type[Check]) -> type[Check]:
+def register(cls: C) -> C:
     """Class decorator: make a check available to profiles by its name."""
     if not cls.name or not cls.family:
         raise TypeError(f"{cls.__name__} must set name and family")

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from hpresilience.fileio import atomic_write_text
+from hpresilience.fileio import atomic_write_text, read_json_state
 from hpresilience.log import get_logger
 from hpresilience.reasons import Action
 
@@ -28,21 +28,13 @@ class EscalationStore:
         self.window_s = window_s
 
     def _load(self) -> dict[str, dict[str, float]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as err:
-            log.warning("escalation_state_unreadable", path=str(self.path), error=str(err))
-            return {}
-        out: dict[str, dict[str, float]] = {}
-        if isinstance(data, dict):
-            for key, boots in data.get("faults", {}).items():
-                if isinstance(boots, dict):
-                    out[str(key)] = {
-                        str(b): float(t) for b, t in boots.items() if isinstance(t, (int, float))
-                    }
-        return out
+        data = read_json_state(self.path, "escalation_state_unreadable") or {}
+        faults = data.get("faults", {})
+        return {
+            str(key): {str(b): float(t) for b, t in boots.items() if isinstance(t, (int, float))}
+            for key, boots in (faults.items() if isinstance(faults, dict) else ())
+            if isinstance(boots, dict)
+        }
 
     def _save(self, faults: dict[str, dict[str, float]]) -> None:
         try:

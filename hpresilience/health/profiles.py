@@ -27,9 +27,10 @@ from pydantic import Field, ValidationError
 from hpresilience.errors import ConfigError
 from hpresilience.fileio import read_yaml
 from hpresilience.health.base import (
-    Check,
+    AnyCheck,
     CheckContext,
     CheckOptions,
+    Expectation,
     HostPaths,
     Kind,
     read_text,
@@ -158,7 +159,7 @@ def load_profile(
 
 def make_context(settings: HealthSettings, profile: Profile | None = None, strict: bool = False) -> CheckContext:
     p = settings.path
-    expect = {k: v for k, v in (profile.expect.model_dump() if profile else {}).items() if v is not None}
+    expect = Expectation(**profile.expect.model_dump()) if profile else Expectation()
     return CheckContext(
         paths=HostPaths(Path(p.sysfs), Path(p.procfs), Path(p.dev)),
         commands=settings.commands.model_dump(),
@@ -178,9 +179,9 @@ def build_checks(
     ctx: CheckContext,
     kinds: tuple[Kind, ...] = (Kind.PASSIVE,),
     only: list[str] | None = None,
-) -> list[Check]:
+) -> list[AnyCheck]:
     """Instantiate the profile's enabled checks of the given kinds (or exactly `only`, enabled or not)."""
-    out: list[Check] = []
+    out: list[AnyCheck] = []
     names = only if only else profile.enabled()
     for n in names:
         cls = CHECKS.get(n)

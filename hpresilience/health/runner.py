@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hpresilience.health.base import (
-    Check,
+    AnyCheck,
     CheckResult,
     Kind,
     NotApplicable,
@@ -30,7 +30,7 @@ log = get_logger("hpresilience.health")
 
 
 class _Run:
-    def __init__(self, check: Check) -> None:
+    def __init__(self, check: AnyCheck) -> None:
         self.check = check
         self.tracker = ProcessTracker()
         self.result: CheckResult | None = None
@@ -49,13 +49,13 @@ class _Run:
             bind_tracker(None)
 
 
-def _unknown(check: Check, reason: str, **evidence: object) -> CheckResult:
+def _unknown(check: AnyCheck, reason: str, **evidence: object) -> CheckResult:
     return CheckResult(
         check.name, check.family, check.kind, Status.UNKNOWN, Action.NONE, reason, dict(evidence)
     )
 
 
-def sanitize(check: Check, res: CheckResult) -> CheckResult:
+def sanitize(check: AnyCheck, res: CheckResult) -> CheckResult:
     """Enforce the invariants a check cannot be trusted with."""
     if res.check != check.name:
         res = replace(res, check=check.name, family=check.family, kind=check.kind)
@@ -67,7 +67,7 @@ def sanitize(check: Check, res: CheckResult) -> CheckResult:
     return res
 
 
-def run_one(check: Check) -> CheckResult:
+def run_one(check: AnyCheck) -> CheckResult:
     """Run one check in the calling thread: exceptions become `unknown`, absence becomes `not_applicable`."""
     t0 = time.monotonic()
     try:
@@ -121,7 +121,7 @@ def _collect(run: _Run, deadline: float, stop: threading.Event | None = None) ->
     return run.result
 
 
-def run_checks(checks: Sequence[Check], parallel: bool = True,
+def run_checks(checks: Sequence[AnyCheck], parallel: bool = True,
                stop: threading.Event | None = None) -> list[CheckResult]:
     """Run checks and return one result per check, in the order given. Never raises for a check's sake.
     Once `stop` is set, the running checks are killed and the rest are not started (both `unknown`)."""

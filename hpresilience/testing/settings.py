@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from hpresilience.settings_base import Section
+from hpresilience.errors import ConfigError
+from hpresilience.settings_base import Section, format_validation_error
 
 
 class DevclusterSettings(Section):
@@ -21,3 +23,12 @@ class DevclusterSettings(Section):
     accounting: bool | None = None
     extra_nodes: int = Field(default=0, ge=0, le=100_000)
     proctrack: Literal["auto", "cgroup", "pgid"] = "auto"
+
+
+def devcluster_settings(section: Mapping[str, Any], source: str = "<config>") -> DevclusterSettings:
+    """The configuration's `devcluster:` section validated: ConfigError naming `source` and each bad key
+    (`devcluster.nodes`). Only what starts a devcluster composes it; config.py keeps the section as written."""
+    try:
+        return DevclusterSettings.model_validate(dict(section))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(source, err, "devcluster")) from None

@@ -10,7 +10,8 @@ import pytest
 
 from hpresilience.cli import main
 from hpresilience.controller.loop import Controller
-from hpresilience.controller.state import RepairRecord, StateStore
+from hpresilience.controller.state import RepairRecord, StateStore, Step
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 from tests.controller.conftest import Scripts, settings_for, wait_until, write_scripts
@@ -47,8 +48,9 @@ def test_replace_sets_the_action_reason_and_refuses_someone_elses(
 
 
 def test_replace_refuses_a_node_already_under_repair(slurm_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rec = RepairRecord(node="n2", requested="replace", reason="Action:Replace", provider="script", detected_at=1.0)
-    rec.move("waiting_back", "provider returned")
+    rec = RepairRecord(node="n2", requested=Action.REPLACE, reason="Action:Replace", provider="script",
+                       detected_at=1.0)
+    rec.move(Step.WAITING_BACK, "provider returned")
     StateStore(slurm_env).save(rec)
     assert main(["replace", "n2"]) == 2
     assert "already under repair (step waiting_back)" in capsys.readouterr().err
@@ -56,11 +58,12 @@ def test_replace_refuses_a_node_already_under_repair(slurm_env: Path, capsys: py
 
 def test_status_shows_step_since_and_last_health(slurm_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = StateStore(slurm_env)
-    rec = RepairRecord(node="n2", requested="reboot", reason="Action:Reboot", provider="script", detected_at=1.0,
-                       attempt=2, action="replace", last_health={"passed": False, "detail": "exit 1", "at": 5.0})
-    rec.move("gating", "slurmd registered again")
+    rec = RepairRecord(node="n2", requested=Action.REBOOT, reason="Action:Reboot", provider="script",
+                       detected_at=1.0, attempt=2, action=Action.REPLACE,
+                       last_health={"passed": False, "detail": "exit 1", "at": 5.0})
+    rec.move(Step.GATING, "slurmd registered again")
     store.save(rec)
-    done = RepairRecord(node="n1", requested="replace", reason="", provider="ec2", detected_at=1.0, why="resumed")
+    done = RepairRecord(node="n1", requested=Action.REPLACE, reason="", provider="ec2", detected_at=1.0, why="resumed")
     store.finish(done, "repaired")
     assert main(["status"]) == 0
     out = capsys.readouterr().out

@@ -13,6 +13,7 @@ from moto.server import ThreadedMotoServer
 from hpresilience.controller.providers import ProviderContext, create_provider
 from hpresilience.controller.providers.ec2 import Ec2Options, Ec2Provider
 from hpresilience.errors import ConfigError, ExternalError
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 
@@ -84,7 +85,7 @@ def test_reboot_finds_the_instance_by_tag_and_reboots_it(ec2: Any, moto_url: str
     target = launch(ec2, "gpu-2")
     p = provider(moto_url, RecordingSlurm())
     assert p.find_instance(node("gpu-2"))["InstanceId"] == target["InstanceId"]
-    assert p.act(node("gpu-2"), "reboot") == f"rebooted instance {target['InstanceId']}"
+    assert p.act(node("gpu-2"), Action.REBOOT) == f"rebooted instance {target['InstanceId']}"
     state = ec2.describe_instances(InstanceIds=[target["InstanceId"]])["Reservations"][0]["Instances"][0]["State"]
     assert state["Name"] == "running"
 
@@ -96,7 +97,7 @@ def test_replace_terminates_launches_from_template_with_same_name_and_repoints_s
     slurm = RecordingSlurm()
     p = provider(moto_url, slurm, launch_template_id=lt["LaunchTemplate"]["LaunchTemplateId"],
                  tags={"team": "ml"})
-    detail = p.act(node("gpu-7", address=old["PrivateIpAddress"]), "replace")
+    detail = p.act(node("gpu-7", address=old["PrivateIpAddress"]), Action.REPLACE)
 
     old_state = ec2.describe_instances(InstanceIds=[old["InstanceId"]])["Reservations"][0]["Instances"][0]
     assert old_state["State"]["Name"] == "terminated"
@@ -123,10 +124,10 @@ def test_lookup_by_private_ip_and_private_dns(ec2: Any, moto_url: str) -> None:
 def test_no_instance_or_aws_error_is_one_clear_external_error(ec2: Any, moto_url: str) -> None:
     p = provider(moto_url, RecordingSlurm(), launch_template_name="does-not-exist")
     with pytest.raises(ExternalError, match="expected one EC2 instance by tag, found none"):
-        p.act(node("ghost"), "reboot")
+        p.act(node("ghost"), Action.REBOOT)
     launch(ec2, "gpu-9")
     with pytest.raises(ExternalError, match=r"ec2 replace of gpu-9: .*(LaunchTemplate|launch template)") as err:
-        p.act(node("gpu-9"), "replace")
+        p.act(node("gpu-9"), Action.REPLACE)
     assert "testing" not in str(err.value)  # no credential, no request in the message
 
 

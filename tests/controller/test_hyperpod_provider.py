@@ -14,6 +14,7 @@ from botocore.stub import Stubber
 from hpresilience.controller.providers import ProviderContext, create_provider
 from hpresilience.controller.providers.hyperpod import HyperPodOptions, HyperPodProvider
 from hpresilience.errors import ConfigError, ExternalError
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 
@@ -48,7 +49,7 @@ def test_replace_looks_up_node_id_across_pages_and_calls_batch_replace(sm: tuple
     stub.add_response("batch_replace_cluster_nodes", {"Successful": ["i-0aaaaaaaaaaaaaaaa"]},
                       {"ClusterName": CLUSTER, "NodeIds": ["i-0aaaaaaaaaaaaaaaa"]})
     p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER), sagemaker=client)
-    assert p.act(node("ip-10-1-2-3"), "replace") == "hyperpod replace of i-0aaaaaaaaaaaaaaaa accepted"
+    assert p.act(node("ip-10-1-2-3"), Action.REPLACE) == "hyperpod replace of i-0aaaaaaaaaaaaaaaa accepted"
 
 
 def test_reboot_with_explicit_node_id_calls_batch_reboot(sm: tuple[Any, Stubber]) -> None:
@@ -57,7 +58,7 @@ def test_reboot_with_explicit_node_id_calls_batch_reboot(sm: tuple[Any, Stubber]
                       {"ClusterName": CLUSTER, "NodeIds": ["i-0bbbbbbbbbbbbbbbb"]})
     options = HyperPodOptions(cluster_name=CLUSTER, node_ids={"gpu-1": "i-0bbbbbbbbbbbbbbbb"})
     p = HyperPodProvider(options, sagemaker=client)
-    assert p.act(node("gpu-1"), "reboot") == "hyperpod reboot of i-0bbbbbbbbbbbbbbbb accepted"
+    assert p.act(node("gpu-1"), Action.REBOOT) == "hyperpod reboot of i-0bbbbbbbbbbbbbbbb accepted"
 
 
 def test_refused_node_is_an_external_error_with_hyperpods_code(sm: tuple[Any, Stubber]) -> None:
@@ -69,7 +70,7 @@ def test_refused_node_is_an_external_error_with_hyperpods_code(sm: tuple[Any, St
     options = HyperPodOptions(cluster_name=CLUSTER, node_ids={"gpu-1": "i-0bbbbbbbbbbbbbbbb"})
     p = HyperPodProvider(options, sagemaker=client)
     with pytest.raises(ExternalError, match="refused: InvalidNodeStatus: node is already being replaced"):
-        p.act(node("gpu-1"), "reboot")
+        p.act(node("gpu-1"), Action.REBOOT)
 
 
 def test_api_error_and_unknown_node_are_clear_errors(sm: tuple[Any, Stubber]) -> None:
@@ -79,9 +80,9 @@ def test_api_error_and_unknown_node_are_clear_errors(sm: tuple[Any, Stubber]) ->
     stub.add_response("list_cluster_nodes", {"ClusterNodeSummaries": []}, {"ClusterName": CLUSTER})
     p = HyperPodProvider(HyperPodOptions(cluster_name=CLUSTER), sagemaker=client)
     with pytest.raises(ExternalError, match="hyperpod replace of gpu-9: ResourceNotFound: Cluster ml-cluster"):
-        p.act(node("gpu-9"), "replace")
+        p.act(node("gpu-9"), Action.REPLACE)
     with pytest.raises(ExternalError, match=r"no HyperPod node .* \(set node_ids"):
-        p.act(node("gpu-9"), "replace")
+        p.act(node("gpu-9"), Action.REPLACE)
 
 
 def test_cluster_name_is_required() -> None:

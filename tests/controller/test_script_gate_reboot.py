@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from hpresilience.controller.gates import create_gate
+from hpresilience.controller.gates import GateSettings, create_gate
 from hpresilience.controller.providers import ProviderContext, create_provider
-from hpresilience.controller.settings import GateSettings
 from hpresilience.controller.templates import render, run_site_command
 from hpresilience.errors import ExternalError, SlurmError
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.runner import CommandRunner
@@ -36,7 +36,7 @@ def ctx() -> ProviderContext:
 def test_script_gets_node_and_action_appended_and_reports_success(tmp_path: Path) -> None:
     cmd = script(tmp_path, f'echo "$@" > "{tmp_path}/args"; echo power-cycled\n')
     p = create_provider("script", {"command": [cmd]}, ctx())
-    assert p.act(NODE, "reboot") == f"`{cmd} gpu-3 reboot` exited 0"
+    assert p.act(NODE, Action.REBOOT) == f"`{cmd} gpu-3 reboot` exited 0"
     assert (tmp_path / "args").read_text() == "gpu-3 reboot\n"
 
 
@@ -50,7 +50,7 @@ def test_script_failure_carries_exit_code_and_last_line(tmp_path: Path) -> None:
     cmd = script(tmp_path, "echo starting; echo 'BMC unreachable' >&2; exit 3\n")
     p = create_provider("script", {"command": [cmd]}, ctx())
     with pytest.raises(ExternalError, match="exited 3: BMC unreachable"):
-        p.act(NODE, "replace")
+        p.act(NODE, Action.REPLACE)
 
 
 def test_script_timeout_kills_its_process_group(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_script_timeout_kills_its_process_group(tmp_path: Path) -> None:
     p = create_provider("script", {"command": [cmd], "timeout_s": 2.0}, ctx())  # room to start on a loaded box
     started = time.monotonic()
     with pytest.raises(ExternalError, match=r"timed out after 2 s"):
-        p.act(NODE, "replace")
+        p.act(NODE, Action.REPLACE)
     assert time.monotonic() - started < 10
     child = int((tmp_path / "child").read_text())
 
@@ -102,10 +102,10 @@ def test_reboot_provider_issues_scontrol_reboot_asap_with_our_reason(tmp_path: P
     fake.chmod(0o755)
     client = SlurmClient(CommandRunner(str(tmp_path), timeout=5, retries=0))
     p = create_provider("reboot", {}, ProviderContext(client, "default"))
-    assert p.act(NODE, "reboot") == "scontrol reboot ASAP nextstate=resume"
+    assert p.act(NODE, Action.REBOOT) == "scontrol reboot ASAP nextstate=resume"
     assert (tmp_path / "argv").read_text().splitlines() == [
         "reboot", "ASAP", "nextstate=RESUME", "reason=[hpr-controller] repair: reboot by scontrol reboot", "gpu-3"]
-    assert "rebooted instead" in p.act(NODE, "replace")
+    assert "rebooted instead" in p.act(NODE, Action.REPLACE)
 
 
 def test_reboot_provider_failure_is_a_slurm_error(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_reboot_provider_failure_is_a_slurm_error(tmp_path: Path) -> None:
     p = create_provider("reboot", {"asap": False}, ProviderContext(
         SlurmClient(CommandRunner(str(tmp_path), timeout=5, retries=0)), "default"))
     with pytest.raises(SlurmError, match="Unspecified error"):
-        p.act(NODE, "reboot")
+        p.act(NODE, Action.REBOOT)
 
 
 def _proxy_command_attack(tmp_path: Path) -> tuple[Node, Path]:
@@ -157,7 +157,7 @@ def test_script_provider_refuses_option_like_or_split_node_values(tmp_path: Path
     p = create_provider("script", {"command": [cmd, "{node}", "{address}", "{hostname}", "{action}"]}, ctx())
     fields: dict[str, Any] = {"name": "gpu-3", "address": "10.0.0.3", "hostname": "ip-10-0-0-3", field: value}
     with pytest.raises(ExternalError, match=f"refusing node {'node' if field == 'name' else field} "):
-        p.act(Node(states=frozenset({"IDLE"}), **fields), "reboot")
+        p.act(Node(states=frozenset({"IDLE"}), **fields), Action.REBOOT)
     assert not (tmp_path / "args").exists()
 
 
@@ -165,5 +165,5 @@ def test_script_provider_appended_node_is_checked_too(tmp_path: Path) -> None:
     cmd = script(tmp_path, f'echo "$@" > "{tmp_path}/args"\n')
     p = create_provider("script", {"command": [cmd]}, ctx())
     with pytest.raises(ExternalError, match="begins with '-'"):
-        p.act(Node(name="-n1", address="10.0.0.3", hostname="h", states=frozenset({"IDLE"})), "replace")
+        p.act(Node(name="-n1", address="10.0.0.3", hostname="h", states=frozenset({"IDLE"})), Action.REPLACE)
     assert not (tmp_path / "args").exists()

@@ -8,7 +8,7 @@ from hpresilience.controller.loop import came_back
 from hpresilience.controller.selection import first_rung, group_for, requested
 from hpresilience.controller.settings import ControllerSettings, NodeGroup
 from hpresilience.controller.state import RepairRecord
-from hpresilience.reasons import PlannedKind, planned_reason
+from hpresilience.reasons import Action, PlannedKind, planned_reason
 from hpresilience.slurm.models import Node
 
 S = ControllerSettings()
@@ -69,13 +69,13 @@ def test_group_matching_hostlist_and_glob_first_wins() -> None:
 
 
 def test_requests_start_at_their_own_rung() -> None:
-    assert first_rung(["reboot", "replace", "replace"], "reboot") == 0
-    assert first_rung(["reboot", "replace", "replace"], "replace") == 1
-    assert first_rung(["replace"], "reboot") == 0
+    assert first_rung([Action.REBOOT, Action.REPLACE, Action.REPLACE], Action.REBOOT) == 0
+    assert first_rung([Action.REBOOT, Action.REPLACE, Action.REPLACE], Action.REPLACE) == 1
+    assert first_rung([Action.REPLACE], Action.REBOOT) == 0
 
 
 def test_came_back_needs_a_new_slurmd_or_boot_and_a_responding_node() -> None:
-    rec = RepairRecord(node="n1", requested="reboot", reason="", provider="x", detected_at=0,
+    rec = RepairRecord(node="n1", requested=Action.REBOOT, reason="", provider="x", detected_at=0,
                        slurmd_before=100, boot_before=50)
     assert not came_back(node("IDLE+DRAIN", slurmd_start_time=100, boot_time=50), rec)
     assert came_back(node("IDLE+DRAIN", slurmd_start_time=160, boot_time=50), rec)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.controller.gates import GateContext, GateResult, create_gate
+from hpresilience.controller.gates import GateContext, GateResult, GateSettings, create_gate
 from hpresilience.controller.loop import Controller
-from hpresilience.controller.settings import ControllerSettings, GateSettings
-from hpresilience.controller.state import RepairRecord
+from hpresilience.controller.settings import ControllerSettings
+from hpresilience.controller.state import RepairRecord, Step
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.testing.devcluster import DevCluster
@@ -123,8 +124,8 @@ def test_a_node_snapshot_read_before_the_gate_returned_is_not_used_for_that_node
         "state_dir": str(tmp_path / "state"), "metrics_address": "", "gate": {"kind": "none"},
         "default_provider": "script", "default_options": {"command": ["/bin/true"]}})
     ctl = Controller(settings, SlurmClient())
-    rec = RepairRecord(node="n3", requested="replace", reason="Action:Replace", provider="script", detected_at=1.0)
-    rec.move("gating", "slurmd registered again")
+    rec = RepairRecord(node="n3", requested=Action.REPLACE, reason="Action:Replace", provider="script", detected_at=1.0)
+    rec.move(Step.GATING, "slurmd registered again")
     ctl.records["n3"] = rec
     read_at = time.monotonic()
     in_reservation = Node(name="n3", address="127.0.0.13", hostname="localhost",

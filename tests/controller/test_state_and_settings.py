@@ -9,24 +9,26 @@ import pytest
 from pydantic import ValidationError
 
 from hpresilience.config import config_from_mapping
-from hpresilience.controller.gates import create_gate
-from hpresilience.controller.loop import Controller
+from hpresilience.controller.gates import GateSettings, create_gate
+from hpresilience.controller.loop import STEP_METHODS, Controller
 from hpresilience.controller.providers import ProviderContext, create_provider
-from hpresilience.controller.settings import ControllerSettings, GateSettings, NodeGroup
-from hpresilience.controller.state import ControllerLocked, RepairRecord, StateStore
+from hpresilience.controller.settings import ControllerSettings, NodeGroup
+from hpresilience.controller.state import FOR_A_PERSON, ControllerLocked, RepairRecord, StateStore, Step
 from hpresilience.errors import ConfigError
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 
 
 def record(node: str = "n1") -> RepairRecord:
-    return RepairRecord(node=node, requested="replace", reason="Action:Replace", provider="script", detected_at=1.0)
+    return RepairRecord(node=node, requested=Action.REPLACE, reason="Action:Replace", provider="script",
+                        detected_at=1.0)
 
 
 def test_record_round_trips_and_keeps_a_bounded_history(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     rec = record()
     for i in range(30):
-        rec.move("pending" if i % 2 else "acting", f"step {i}", now=float(i))
+        rec.move(Step.PENDING if i % 2 else Step.ACTING, f"step {i}", now=float(i))
     rec.last_health = {"passed": False, "detail": "exit 1"}
     store.save(rec)
     back = store.load_all()["n1"]
@@ -131,3 +133,47 @@ def test_bad_node_groups_are_refused_at_load(groups: list[dict[str, object]], me
 def test_good_hostlists_and_globs_still_load() -> None:
     cfg = config_from_mapping({"controller": {"groups": [{"name": "gpu", "nodes": ["gpu-[1-64,70]", "trn-*"]}]}})
     assert cfg.controller.groups[0].nodes == ["gpu-[1-64,70]", "trn-*"]
+
+
+# A record as the controller before the step/action enums wrote it (main at 2202e84): words as plain strings,
+# "" for the action before the first attempt. Records on disk must outlive an upgrade of the controller.
+RECORD_OF_TODAY = {
+    "acted_at": 1700000100.5, "action": "reboot", "attempt": 1, "boot_before": 1699990000,
+    "detected_at": 1700000000.0, "forced_down": False,
+    "history": [{"at": 1700000000.0, "from": "pending", "to": "acting", "why": "provider asked to reboot"}],
+    "last_health": None, "node": "n7", "provider": "script", "reason": "Action:Reboot [hpr-agent] xid=79",
+    "requested": "reboot", "rung": 0, "slurmd_before": 1699990010, "step": "waiting_back",
+    "step_since": 1700000100.5, "why": "provider asked to reboot (attempt 1) via script"}
+
+
+def test_a_record_in_the_stored_format_of_before_the_enums_loads_and_is_written_back_the_same(tmp_path: Path) -> None:
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "n7.json").write_text(json.dumps(RECORD_OF_TODAY, sort_keys=True))
+    (tmp_path / "nodes" / "n8.json").write_text(json.dumps(
+        {**RECORD_OF_TODAY, "node": "n8", "action": "", "step": "pending", "requested": "replace"}))
+    store = StateStore(tmp_path)
+    loaded = store.load_all()
+    rec, fresh = loaded["n7"], loaded["n8"]
+    assert rec.step is Step.WAITING_BACK and rec.requested is Action.REBOOT and rec.action is Action.REBOOT
+    assert fresh.step is Step.PENDING and fresh.requested is Action.REPLACE and fresh.action is None
+    assert fresh.current is Action.REPLACE
+    store.save(rec)
+    assert json.loads((tmp_path / "nodes" / "n7.json").read_text()) == RECORD_OF_TODAY
+    assert fresh.to_json()["action"] == ""
+
+
+@pytest.mark.parametrize(("field", "word"), [("requested", "none"), ("requested", "reimage"), ("action", "none"),
+                                             ("step", "dancing")])
+def test_a_stored_record_with_a_word_not_ours_is_refused_naming_the_field(field: str, word: str) -> None:
+    with pytest.raises(ValueError, match=f"unknown {field} '{word}'"):
+        RepairRecord.from_json({**RECORD_OF_TODAY, field: word})
+
+
+def test_every_step_is_either_driven_by_one_method_or_left_for_a_person() -> None:
+    assert not set(STEP_METHODS) & FOR_A_PERSON
+    assert set(STEP_METHODS) | FOR_A_PERSON == set(Step)
+
+
+def test_a_ladder_rung_of_none_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"controller\.ladder.*not 'none'"):
+        config_from_mapping({"controller": {"ladder": ["none", "replace"]}})

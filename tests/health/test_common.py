@@ -8,7 +8,7 @@ from hpresilience.health.checks.common import finding_dict, report
 from hpresilience.reasons import Action
 
 
-class Probe(Check):
+class Probe(Check[CheckOptions]):
     name = "probe.thing"
     family = "probe"
     kind = Kind.PASSIVE

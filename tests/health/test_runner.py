@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpresilience.health.base import (
+    AnyCheck,
     Check,
     CheckContext,
     CheckOptions,
@@ -20,11 +21,11 @@ from hpresilience.proc import run as run_command
 from hpresilience.reasons import Action
 
 
-class Fn(Check):
+class Fn(Check[CheckOptions]):
     family = "test"
 
     def __init__(
-        self, name: str, fn: Callable[[Check], CheckResult], timeout: float = 5.0, kind: Kind = Kind.PASSIVE
+        self, name: str, fn: Callable[[AnyCheck], CheckResult], timeout: float = 5.0, kind: Kind = Kind.PASSIVE
     ) -> None:
         super().__init__(CheckOptions(timeout_s=timeout), CheckContext())
         self.name = name  # type: ignore[misc]
@@ -47,7 +48,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def test_exception_becomes_unknown_with_no_action() -> None:
-    def boom(c: Check) -> CheckResult:
+    def boom(c: AnyCheck) -> CheckResult:
         raise RuntimeError("sysfs exploded")
 
     r = run_one(Fn("boom", boom))
@@ -57,7 +58,7 @@ def test_exception_becomes_unknown_with_no_action() -> None:
 def test_unknown_or_warn_claiming_replace_is_stripped_of_the_action() -> None:
     for status in (Status.UNKNOWN, Status.WARN, Status.OK, Status.NOT_APPLICABLE):
 
-        def liar(c: Check, s: Status = status) -> CheckResult:
+        def liar(c: AnyCheck, s: Status = status) -> CheckResult:
             return c.result(s, "x", Action.REPLACE, "k", True)
 
         r = run_one(Fn("liar", liar))
@@ -77,7 +78,7 @@ def test_non_result_return_is_unknown() -> None:
 def test_timeout_kills_the_whole_process_group_and_returns_unknown(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
 
-    def hang(c: Check) -> CheckResult:
+    def hang(c: AnyCheck) -> CheckResult:
         # A shell that starts a grandchild and ignores SIGTERM: only a group SIGKILL ends both.
         run_command(
             ["sh", "-c", f"trap '' TERM; sleep 60 & echo $! > {pidfile}; echo $$ >> {pidfile}; wait"], 60
@@ -107,8 +108,8 @@ def test_command_timeout_inside_a_check_kills_its_group() -> None:
 def test_passive_checks_run_side_by_side_active_ones_in_order() -> None:
     order: list[str] = []
 
-    def slow(name: str) -> Callable[[Check], CheckResult]:
-        def fn(c: Check) -> CheckResult:
+    def slow(name: str) -> Callable[[AnyCheck], CheckResult]:
+        def fn(c: AnyCheck) -> CheckResult:
             order.append(name + ":start")
             time.sleep(0.4)
             order.append(name + ":end")
@@ -129,7 +130,7 @@ def test_passive_checks_run_side_by_side_active_ones_in_order() -> None:
 
 
 def test_a_hung_check_does_not_hold_up_the_others() -> None:
-    def hang(c: Check) -> CheckResult:
+    def hang(c: AnyCheck) -> CheckResult:
         time.sleep(30)
         return c.ok("late")
 
@@ -148,12 +149,12 @@ def test_stop_kills_the_active_check_in_flight_and_runs_no_more(tmp_path: Path) 
     started = threading.Event()
     ran_second = []
 
-    def stress(c: Check) -> CheckResult:
+    def stress(c: AnyCheck) -> CheckResult:
         started.set()
         run_command(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"], 60)
         return c.ok("never")
 
-    def second(c: Check) -> CheckResult:
+    def second(c: AnyCheck) -> CheckResult:
         ran_second.append(True)
         return c.ok("ran")
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from hpresilience.errors import ConfigError
+from hpresilience.reasons import Action
 from hpresilience.registry import Registry
 from hpresilience.settings_base import format_validation_error
 from hpresilience.slurm.client import SlurmClient
@@ -37,8 +38,9 @@ class ProviderContext:
 class Provider(Protocol):
     name: str
 
-    def act(self, node: Node, action: str) -> str:
-        """Reboot or replace `node` (`action` is "reboot" or "replace"); one line describing what was done."""
+    def act(self, node: Node, action: Action) -> str:
+        """Reboot or replace `node` (`action` is Action.REBOOT or Action.REPLACE); one line describing what was
+        done."""
         ...
 
 

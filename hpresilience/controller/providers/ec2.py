@@ -18,6 +18,7 @@ from hpresilience.controller.providers import ProviderContext
 from hpresilience.controller.providers.aws import aws_client, error_text
 from hpresilience.errors import ExternalError
 from hpresilience.log import get_logger
+from hpresilience.reasons import Action
 from hpresilience.settings_base import Section
 from hpresilience.slurm.models import Node
 
@@ -75,10 +76,10 @@ class Ec2Provider:
             raise ExternalError(f"node {node.name}: expected one EC2 instance by {o.lookup}, found {ids}")
         return dict(found[0])
 
-    def act(self, node: Node, action: str) -> str:
+    def act(self, node: Node, action: Action) -> str:
         try:
             inst = self.find_instance(node)
-            if action == "reboot":
+            if action is Action.REBOOT:
                 self.ec2.reboot_instances(InstanceIds=[inst["InstanceId"]])
                 return f"rebooted instance {inst['InstanceId']}"
             return self._replace(node, inst)

@@ -15,6 +15,7 @@ from pydantic import Field
 from hpresilience.controller.providers import ProviderContext
 from hpresilience.controller.providers.aws import aws_client, error_text
 from hpresilience.errors import ExternalError
+from hpresilience.reasons import Action
 from hpresilience.settings_base import Section
 from hpresilience.slurm.models import Node
 
@@ -55,11 +56,12 @@ class HyperPodProvider:
                                     "has that private DNS host name (set node_ids to map it)")
             kwargs["NextToken"] = token
 
-    def act(self, node: Node, action: str) -> str:
-        op = "batch_reboot_cluster_nodes" if action == "reboot" else "batch_replace_cluster_nodes"
+    def act(self, node: Node, action: Action) -> str:
         try:
             node_id = self.node_id(node)
-            res = getattr(self.sm, op)(ClusterName=self.options.cluster_name, NodeIds=[node_id])
+            batch = (self.sm.batch_reboot_cluster_nodes if action is Action.REBOOT
+                     else self.sm.batch_replace_cluster_nodes)
+            res = batch(ClusterName=self.options.cluster_name, NodeIds=[node_id])
         except ExternalError:
             raise
         except (BotoCoreError, ClientError) as err:  # keep Code and Message only, never the request

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from hpresilience.controller.providers import ProviderContext
-from hpresilience.reasons import controller_reason
+from hpresilience.reasons import Action, controller_reason
 from hpresilience.settings_base import Section
 from hpresilience.slurm.models import Node
 
@@ -28,8 +28,8 @@ class RebootProvider:
         self.options = options
         self.client = context.client
 
-    def act(self, node: Node, action: str) -> str:
+    def act(self, node: Node, action: Action) -> str:
         self.client.reboot_nodes([node.name], controller_reason(f"repair: {action} by scontrol reboot"),
                                  asap=self.options.asap, nextstate=self.options.nextstate)
-        extra = "" if action == "reboot" else " (this provider cannot replace hardware: rebooted instead)"
+        extra = "" if action is Action.REBOOT else " (this provider cannot replace hardware: rebooted instead)"
         return f"scontrol reboot {'ASAP ' if self.options.asap else ''}nextstate={self.options.nextstate}{extra}"

@@ -15,6 +15,7 @@ from hpresilience.controller.providers import ProviderContext
 from hpresilience.controller.templates import render, run_site_command, template_problem
 from hpresilience.errors import ExternalError
 from hpresilience.log import get_logger
+from hpresilience.reasons import Action
 from hpresilience.settings_base import Section, reference_error
 from hpresilience.slurm.models import Node
 
@@ -44,11 +45,11 @@ class ScriptProvider:
         self.options = options
         self.group = context.group
 
-    def act(self, node: Node, action: str) -> str:
-        argv = render(self.options.command, {"node": node.name, "action": action, "address": node.address,
+    def act(self, node: Node, action: Action) -> str:
+        argv = render(self.options.command, {"node": node.name, "action": action.value, "address": node.address,
                                              "hostname": node.hostname})
         rc, out = run_site_command(argv, self.options.timeout_s, self.options.env)
-        log.info("provider_script_finished", node=node.name, action=action, argv=argv, exit_code=rc,
+        log.info("provider_script_finished", node=node.name, action=action.value, argv=argv, exit_code=rc,
                  output=out.strip()[-1000:])
         if rc != 0:
             last = out.strip().splitlines()[-1] if out.strip() else "no output"

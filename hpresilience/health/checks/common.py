@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpresilience.fileio import atomic_write_text
+from hpresilience.fileio import atomic_write_text, read_json_state
 from hpresilience.health.base import CheckContext, CheckResult, HostPaths, read_text
 from hpresilience.health.escalation import EscalationStore
 from hpresilience.health.verdict import worst
@@ -72,14 +72,8 @@ def neuron_devices(paths: HostPaths) -> list[Path]:
 
 
 def load_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as err:
-        log.warning("health_state_unreadable", path=str(path), error=str(err))
-        return {}
+    """A check's state file (driver version, counter baselines): fileio's tolerant read."""
+    return read_json_state(path, "health_state_unreadable") or {}
 
 
 def save_json(path: Path, data: dict[str, Any]) -> None:

@@ -79,7 +79,7 @@ def parse_diag(text: str) -> list[dict[str, Any]]:
 
 
 @register
-class DcgmHealth(Check):
+class DcgmHealth(Check[CheckOptions]):
     """DCGM's background health watches (PCIe, NVLink, memory, SM, thermal, power, ...)."""
 
     name = "dcgm.health"
@@ -117,7 +117,7 @@ class DcgmDiagOptions(CheckOptions):
 
 
 @register
-class DcgmDiag(Check):
+class DcgmDiag(Check[DcgmDiagOptions]):
     """`dcgmi diag -r N`: level 1 in seconds (prolog-safe on an idle node), 3/4 only on drained nodes."""
 
     name = "dcgm.diag"
@@ -128,11 +128,9 @@ class DcgmDiag(Check):
 
     @property
     def timeout_s(self) -> float:
-        assert isinstance(self.options, DcgmDiagOptions)
         return self.options.timeout_s or LEVEL_TIMEOUT_S[self.options.level]
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, DcgmDiagOptions)
         exe = resolve(self.ctx.command("dcgmi"))
         if exe is None:
             return self.absent("dcgmi not installed")

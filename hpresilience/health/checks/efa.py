@@ -53,7 +53,7 @@ class EfaDevicesOptions(CheckOptions):
 
 
 @register
-class EfaDevices(Check):
+class EfaDevices(Check[EfaDevicesOptions]):
     """EFA device count, port state ACTIVE, and one uverbs node per device."""
 
     name = "efa.devices"
@@ -61,10 +61,9 @@ class EfaDevices(Check):
     Options = EfaDevicesOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, EfaDevicesOptions)
         devs = efa_devices(self.ctx)
         expected = (
-            self.options.expected if self.options.expected is not None else self.ctx.expect.get("efa_devices")
+            self.options.expected if self.options.expected is not None else self.ctx.expect.efa_devices
         )
         if not devs and not expected:
             return self.absent("no EFA devices")
@@ -102,14 +101,14 @@ class EfaDevices(Check):
 
 
 @register
-class EfaFiInfo(Check):
+class EfaFiInfo(Check[CheckOptions]):
     """libfabric sees the EFA provider (`fi_info -p efa` exits 0 and lists it)."""
 
     name = "efa.fi_info"
     family = "efa"
 
     def run(self) -> CheckResult:
-        if not efa_devices(self.ctx) and not self.ctx.expect.get("efa_devices"):
+        if not efa_devices(self.ctx) and not self.ctx.expect.efa_devices:
             return self.absent("no EFA devices")
         exe = resolve(self.ctx.command("fi_info"))
         if exe is None:
@@ -145,7 +144,7 @@ def read_counters(dev: Path) -> dict[str, int]:
 
 
 @register
-class EfaCounters(Check):
+class EfaCounters(Check[EfaCountersOptions]):
     """Error-counter rates since the previous sample (kept on disk); counters are cumulative: deltas only."""
 
     name = "efa.counters"
@@ -153,7 +152,6 @@ class EfaCounters(Check):
     Options = EfaCountersOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, EfaCountersOptions)
         devs = efa_devices(self.ctx)
         if not devs:
             return self.absent("no EFA devices")
@@ -198,7 +196,7 @@ class EfaLoopbackOptions(CheckOptions):
 
 
 @register
-class EfaLoopback(Check):
+class EfaLoopback(Check[EfaLoopbackOptions]):
     """`fi_pingpong -p efa` server and client on this node, per device (active: it moves traffic)."""
 
     name = "efa.loopback"
@@ -208,7 +206,6 @@ class EfaLoopback(Check):
     Options = EfaLoopbackOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, EfaLoopbackOptions)
         devs = efa_devices(self.ctx)
         if not devs:
             return self.absent("no EFA devices")

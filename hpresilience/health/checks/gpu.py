@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -15,6 +16,7 @@ from hpresilience.health.base import (
     CheckOptions,
     CheckResult,
     HostPaths,
+    OptionsT,
     Status,
     read_text,
     register,
@@ -27,6 +29,7 @@ from hpresilience.health.checks.common import (
     report,
     save_json,
 )
+from hpresilience.health.checks.rules import How, Rule, apply
 from hpresilience.health.nvml import CLOCK_REASONS, GpuInfo, GpuSnapshot, NvmlUnavailable, open_reader
 from hpresilience.health.xid import normalize_pci
 from hpresilience.reasons import Action
@@ -44,7 +47,7 @@ RECOVERY_ACTIONS = {
 }
 
 
-class GpuCheck(Check):
+class GpuCheck(Check[OptionsT]):
     family = "gpu"
 
     def snapshot(self) -> GpuSnapshot:
@@ -58,10 +61,10 @@ class GpuCheck(Check):
 
         snap = self.ctx.cached("gpu.snapshot", read)
         if isinstance(snap, str):
-            if nvidia_pci_devices(self.ctx.paths) or self.ctx.expect.get("gpus"):
+            if nvidia_pci_devices(self.ctx.paths) or self.ctx.expect.gpus:
                 raise NvmlUnavailable(snap)
             self.absent(f"no NVIDIA GPU (NVML: {snap})")
-        if snap.count == 0 and not self.ctx.expect.get("gpus"):
+        if snap.count == 0 and not self.ctx.expect.gpus:
             self.absent("NVML reports no GPUs")
         return snap
 
@@ -82,7 +85,7 @@ class GpuCountOptions(CheckOptions):
 
 
 @register
-class GpuCount(GpuCheck):
+class GpuCount(GpuCheck[GpuCountOptions]):
     """GPU count vs the profile, and GPUs whose NVML handle is lost (fallen off the bus)."""
 
     name = "gpu.count"
@@ -90,7 +93,6 @@ class GpuCount(GpuCheck):
 
     def _grace(self) -> str:
         """Why a missing GPU must not act yet ("" when it may): just booted, or the driver just changed."""
-        assert isinstance(self.options, GpuCountOptions)
         if self.ctx.strict:
             return ""
         g = self.options.grace_s
@@ -113,7 +115,6 @@ class GpuCount(GpuCheck):
         return ""
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, GpuCountOptions)
         pci = nvidia_pci_devices(self.ctx.paths)
         grace = self._grace()
         try:
@@ -123,61 +124,14 @@ class GpuCount(GpuCheck):
             if grace:
                 return self.warn(f"{what} ({grace})", key="gpu.nvml_unavailable", pci_devices=pci)
             return self.fail(what, Action.REBOOT, "gpu.nvml_unavailable", False, pci_devices=pci)
-        expected = self.options.expected if self.options.expected is not None else self.ctx.expect.get("gpus")
-        findings = []
+        expected = self.options.expected if self.options.expected is not None else self.ctx.expect.gpus
+        findings: list[CheckResult] = []
         for g in snap.gpus:
-            if g.lost:
-                # The same key as kernel-log XID 79, so both sightings climb one escalation ladder.
-                key = f"nvidia:79:{normalize_pci(g.pci_bus_id) if g.pci_bus_id else g.index}"
-                action, boots = ladder(self.ctx, key)
-                findings.append(
-                    self.finding(
-                        f"GPU {g.index} {g.pci_bus_id} lost by the driver: {g.error}",
-                        action,
-                        key,
-                        True,
-                        {"gpu": g.index, "boots_seen": boots},
-                    )
-                )
-        healthy = sum(1 for g in snap.gpus if not g.lost)
-        if expected is not None and healthy < expected:
-            findings.append(
-                self.finding(
-                    f"{healthy} usable GPU(s), profile expects {expected}",
-                    Action.REBOOT,
-                    "gpu.count",
-                    False,
-                    {"found": healthy, "expected": expected},
-                )
-            )
-        elif expected is not None and snap.count > expected:
-            findings.append(
-                self.finding(
-                    f"{snap.count} GPUs, more than the {expected} the profile expects (wrong profile?)",
-                    Action.NONE,
-                    "gpu.count_high",
-                    False,
-                    {},
-                )
-            )
-        if len(pci) > snap.count:
-            findings.append(
-                self.finding(
-                    f"{len(pci)} NVIDIA GPUs on PCI, NVML sees {snap.count}",
-                    Action.REBOOT,
-                    "gpu.count_pci",
-                    False,
-                    {"pci_devices": pci},
-                )
-            )
-        if grace:
-            held = {"gpu.count", "gpu.count_pci"}
-            findings = [
-                self.finding(f"{f.reason} ({grace})", Action.NONE, f.key, False, f.evidence)
-                if f.key in held
-                else f
-                for f in findings
-            ]
+            # The same key as kernel-log XID 79, so both sightings climb one escalation ladder.
+            dev = normalize_pci(g.pci_bus_id) if g.pci_bus_id else str(g.index)
+            findings += apply(self, LOST_RULES, g, self.options, device=dev, evidence={"gpu": g.index})
+        census = Census(snap.count, sum(1 for g in snap.gpus if not g.lost), pci, expected)
+        findings += apply(self, COUNT_RULES, census, self.options, grace=grace)
         return self.summarize(
             findings,
             f"{snap.count} GPU(s) present" + (f", {expected} expected" if expected is not None else ""),
@@ -186,6 +140,37 @@ class GpuCount(GpuCheck):
             source=snap.source,
             driver=snap.driver_version,
         )
+
+
+@dataclass(frozen=True)
+class Census:
+    """The node's GPUs as counted three ways: by NVML, usable by NVML, on the PCI bus; and the profile's count."""
+
+    count: int
+    healthy: int
+    pci: list[str]
+    expected: int | None
+
+    @property
+    def short(self) -> bool:
+        return self.expected is not None and self.healthy < self.expected
+
+
+LOST_RULES: tuple[Rule[GpuInfo, GpuCountOptions], ...] = (
+    Rule("nvidia:79", lambda g, o: g.lost, How.REBOOT_THEN_REPLACE,
+         lambda g, o: f"GPU {g.index} {g.pci_bus_id} lost by the driver: {g.error}"),
+)
+# A missing GPU right after boot or a driver change may be a slow start: those rules only warn in the grace.
+COUNT_RULES: tuple[Rule[Census, GpuCountOptions], ...] = (
+    Rule("gpu.count", lambda c, o: c.short, How.REBOOT,
+         lambda c, o: f"{c.healthy} usable GPU(s), profile expects {c.expected}",
+         lambda c, o: {"found": c.healthy, "expected": c.expected}, certain=False, held_in_grace=True),
+    Rule("gpu.count_high", lambda c, o: c.expected is not None and not c.short and c.count > c.expected, How.WARN,
+         lambda c, o: f"{c.count} GPUs, more than the {c.expected} the profile expects (wrong profile?)"),
+    Rule("gpu.count_pci", lambda c, o: len(c.pci) > c.count, How.REBOOT,
+         lambda c, o: f"{len(c.pci)} NVIDIA GPUs on PCI, NVML sees {c.count}",
+         lambda c, o: {"pci_devices": c.pci}, certain=False, held_in_grace=True),
+)
 
 
 def driver_version(paths: HostPaths) -> str | None:
@@ -215,14 +200,13 @@ class GpuPcieOptions(CheckOptions):
 
 
 @register
-class GpuPcie(GpuCheck):
+class GpuPcie(GpuCheck[GpuPcieOptions]):
     """PCIe link trained below its maximum width (or generation): a warning, the GPU still works."""
 
     name = "gpu.pcie"
     Options = GpuPcieOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, GpuPcieOptions)
         findings = []
         links = {}
         for g in self.gpus():
@@ -272,14 +256,13 @@ class GpuClocksOptions(CheckOptions):
 
 
 @register
-class GpuClocks(GpuCheck):
+class GpuClocks(GpuCheck[GpuClocksOptions]):
     """Hardware clock slowdown (thermal, power brake) active right now: a warning to investigate."""
 
     name = "gpu.clocks"
     Options = GpuClocksOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, GpuClocksOptions)
         bad = [r for r in self.options.reasons if r not in CLOCK_REASONS]
         if bad:
             return self.result(
@@ -304,7 +287,7 @@ class GpuClocks(GpuCheck):
 
 
 @register
-class GpuRecoveryAction(GpuCheck):
+class GpuRecoveryAction(GpuCheck[CheckOptions]):
     """The driver's own verdict (NVML field 230): reset/reboot/drain required."""
 
     name = "gpu.recovery"

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import Field
 
 from hpresilience.health.base import CheckOptions, CheckResult, register
-from hpresilience.health.checks.common import ladder
 from hpresilience.health.checks.gpu import GpuCheck
+from hpresilience.health.checks.rules import How, Rule, apply
+from hpresilience.health.nvml import GpuInfo
 from hpresilience.health.xid import normalize_pci
-from hpresilience.reasons import Action
 
 
 class GpuMemoryOptions(CheckOptions):
@@ -27,136 +28,81 @@ class GpuMemoryOptions(CheckOptions):
     unrepairable_memory_action: Literal["replace", "reboot_then_replace", "warn"] = "replace"
 
 
+def _retired(g: GpuInfo) -> int:
+    return (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
+
+
+MemoryRule = Rule[GpuInfo, GpuMemoryOptions]
+
+
+def _flag(key: str, flag: Callable[[GpuInfo], bool | None], text: str,
+          how: How | Callable[[GpuMemoryOptions], How]) -> MemoryRule:
+    """A fault NVML reports as a yes/no flag of the GPU."""
+    return MemoryRule(key, lambda g, o: bool(flag(g)), how, lambda g, o: text)
+
+# In this order (the first failure asking the most is the result's reason; the ladder counts what matched).
+MEMORY_RULES: tuple[MemoryRule, ...] = (
+    _flag("gpu.remap_failure", lambda g: g.remap_failure, "row remapping failed", How.REPLACE),
+    MemoryRule(
+        "gpu.remaps_exhausted",
+        lambda g, o: g.remapped_rows_uncorrected is not None
+        and g.remapped_rows_uncorrected >= o.max_uncorrectable_remaps,
+        How.REPLACE,
+        lambda g, o: f"{g.remapped_rows_uncorrected} rows remapped for uncorrectable errors "
+        f"(limit {o.max_uncorrectable_remaps})",
+        lambda g, o: {"value": g.remapped_rows_uncorrected},
+    ),
+    _flag("gpu.sram_threshold", lambda g: g.sram_threshold_exceeded, "SRAM uncorrectable error threshold exceeded",
+          How.REPLACE),
+    MemoryRule(
+        "gpu.ecc_aggregate",
+        lambda g, o: g.ecc_aggregate_uncorrected is not None
+        and o.max_aggregate_uncorrected is not None
+        and g.ecc_aggregate_uncorrected > o.max_aggregate_uncorrected,
+        How.REPLACE,
+        lambda g, o: f"{g.ecc_aggregate_uncorrected} lifetime uncorrected ECC errors "
+        f"(limit {o.max_aggregate_uncorrected})",
+        lambda g, o: {"value": g.ecc_aggregate_uncorrected},
+    ),
+    MemoryRule(
+        "gpu.retired_pages",
+        lambda g, o: g.retired_pages_sbe is not None and _retired(g) >= o.max_retired_pages,
+        How.REPLACE,
+        lambda g, o: f"{_retired(g)} retired pages (limit {o.max_retired_pages})",
+        lambda g, o: {"value": _retired(g)},
+    ),
+    _flag("gpu.unrepairable_memory", lambda g: g.unrepairable_memory, "memory marked unrepairable",
+          lambda o: How(o.unrepairable_memory_action)),
+    _flag("gpu.channel_repair_pending", lambda g: g.channel_repair_pending,
+          "memory channel repair pending (needs a reboot)", lambda o: How(o.repair_pending_action)),
+    _flag("gpu.tpc_repair_pending", lambda g: g.tpc_repair_pending, "TPC repair pending (needs a reboot)",
+          lambda o: How(o.repair_pending_action)),
+    _flag("gpu.remap_pending", lambda g: g.remap_pending, "row remapping pending (needs a reboot)",
+          How.REBOOT_THEN_REPLACE),
+    _flag("gpu.retire_pending", lambda g: g.retired_pages_pending, "page retirement pending (needs a reboot)",
+          How.REBOOT_THEN_REPLACE),
+    MemoryRule(
+        "gpu.ecc_volatile",
+        lambda g, o: g.ecc_volatile_uncorrected is not None
+        and g.ecc_volatile_uncorrected > o.max_volatile_uncorrected,
+        How.REBOOT_THEN_REPLACE,
+        lambda g, o: f"{g.ecc_volatile_uncorrected} uncorrected ECC errors since driver load",
+        lambda g, o: {"value": g.ecc_volatile_uncorrected},
+    ),
+)
+
+
 @register
-class GpuMemory(GpuCheck):
-    """ECC, row remapping and page retirement."""
+class GpuMemory(GpuCheck[GpuMemoryOptions]):
+    """ECC, row remapping and page retirement: MEMORY_RULES over each GPU."""
 
     name = "gpu.memory"
     Options = GpuMemoryOptions
 
     def run(self) -> CheckResult:
-        o = self.options
-        assert isinstance(o, GpuMemoryOptions)
         findings: list[CheckResult] = []
         for g in self.gpus():
-            at = f"GPU {g.index} {g.pci_bus_id}"
             dev = normalize_pci(g.pci_bus_id) if g.pci_bus_id else str(g.index)
-            if g.remap_failure:
-                findings.append(
-                    self.finding(
-                        f"{at}: row remapping failed",
-                        Action.REPLACE,
-                        f"gpu.remap_failure:{dev}",
-                        True,
-                        {"gpu": g.index},
-                    )
-                )
-            if (
-                g.remapped_rows_uncorrected is not None
-                and g.remapped_rows_uncorrected >= o.max_uncorrectable_remaps
-            ):
-                findings.append(
-                    self.finding(
-                        f"{at}: {g.remapped_rows_uncorrected} rows remapped for uncorrectable "
-                        f"errors (limit {o.max_uncorrectable_remaps})",
-                        Action.REPLACE,
-                        f"gpu.remaps_exhausted:{dev}",
-                        True,
-                        {"gpu": g.index, "value": g.remapped_rows_uncorrected},
-                    )
-                )
-            if g.sram_threshold_exceeded:
-                findings.append(
-                    self.finding(
-                        f"{at}: SRAM uncorrectable error threshold exceeded",
-                        Action.REPLACE,
-                        f"gpu.sram_threshold:{dev}",
-                        True,
-                        {"gpu": g.index},
-                    )
-                )
-            if (
-                g.ecc_aggregate_uncorrected is not None
-                and o.max_aggregate_uncorrected is not None
-                and g.ecc_aggregate_uncorrected > o.max_aggregate_uncorrected
-            ):
-                findings.append(
-                    self.finding(
-                        f"{at}: {g.ecc_aggregate_uncorrected} lifetime uncorrected ECC errors (limit "
-                        f"{o.max_aggregate_uncorrected})",
-                        Action.REPLACE,
-                        f"gpu.ecc_aggregate:{dev}",
-                        True,
-                        {"gpu": g.index, "value": g.ecc_aggregate_uncorrected},
-                    )
-                )
-            retired = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
-            if retired >= o.max_retired_pages and g.retired_pages_sbe is not None:
-                findings.append(
-                    self.finding(
-                        f"{at}: {retired} retired pages (limit {o.max_retired_pages})",
-                        Action.REPLACE,
-                        f"gpu.retired_pages:{dev}",
-                        True,
-                        {"gpu": g.index, "value": retired},
-                    )
-                )
-            if g.unrepairable_memory:
-                findings.append(
-                    self._flag_finding(
-                        o.unrepairable_memory_action,
-                        f"{at}: memory marked unrepairable",
-                        f"gpu.unrepairable_memory:{dev}",
-                        g.index,
-                    )
-                )
-            for rflag, what, key in (
-                (g.channel_repair_pending, "memory channel repair pending", "gpu.channel_repair_pending"),
-                (g.tpc_repair_pending, "TPC repair pending", "gpu.tpc_repair_pending"),
-            ):
-                if rflag:
-                    findings.append(
-                        self._flag_finding(
-                            o.repair_pending_action, f"{at}: {what} (needs a reboot)", f"{key}:{dev}", g.index
-                        )
-                    )
-            for flag, what, key in (
-                (g.remap_pending, "row remapping pending", "gpu.remap_pending"),
-                (g.retired_pages_pending, "page retirement pending", "gpu.retire_pending"),
-            ):
-                if flag:
-                    action, boots = ladder(self.ctx, f"{key}:{dev}")
-                    findings.append(
-                        self.finding(
-                            f"{at}: {what} (needs a reboot)",
-                            action,
-                            f"{key}:{dev}",
-                            True,
-                            {"gpu": g.index, "boots_seen": boots},
-                        )
-                    )
-            if (
-                g.ecc_volatile_uncorrected is not None
-                and g.ecc_volatile_uncorrected > o.max_volatile_uncorrected
-            ):
-                action, boots = ladder(self.ctx, f"gpu.ecc_volatile:{dev}")
-                findings.append(
-                    self.finding(
-                        f"{at}: {g.ecc_volatile_uncorrected} uncorrected ECC errors since driver load",
-                        action,
-                        f"gpu.ecc_volatile:{dev}",
-                        True,
-                        {"gpu": g.index, "value": g.ecc_volatile_uncorrected, "boots_seen": boots},
-                    )
-                )
+            findings += apply(self, MEMORY_RULES, g, self.options, where=f"GPU {g.index} {g.pci_bus_id}", device=dev,
+                              evidence={"gpu": g.index})
         return self.summarize(findings, "no ECC, row-remap, page-retirement or memory-repair faults")
-
-    def _flag_finding(self, how: str, what: str, key: str, index: int) -> CheckResult:
-        if how == "warn":
-            return self.finding(what, Action.NONE, key, False, {"gpu": index})
-        if how == "replace":
-            return self.finding(what, Action.REPLACE, key, True, {"gpu": index})
-        if how == "reboot":
-            return self.finding(what, Action.REBOOT, key, True, {"gpu": index})
-        action, boots = ladder(self.ctx, key)
-        return self.finding(what, action, key, True, {"gpu": index, "boots_seen": boots})

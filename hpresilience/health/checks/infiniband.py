@@ -64,7 +64,7 @@ class IbPortsOptions(CheckOptions):
 
 
 @register
-class IbPorts(Check):
+class IbPorts(Check[IbPortsOptions]):
     """Every InfiniBand port ACTIVE / LinkUp, at least the profile's rate, and as many as expected."""
 
     name = "ib.ports"
@@ -73,7 +73,6 @@ class IbPorts(Check):
 
     def run(self) -> CheckResult:
         o = self.options
-        assert isinstance(o, IbPortsOptions)
         ports = ib_ports(self.ctx)
         judged = [(n, p) for n, p in ports if link_layer(p) in o.link_layers]
         if not judged and not o.expected:
@@ -148,7 +147,7 @@ class IbCountersOptions(CheckOptions):
 
 
 @register
-class IbCounters(Check):
+class IbCounters(Check[IbCountersOptions]):
     """Growth of link_downed, symbol_error, port_rcv_errors, link_error_recovery since the previous run.
 
     The counters are cumulative and survive a job (often a reboot too): only their growth between two
@@ -162,7 +161,6 @@ class IbCounters(Check):
 
     def run(self) -> CheckResult:
         o = self.options
-        assert isinstance(o, IbCountersOptions)
         ports = [(n, p) for n, p in ib_ports(self.ctx) if link_layer(p) in o.link_layers]
         if not ports:
             return self.absent("no InfiniBand ports")

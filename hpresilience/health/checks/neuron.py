@@ -27,9 +27,9 @@ from hpresilience.health.checks.common import (
     load_json,
     neuron_devices,
     report,
-    resolve_action,
     save_json,
 )
+from hpresilience.health.checks.rules import How, judge
 from hpresilience.reasons import Action
 
 # Counter name -> what an increase asks for (uncorrectable ECC: TERMINATE_INSTANCE in AWS's NPD config).
@@ -37,18 +37,18 @@ from hpresilience.reasons import Action
 # in the driver's status table, one counter per execution that ended in that hardware error; the per-core
 # `hw_*` names mirror the kernel-log NEURON_HW_ERR codes: HBM_/NC_UNCORRECTABLE, DMA_ERROR,
 # HANG_ON_COLLECTIVES).
-COUNTERS = {
-    "mem_ecc_uncorrected": "replace",
-    "sram_ecc_uncorrected": "replace",
-    "mem_ecc_repairable_uncorrected": "reboot",
-    "hw_error": "reboot_then_replace",
-    "reset_fail_count": "reboot_then_replace",
-    "hw_hbm_ue_error": "replace",
-    "hw_nc_ue_error": "replace",
-    "hw_dma_abort_error": "reboot_then_replace",
-    "hw_collectives_error": "reboot_then_replace",
+COUNTERS: dict[str, How] = {
+    "mem_ecc_uncorrected": How.REPLACE,
+    "sram_ecc_uncorrected": How.REPLACE,
+    "mem_ecc_repairable_uncorrected": How.REBOOT,
+    "hw_error": How.REBOOT_THEN_REPLACE,
+    "reset_fail_count": How.REBOOT_THEN_REPLACE,
+    "hw_hbm_ue_error": How.REPLACE,
+    "hw_nc_ue_error": How.REPLACE,
+    "hw_dma_abort_error": How.REBOOT_THEN_REPLACE,
+    "hw_collectives_error": How.REBOOT_THEN_REPLACE,
     # A repairable uncorrectable HBM error is repaired when the device resets: a reboot, not a replacement.
-    "hw_repairable_hbm_ue_error": "reboot",
+    "hw_repairable_hbm_ue_error": How.REBOOT,
 }
 CounterAction = Literal["warn", "reboot", "replace", "reboot_then_replace"]
 SKIP_DIRS = {"power", "subsystem", "device", "driver", "memory_usage", "info"}
@@ -83,18 +83,17 @@ class NeuronCountOptions(CheckOptions):
 
 
 @register
-class NeuronCount(Check):
+class NeuronCount(Check[NeuronCountOptions]):
     name = "neuron.count"
     family = "neuron"
     Options = NeuronCountOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, NeuronCountOptions)
         devs = neuron_devices(self.ctx.paths)
         expected = (
             self.options.expected
             if self.options.expected is not None
-            else self.ctx.expect.get("neuron_devices")
+            else self.ctx.expect.neuron_devices
         )
         if not devs and not expected:
             return self.absent("no Neuron devices")
@@ -131,7 +130,7 @@ class NeuronCountersOptions(CheckOptions):
 
 
 @register
-class NeuronCounters(Check):
+class NeuronCounters(Check[NeuronCountersOptions]):
     """Uncorrected HBM/SRAM ECC, per-core hw_error, reset failures: deltas against a per-boot baseline."""
 
     name = "neuron.counters"
@@ -139,14 +138,10 @@ class NeuronCounters(Check):
     Options = NeuronCountersOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, NeuronCountersOptions)
         devs = neuron_devices(self.ctx.paths)
         if not devs:
             return self.absent("no Neuron devices")
-        now: dict[str, int] = {}
-        for d in devs:
-            for rel, v in find_counters(d).items():
-                now[f"{d.name}/{rel}"] = v
+        now = {f"{d.name}/{rel}": v for d in devs for rel, v in find_counters(d).items()}
         if not now:
             return self.result(
                 Status.UNKNOWN,
@@ -154,6 +149,15 @@ class NeuronCounters(Check):
                 "(driver older than 2.14.5, or an unknown layout)",
                 devices=[d.name for d in devs],
             )
+        base = self._baseline(now)
+        findings = [self._finding(k, v, base[k]) for k, v in sorted(now.items()) if v > base[k]]
+        ev = {"counters": len(now), "devices": len(devs)}
+        if not findings:
+            return self.ok(f"{len(now)} error counters on {len(devs)} device(s) unchanged", evidence=ev)
+        return report(findings, {**ev, "findings": [finding_dict(f) for f in findings]})
+
+    def _baseline(self, now: dict[str, int]) -> dict[str, int]:
+        """This boot's baseline per counter (kept on disk): zero, or the first look when not since_boot."""
         path = self.ctx.state_path("neuron-baseline.json")
         state = load_json(path)
         boot = self.ctx.boot_id()
@@ -164,34 +168,15 @@ class NeuronCounters(Check):
             elif v < base[k]:  # written to clear (or the driver reloaded): start again from here
                 base[k] = v
         save_json(path, {"boot_id": boot, "counters": base})
-        findings = []
-        for k, v in sorted(now.items()):
-            delta = v - base[k]
-            if delta <= 0:
-                continue
-            counter = Path(k).name
-            key = f"neuron.{counter}:{k.split('/')[0]}"
-            how = self.options.actions.get(counter, COUNTERS[counter])
-            action, boots = resolve_action(self.ctx, how, key)
-            core = next((part for part in Path(k).parts if part.startswith("neuron_core")), "")
-            findings.append(
-                self.finding(
-                    f"{k} rose by {delta}",
-                    action,
-                    key,
-                    how != "warn",
-                    {
-                        "counter": k,
-                        "core": core,
-                        "value": v,
-                        "baseline": base[k],
-                        "delta": delta,
-                        "boots_seen": boots,
-                        "configured_action": how,
-                    },
-                )
-            )
-        ev = {"counters": len(now), "devices": len(devs)}
-        if not findings:
-            return self.ok(f"{len(now)} error counters on {len(devs)} device(s) unchanged", evidence=ev)
-        return report(findings, {**ev, "findings": [finding_dict(f) for f in findings]})
+        return base
+
+    def _finding(self, k: str, v: int, baseline: int) -> CheckResult:
+        """A counter that rose: COUNTERS (over the options' `actions`) is this check's rule table."""
+        counter = Path(k).name
+        key = f"neuron.{counter}:{k.split('/')[0]}"
+        how = How(self.options.actions.get(counter, COUNTERS[counter]))
+        action, boots = judge(self.ctx, how, key)
+        core = next((part for part in Path(k).parts if part.startswith("neuron_core")), "")
+        detail = {"counter": k, "core": core, "value": v, "baseline": baseline, "delta": v - baseline,
+                  "boots_seen": boots or 0, "configured_action": how.value}
+        return self.finding(f"{k} rose by {v - baseline}", action, key, how is not How.WARN, detail)

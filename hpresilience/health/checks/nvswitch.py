@@ -109,7 +109,7 @@ def read_fm_log(path: Path, since: float | None) -> tuple[list[FaultEvent], int]
 
 
 @register
-class FabricManager(Check):
+class FabricManager(Check[FabricManagerOptions]):
     """`systemctl is-active nvidia-fabricmanager` on nodes with NVSwitches."""
 
     name = "nvswitch.fabricmanager"
@@ -118,7 +118,6 @@ class FabricManager(Check):
     Options = FabricManagerOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, FabricManagerOptions)
         switches = nvswitch_pci_devices(self.ctx.paths)
         if not switches and not self.options.required:
             return self.absent("no NVSwitch on PCI")
@@ -159,7 +158,6 @@ class FabricManager(Check):
 
     def _log_findings(self) -> list[CheckResult]:
         """This boot's SXids and multicast-team failures from the fabric manager's log."""
-        assert isinstance(self.options, FabricManagerOptions)
         if not self.options.log_path:
             return []
         events, team_failures = read_fm_log(Path(self.options.log_path), _boot_time(self.ctx))

@@ -37,7 +37,7 @@ class CpuOptions(CheckOptions):
 
 
 @register
-class Cpu(Check):
+class Cpu(Check[CpuOptions]):
     """Online CPUs vs the profile (a CPU the kernel took offline after machine checks shows here)."""
 
     name = "system.cpu"
@@ -45,7 +45,6 @@ class Cpu(Check):
     Options = CpuOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, CpuOptions)
         text = read_text(self.ctx.paths.sys("devices", "system", "cpu", "online"))
         if text is None:
             return self.result(Status.UNKNOWN, "cannot read devices/system/cpu/online")
@@ -81,13 +80,12 @@ def read_meminfo(text: str) -> dict[str, int]:
 
 
 @register
-class Memory(Check):
+class Memory(Check[MemoryOptions]):
     name = "system.memory"
     family = "system"
     Options = MemoryOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, MemoryOptions)
         text = read_text(self.ctx.paths.proc("meminfo"))
         if text is not None:
             info = read_meminfo(text)
@@ -119,7 +117,7 @@ class DiskOptions(CheckOptions):
 
 
 @register
-class Disk(Check):
+class Disk(Check[DiskOptions]):
     """Free space where jobs and checkpoints write (full disks fail jobs, not hardware: a warning)."""
 
     name = "system.disk"
@@ -127,7 +125,6 @@ class Disk(Check):
     Options = DiskOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, DiskOptions)
         low, usage = [], {}
         for p in self.options.paths:
             try:
@@ -151,7 +148,7 @@ class MountsOptions(CheckOptions):
 
 
 @register
-class Mounts(Check):
+class Mounts(Check[MountsOptions]):
     """Shared filesystems jobs need (FSx, /home) are mounted."""
 
     name = "system.mounts"
@@ -159,7 +156,6 @@ class Mounts(Check):
     Options = MountsOptions
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, MountsOptions)
         text = read_text(self.ctx.paths.proc("mounts")) or read_text(self.ctx.paths.proc("self", "mounts"))
         if text is None:
             return self.result(Status.UNKNOWN, "cannot read mounts")
@@ -192,7 +188,7 @@ class StressOptions(CheckOptions):
 
 
 @register
-class Stress(Check):
+class Stress(Check[StressOptions]):
     """stress-ng CPU and memory stressors with result verification (active: it loads the whole node)."""
 
     name = "system.stress"
@@ -202,12 +198,10 @@ class Stress(Check):
 
     @property
     def timeout_s(self) -> float:
-        assert isinstance(self.options, StressOptions)
         return self.options.timeout_s or self.options.duration_s + 30.0
 
     def run(self) -> CheckResult:
         o = self.options
-        assert isinstance(o, StressOptions)
         exe = resolve(self.ctx.command("stress_ng"))
         if exe is None:
             return self.absent("stress-ng not installed")

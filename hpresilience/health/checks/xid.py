@@ -9,11 +9,10 @@ from hpresilience.health.checks.common import (
     nvidia_pci_devices,
     nvswitch_pci_devices,
     report,
-    resolve_action,
 )
+from hpresilience.health.checks.rules import How, judge
 from hpresilience.health.events import KernelLogUnavailable, read_kernel_log
-from hpresilience.health.xid import KernelLogParser, load_catalog
-from hpresilience.reasons import Action
+from hpresilience.health.xid import Classified, FaultEvent, KernelLogParser, load_catalog
 
 
 class XidOptions(CheckOptions):
@@ -22,7 +21,7 @@ class XidOptions(CheckOptions):
 
 
 @register
-class XidCheck(Check):
+class XidCheck(Check[XidOptions]):
     name = "xid"
     family = "xid"
     default_timeout_s = 10.0
@@ -40,7 +39,6 @@ class XidCheck(Check):
         )
 
     def run(self) -> CheckResult:
-        assert isinstance(self.options, XidOptions)
         if not self._accelerators_present():
             self.absent("no NVIDIA or Neuron devices whose kernel-log errors to watch")
         catalog = load_catalog(self.ctx.xid_overrides)
@@ -55,36 +53,28 @@ class XidCheck(Check):
         for ev in (e for line in lines for e in parser.feed(line)):
             if len(matched) < self.options.max_evidence_lines:
                 matched.append(ev.message[:300])
-            if ev.key in seen:
-                continue
-            c = catalog.classify(ev)
-            label = {"nvidia": f"XID {ev.code}", "nvswitch": f"SXid {ev.code}"}.get(
-                ev.vendor, f"NEURON_HW_ERR={ev.code}"
-            )
-            if ev.severity:
-                label += f" {ev.severity}"
-            where = f" on {ev.device}" if ev.device else ""
-            if c.action in ("none", "warn"):
-                seen[ev.key] = self.finding(
-                    f"{label} ({c.entry.name}){where}",
-                    Action.NONE,
-                    ev.key,
-                    False,
-                    {"catalog_action": c.action},
-                )
-                continue
-            action, boots = resolve_action(self.ctx, c.action, ev.key)
-            seen[ev.key] = self.finding(
-                f"{label} ({c.entry.name}){where}",
-                action,
-                ev.key,
-                True,
-                {"catalog_action": c.action, "boots_seen": boots},
-            )
-        evidence = {"source": source, "catalog_version": catalog.version, "lines": matched}
-        actionable = [f for f in seen.values() if f.asks_action]
-        warn_only = [f for f in seen.values() if f.evidence.get("catalog_action") == "warn"]
-        findings = [finding_dict(f) for f in seen.values()]
+            if ev.key not in seen:  # one finding per fault key: the ladder counts a fault once per boot
+                seen[ev.key] = self._finding(ev, catalog.classify(ev))
+        return self._conclude(list(seen.values()), {"source": source, "catalog_version": catalog.version,
+                                                    "lines": matched})
+
+    def _finding(self, ev: FaultEvent, c: Classified) -> CheckResult:
+        """The catalogue is this check's rule table: the event's code picks the entry, the entry the action."""
+        label = {"nvidia": f"XID {ev.code}", "nvswitch": f"SXid {ev.code}"}.get(ev.vendor, f"NEURON_HW_ERR={ev.code}")
+        label += f" {ev.severity}" if ev.severity else ""
+        where = f" on {ev.device}" if ev.device else ""
+        how = How.of(c.action)
+        action, boots = judge(self.ctx, how, ev.key)
+        detail: dict[str, object] = {"catalog_action": c.action}
+        if how is not How.WARN:
+            detail["boots_seen"] = boots or 0
+        return self.finding(f"{label} ({c.entry.name}){where}", action, ev.key, how is not How.WARN, detail)
+
+    def _conclude(self, seen: list[CheckResult], evidence: dict[str, object]) -> CheckResult:
+        """The worst fault that asks for an action; else the first the catalogue says to warn of; else ok."""
+        findings = [finding_dict(f) for f in seen]
+        actionable = [f for f in seen if f.asks_action]
+        warn_only = [f for f in seen if f.evidence.get("catalog_action") == "warn"]
         if actionable:
             return report(actionable, {**evidence, "findings": findings})
         if warn_only:

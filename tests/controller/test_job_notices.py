@@ -53,7 +53,7 @@ def test_job_thread_tells_the_job_on_a_bad_node_and_never_reads_the_pending_queu
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 10)
     cmds = runner.commands()
-    assert cmds[:4] == [LIST_OUT_OF_SERVICE, "scontrol show node n2 -o",
+    assert cmds[:4] == [LIST_OUT_OF_SERVICE, node_read(cluster, "n2"),
                         "squeue -h -t R,CG,S -w n2 -o %i|%N", f"scontrol show job {job_id}"]
     assert cmds[4].startswith(f"scontrol update jobid={job_id} AdminComment=hpr:bad=n2@")
     assert cmds[5:] == [nudge_of(job_id),  # its wrapper reads the notice now
@@ -62,7 +62,7 @@ def test_job_thread_tells_the_job_on_a_bad_node_and_never_reads_the_pending_queu
     assert set(read_notice(slurm, job_id).bad) == {"n2"}
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 20)  # nothing changed: no job is read or written again
-    assert runner.commands() == [LIST_OUT_OF_SERVICE, "scontrol show node n2 -o",
+    assert runner.commands() == [LIST_OUT_OF_SERVICE, node_read(cluster, "n2"),
                                  f"squeue -h -j {job_id} -t PD -o %i|%r|%k"]
     slurm.set_node_state(["n2"], "resume")
     runner.calls.clear()
@@ -84,7 +84,7 @@ def test_the_wrapper_reads_its_own_job_each_poll_and_the_nodes_only_on_a_notice(
     Controller(settings_for(scripts, tmp_path / "state", watch_jobs_every_s=0), slurm).notify_jobs()
     runner.calls.clear()
     assert [n.name for n in watch.bad_nodes(["n1", "n2"])] == ["n2"]
-    assert runner.commands() == [f"scontrol show job {job_id}", "scontrol show node n[1-2] -o"]
+    assert runner.commands() == [f"scontrol show job {job_id}", node_read(cluster, "n[1-2]")]
     runner.calls.clear()
     watch.bad_nodes(["n1", "n2"])  # the same mark is not news twice
     assert runner.commands() == [f"scontrol show job {job_id}"]
@@ -100,7 +100,7 @@ def test_without_a_controller_the_wrapper_reads_its_nodes_every_full_check(
     assert watch.bad_nodes(["n1", "n2"]) == []
     time.sleep(0.6)
     assert [n.name for n in watch.bad_nodes(["n1", "n2"])] == ["n2"]
-    assert runner.commands() == [f"scontrol show job {job_id}"] * 2 + ["scontrol show node n[1-2] -o"]
+    assert runner.commands() == [f"scontrol show job {job_id}"] * 2 + [node_read(cluster, "n[1-2]")]
 
 
 def wait_in_accounting(slurm: SlurmClient, job_id: int) -> None:

@@ -220,7 +220,8 @@ def detection(client: Any, work: str, job: int, trials: int) -> tuple[list[float
             if time.monotonic() > deadline:
                 raise SystemExit(f"the bench job's wrapper never trusted its lease: {watcher_lines(out)[-3:]}")
             time.sleep(0.5)
-        first = next(e for e in watcher_lines(out) if e.get("watched"))
+        time.sleep(2)  # the proof's own read done
+        first = [e for e in watcher_lines(out) if "reads" in e][-1]
         time.sleep(20)  # watched and quiet: how often does it read its job?
         quiet = [e for e in watcher_lines(out) if "reads" in e][-1]
         idle_reads = {"reads": quiet["reads"] - first["reads"], "seconds": quiet["at"] - first["at"]}
@@ -418,10 +419,10 @@ def main() -> None:
                 rows[name] = r
             print(f"{args.pollers} simulated pollers for {args.poll_s:g} s ...", flush=True)
             polled = simulated_pollers(client, ctld, idle, job, args.pollers, args.poll_s)
-            print("lease, nudge and listing costs ...", flush=True)
-            costs = lease_costs(client, ctld, idle, job, 50)
             print("detection trials (waiting for the lease and the wrapper's own nudge first) ...", flush=True)
             detected, idle_reads = detection(client, tmp, job, args.trials)
+            print("lease, nudge and listing costs ...", flush=True)  # after: its nudges would wake the wrapper
+            costs = lease_costs(client, ctld, idle, job, 50)
             print("agent process ...", flush=True)
             agent = agent_process(cl, tmp, args.agent_s, 5.0)
             print("controller pass, no pending job ...", flush=True)
@@ -474,7 +475,7 @@ def main() -> None:
     print(f"  controller, per watched job: lease write (read + update) {costs['lease_ms']:.3f} ms every "
           f"{RENEW_EVERY_S} s; nudge {costs['nudge_ms']:.3f} ms per notice; running-batch listing (sacct, "
           f"every {ControllerSettings().watch_jobs_every_s:g} s) {costs['sacct_ms']:.3f} ms of slurmctld")
-    print(f"  watched wrapper, quiet: {idle_reads['reads']} own-job reads in {idle_reads['seconds']:.0f} s "
+    print(f"  watched wrapper, quiet: {idle_reads['reads']} own-job reads in {idle_reads['seconds']:.1f} s "
           f"(safety read every {WATCHED_READ_S:g} s)")
     print(f"  per auto-resume job-second, watched (a controller runs): {wrap_now * 1000:.4f} ms (own job every "
           f"{WATCHED_READ_S:g} s + lease every {RENEW_EVERY_S} s)")

@@ -14,7 +14,7 @@ import pytest
 from hpresilience.autoresume import nodewatch
 from hpresilience.autoresume.nodewatch import NodeWatch
 from hpresilience.controller.loop import Controller
-from hpresilience.controller.notices import LEASE_S
+from hpresilience.controller.notices import LEASE_S, RENEW_EVERY_S
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.notice import read_notice, running_batch_jobs
 from hpresilience.slurm.runner import CountingRunner
@@ -139,6 +139,12 @@ def test_job_thread_leases_each_running_batch_job_from_accounting_once_per_renew
         runner.calls.clear()
         ctl.jobs_tick(t0 + 40)  # due, but the lease is fresh: the listing from slurmdbd only, no job read
         assert runner.commands() == [LIST_OUT_OF_SERVICE, RUNNING_BATCH]
+        ctl.notifier.leases[job_id] -= RENEW_EVERY_S + 1  # as if written RENEW_EVERY_S ago: renewed
+        runner.calls.clear()
+        ctl.jobs_tick(t0 + 80)
+        cmds = runner.commands()
+        assert cmds[:3] == [LIST_OUT_OF_SERVICE, RUNNING_BATCH, f"scontrol show job {job_id}"] and len(cmds) == 4
+        assert cmds[3].startswith(f"scontrol update jobid={job_id} AdminComment=hpr:watch=")
     finally:
         alloc.terminate()
         alloc.wait(10)

@@ -9,10 +9,13 @@ Python process so that peaks are its own:
   per-attempt job read;
 - controller cycle with 50 nodes asking for a repair (dry run: the same reads, no writes).
 Then (issue 27), each once:
-- 200 simulated auto-resume pollers (each one own-job read a second, as NodeWatch does) for --poll-s seconds:
-  slurmctld CPU per job-second, plus the slow full check (the step's nodes every full_node_check_s) amortised;
-- detection: the controller's job thread on, a 2-node job polled as the wrapper does; a node under it marked
-  bad; seconds until the poll names it (--trials times);
+- 200 simulated auto-resume pollers (each one own-job read a second, as an unwatched NodeWatch does) for
+  --poll-s seconds: slurmctld CPU per own-job read; with the controller's lease write, nudge and sacct listing
+  measured apart, the cost per job-second of a watched job (its job every WATCHED_READ_S, its lease every
+  RENEW_EVERY_S) and of an unwatched one (its job every poll, its nodes every full_node_check_s);
+- detection: the controller's job thread on (leases, notices, nudges), the 2-node bench job's batch step
+  running the wrapper's NodeWatch with its SIGWINCH handler (`--watcher`); a node under it marked bad; seconds
+  until the wrapper names it (--trials times), and how often the watched wrapper read its job while quiet;
 - the controller's cycle plus its job thread's pass (notices and requeue release) with 0 and with --pending
   pending jobs (the whole-queue scan, every release_scan_every_s, shown apart, amortised);
 - the agent as its own process (healthy, on a recorded p5 node): peak RSS including children, CPU.
@@ -20,6 +23,8 @@ For each: Slurm commands run, bytes read, client wall time, client CPU and peak 
 processes, and slurmctld CPU (from /proc/<pid>/stat before and after, its idle rate in the same run
 subtracted), each also as a ratio against the full-table read of the same run. Then the projected
 slurmctld load of 10,000 agents at their default interval and of 200 concurrent auto-resume jobs.
+
+The cluster runs with slurmdbd (as production clusters do): the controller lists the running batch jobs from it.
 
 Targets (issue 12): healthy agent cycle 0 commands; wrapper poll <= 16 KB and <= 50 ms client CPU;
 controller cycle with 50 nodes to repair <= 0.3 s client CPU. Issue 27: <= 0.5 ms slurmctld CPU per

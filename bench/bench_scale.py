@@ -9,10 +9,13 @@ Python process so that peaks are its own:
   per-attempt job read;
 - controller cycle with 50 nodes asking for a repair (dry run: the same reads, no writes).
 Then (issue 27), each once:
-- 200 simulated auto-resume pollers (each one own-job read a second, as NodeWatch does) for --poll-s seconds:
-  slurmctld CPU per job-second, plus the slow full check (the step's nodes every full_node_check_s) amortised;
-- detection: the controller's job thread on, a 2-node job polled as the wrapper does; a node under it marked
-  bad; seconds until the poll names it (--trials times);
+- 200 simulated auto-resume pollers (each one own-job read a second, as an unwatched NodeWatch does) for
+  --poll-s seconds: slurmctld CPU per own-job read; with the controller's lease write, nudge and sacct listing
+  measured apart, the cost per job-second of a watched job (its job every WATCHED_READ_S, its lease every
+  RENEW_EVERY_S) and of an unwatched one (its job every poll, its nodes every full_node_check_s);
+- detection: the controller's job thread on (leases, notices, nudges), the 2-node bench job's batch step
+  running the wrapper's NodeWatch with its SIGWINCH handler (`--watcher`); a node under it marked bad; seconds
+  until the wrapper names it (--trials times), and how often the watched wrapper read its job while quiet;
 - the controller's cycle plus its job thread's pass (notices and requeue release) with 0 and with --pending
   pending jobs (the whole-queue scan, every release_scan_every_s, shown apart, amortised);
 - the agent as its own process (healthy, on a recorded p5 node): peak RSS including children, CPU.
@@ -20,6 +23,8 @@ For each: Slurm commands run, bytes read, client wall time, client CPU and peak 
 processes, and slurmctld CPU (from /proc/<pid>/stat before and after, its idle rate in the same run
 subtracted), each also as a ratio against the full-table read of the same run. Then the projected
 slurmctld load of 10,000 agents at their default interval and of 200 concurrent auto-resume jobs.
+
+The cluster runs with slurmdbd (as production clusters do): the controller lists the running batch jobs from it.
 
 Targets (issue 12): healthy agent cycle 0 commands; wrapper poll <= 16 KB and <= 50 ms client CPU;
 controller cycle with 50 nodes to repair <= 0.3 s client CPU. Issue 27: <= 0.5 ms slurmctld CPU per
@@ -45,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
+REPO = Path(__file__).resolve().parents[1]
 REPAIRS = 50
 
 
@@ -164,38 +170,77 @@ def simulated_pollers(client: Any, ctld: int, idle: float, job: int, pollers: in
             "rate": done[0] / wall}
 
 
-def detection(client: Any, work: str, job: int, trials: int) -> list[float]:
-    """The controller's job thread on; a wrapper-like poll once a second; n2 (under the job) marked bad."""
-    import threading
+def watcher(conf: str, job: int, out: str) -> None:
+    """Runs in the bench job's batch step, as the wrapper does: NodeWatch with its SIGWINCH handler, polled like
+    the wrapper's step loop (every 0.1 s: a poll when a nudge came or poll_interval_s passed). Appends each
+    detection and, every second, its state (watched, own-job reads so far) to `out`."""
+    import signal
 
     from hpresilience.autoresume.nodewatch import NodeWatch
+    from hpresilience.autoresume.settings import AutoResumeSettings
+    from hpresilience.log import setup_logging
+    from hpresilience.slurm.client import SlurmClient
+    from hpresilience.slurm.runner import CommandRunner
+
+    setup_logging("error", json=True)
+    w = AutoResumeSettings()
+    client = SlurmClient(CommandRunner(timeout=60, env={**os.environ, "SLURM_CONF": conf}))
+    watch = NodeWatch(client, job, full_check_s=w.full_node_check_s)
+    signal.signal(signal.SIGWINCH, lambda signum, frame: watch.on_nudge())
+    next_poll = next_state = 0.0
+    with open(out, "a", buffering=1) as f:
+        while True:
+            now = time.monotonic()
+            if now >= next_poll or watch.nudged():
+                next_poll = now + w.poll_interval_s
+                bad = watch.bad_nodes(["n1", "n2"])
+                if bad:
+                    f.write(json.dumps({"seen": time.time(), "nodes": [n.name for n in bad]}) + "\n")
+            if now >= next_state:
+                next_state = now + 1.0
+                f.write(json.dumps({"watched": watch.watched(), "reads": watch.reads, "at": now}) + "\n")
+            time.sleep(0.1)
+
+
+def watcher_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def detection(client: Any, work: str, job: int, trials: int) -> tuple[list[float], dict[str, float]]:
+    """The controller's job thread on (not a dry run: it leases the job, tells it, nudges it); the bench job's
+    batch step runs the wrapper's NodeWatch (`watcher`); n2 (under the job) marked bad; seconds until the
+    watcher names it. Also how often the watched wrapper read its job while nothing happened."""
     from hpresilience.controller.loop import Controller
     from hpresilience.controller.settings import ControllerSettings
     from hpresilience.slurm.notice import read_notice
 
+    out = Path(work, "watcher.jsonl")
     ctl = Controller(ControllerSettings.model_validate({"state_dir": str(Path(work) / "ctl-notices"),
                                                         "metrics_address": ""}), client)
     ctl.start_jobs_thread()
-    out = []
+    got: list[float] = []
     try:
+        deadline = time.monotonic() + 90
+        while not any(e.get("watched") for e in watcher_lines(out)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the bench job's wrapper never trusted its lease: {watcher_lines(out)[-3:]}")
+            time.sleep(0.5)
+        time.sleep(2)  # the proof's own read done
+        first = [e for e in watcher_lines(out) if "reads" in e][-1]
+        time.sleep(20)  # watched and quiet: how often does it read its job?
+        quiet = [e for e in watcher_lines(out) if "reads" in e][-1]
+        idle_reads = {"reads": quiet["reads"] - first["reads"], "seconds": quiet["at"] - first["at"]}
         for _ in range(trials):
-            watch, stop = NodeWatch(client, job, full_check_s=0), threading.Event()
-            seen: list[float] = []
-
-            def loop(w: Any = watch, found: list[float] = seen, halt: threading.Event = stop) -> None:
-                while not halt.wait(1.0):
-                    if w.bad_nodes(["n1", "n2"]):
-                        found.append(time.time())
-                        return
-
-            t = threading.Thread(target=loop, daemon=True)
-            t.start()
+            before = len([e for e in watcher_lines(out) if "seen" in e])
             time.sleep(0.37)  # a phase between the poll's and the job thread's seconds
             t0 = time.time()
             client.set_node_state(["n2"], "fail", "Action:Replace bench")
-            t.join(timeout=30)
-            stop.set()
-            out.append(seen[0] - t0 if seen else float("inf"))
+            deadline = time.monotonic() + 30
+            while len(seen := [e for e in watcher_lines(out) if "seen" in e]) == before:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            got.append(seen[-1]["seen"] - t0 if len(seen) > before else float("inf"))
             client.set_node_state(["n2"], "resume")
             deadline = time.monotonic() + 30
             while read_notice(client, job).bad and time.monotonic() < deadline:
@@ -203,7 +248,19 @@ def detection(client: Any, work: str, job: int, trials: int) -> list[float]:
             time.sleep(1.1)  # the next mark gets another second
     finally:
         ctl.stop()
-    return out
+    return got, idle_reads
+
+
+def lease_costs(client: Any, ctld: int, idle: float, job: int, repeat: int) -> dict[str, float]:
+    """slurmctld CPU of what the controller does per watched job: a lease write (read + update), and per
+    event a nudge; and of its listing of the running batch jobs (sacct: slurmdbd's, not slurmctld's)."""
+    from hpresilience.slurm.notice import nudge, running_batch_jobs, write_watch
+
+    base = int(time.time()) + 900
+    lease, _ = measure_ctld(ctld, idle, lambda: [write_watch(client, job, base + i) for i in range(repeat)])
+    pokes, _ = measure_ctld(ctld, idle, lambda: [nudge(client, job) for _ in range(repeat)])
+    listing, _ = measure_ctld(ctld, idle, lambda: [running_batch_jobs(client) for _ in range(repeat)])
+    return {"lease_ms": lease * 1000 / repeat, "nudge_ms": pokes * 1000 / repeat, "sacct_ms": listing * 1000 / repeat}
 
 
 def controller_pass(client: Any, ctld: int, idle: float, work: str, repeat: int) -> dict[str, float]:
@@ -320,27 +377,37 @@ def main() -> None:
     ap.add_argument("--conf")
     ap.add_argument("--ctld", type=int)
     ap.add_argument("--work")
+    ap.add_argument("--watcher", type=int, help=argparse.SUPPRESS)  # in the bench job: the wrapper's NodeWatch
     args = ap.parse_args()
+    if args.watcher:
+        watcher(args.conf, args.watcher, str(Path(args.work, "watcher.jsonl")))
+        return
     if args.child:
         print(json.dumps(scenario(args.child, args.conf, args.ctld, args.repeat, args.work)))
         return
 
     from hpresilience.agent.settings import AgentSettings
+    from hpresilience.autoresume.nodewatch import WATCHED_READ_S
     from hpresilience.autoresume.settings import AutoResumeSettings
+    from hpresilience.controller.notices import RENEW_EVERY_S
     from hpresilience.controller.settings import ControllerSettings
     from hpresilience.log import setup_logging
     from hpresilience.testing.devcluster import DevCluster
 
     setup_logging("error", json=True)
     with tempfile.TemporaryDirectory(prefix="hpr-bench-scale-") as tmp:
-        cl = DevCluster(state_dir=Path(tmp) / "cluster", nodes=4, base_port=args.base_port, accounting=False,
+        # With slurmdbd, as production clusters: the controller learns the running batch jobs from it.
+        cl = DevCluster(state_dir=Path(tmp) / "cluster", nodes=4, base_port=args.base_port, accounting=True,
                         extra_nodes=args.extra_nodes, overrides={"MaxJobCount": str(args.pending + 1000)})
         t = time.monotonic()
         cl.up(timeout=120)
         print(f"devcluster: 4 real + {args.extra_nodes} powered-down p5 nodes, up in {time.monotonic() - t:.1f} s")
         try:
             client = cl.client(timeout=60)
-            job = client.sbatch("-N2", "-w", "n1,n2", "-o", "/dev/null", "--wrap", "sleep 3600")
+            # The job's batch step runs the wrapper's NodeWatch on itself (`watcher`), to be leased and nudged.
+            job = client.sbatch("-N2", "-w", "n1,n2", "-o", str(Path(tmp, "watcher.out")), "--wrap",
+                                f"exec {sys.executable} {Path(__file__).resolve()} --watcher $SLURM_JOB_ID "
+                                f"--conf {cl.conf_path} --work {tmp}", env={**cl.env(), "PYTHONPATH": str(REPO)})
             client.wait_running(job)
             Path(tmp, "job").write_text(str(job))
             bad = [f"gpu-st-p5-{i}" for i in range(101, 101 + REPAIRS)]
@@ -357,8 +424,10 @@ def main() -> None:
                 rows[name] = r
             print(f"{args.pollers} simulated pollers for {args.poll_s:g} s ...", flush=True)
             polled = simulated_pollers(client, ctld, idle, job, args.pollers, args.poll_s)
-            print("detection trials ...", flush=True)
-            detected = detection(client, tmp, job, args.trials)
+            print("detection trials (waiting for the lease and the wrapper's own nudge first) ...", flush=True)
+            detected, idle_reads = detection(client, tmp, job, args.trials)
+            print("lease, nudge and listing costs ...", flush=True)  # after: its nudges would wake the wrapper
+            costs = lease_costs(client, ctld, idle, job, 50)
             print("agent process ...", flush=True)
             agent = agent_process(cl, tmp, args.agent_s, 5.0)
             print("controller pass, no pending job ...", flush=True)
@@ -394,7 +463,13 @@ def main() -> None:
     agent_before = agents * full["ctld"] / a.passive_interval_s
     wrap_before = rows["wrapper_poll_2"]["ctld"] / w.poll_interval_s  # per job-second
     full_check = rows["wrapper_poll_2"]["ctld"] / w.full_node_check_s if w.full_node_check_s else 0.0
-    wrap_now = polled["per_call_ms"] / 1000 / w.poll_interval_s + full_check
+    read_s = polled["per_call_ms"] / 1000
+    # Unwatched (no controller, salloc): its job every poll plus the step's nodes every full_node_check_s.
+    wrap_polling = read_s / w.poll_interval_s + full_check
+    # Watched: its job every WATCHED_READ_S (and once per nudge, per event), the controller's lease every
+    # RENEW_EVERY_S, and its share of the controller's listing (slurmdbd's: ~0 here).
+    wrap_now = (read_s / WATCHED_READ_S + costs["lease_ms"] / 1000 / RENEW_EVERY_S
+                + costs["sacct_ms"] / 1000 / ControllerSettings().watch_jobs_every_s / jobs)
     print("\nprojected slurmctld load (CPU s per s), measured per-query costs above:")
     print(f"  {agents} agents, passive {a.passive_interval_s:g} s / active {a.active_interval_s:g} s: "
           f"{agent_now:.4f} now vs {agent_before:.2f} with a full-table read per cycle "
@@ -402,12 +477,21 @@ def main() -> None:
     print(f"\n{args.pollers} simulated auto-resume pollers (own-job read each second), {polled['calls']} reads in "
           f"{polled['wall']:.1f} s ({polled['rate']:.0f}/s achieved):"
           f" slurmctld {polled['per_call_ms']:.3f} ms per read")
-    print(f"  per auto-resume job-second: {wrap_now * 1000:.3f} ms (own job each {w.poll_interval_s:g} s "
-          f"+ the step's nodes every full_node_check_s={w.full_node_check_s:g} s: {full_check * 1000:.3f} ms) vs "
-          f"{wrap_before * 1000:.2f} ms before (the step's nodes each poll): {ratio(wrap_before, wrap_now)}x less")
-    print(f"  {jobs} jobs: {jobs * wrap_now:.3f} CPU s per s now vs {jobs * wrap_before:.2f} before")
-    print(f"detection (controller job thread every {ControllerSettings().notify_jobs_every_s:g} s, poll every "
-          f"{w.poll_interval_s:g} s), {len(detected)} trials: " + ", ".join(f"{d:.2f} s" for d in detected))
+    print(f"  controller, per watched job: lease write (read + update) {costs['lease_ms']:.3f} ms every "
+          f"{RENEW_EVERY_S} s; nudge {costs['nudge_ms']:.3f} ms per notice; running-batch listing (sacct, "
+          f"every {ControllerSettings().watch_jobs_every_s:g} s) {costs['sacct_ms']:.3f} ms of slurmctld")
+    print(f"  watched wrapper, quiet: {idle_reads['reads']} own-job reads in {idle_reads['seconds']:.1f} s "
+          f"(safety read every {WATCHED_READ_S:g} s)")
+    print(f"  per auto-resume job-second, watched (a controller runs): {wrap_now * 1000:.4f} ms (own job every "
+          f"{WATCHED_READ_S:g} s + lease every {RENEW_EVERY_S} s)")
+    print(f"  per auto-resume job-second, not watched (no controller; salloc): {wrap_polling * 1000:.3f} ms (own job "
+          f"each {w.poll_interval_s:g} s + the step's nodes every full_node_check_s={w.full_node_check_s:g} s: "
+          f"{full_check * 1000:.3f} ms)")
+    print(f"  vs {wrap_before * 1000:.2f} ms before (the step's nodes each poll): {ratio(wrap_before, wrap_now)}x less")
+    print(f"  {jobs} jobs: {jobs * wrap_now:.4f} CPU s per s now vs {jobs * wrap_before:.2f} before")
+    print(f"detection (controller job thread every {ControllerSettings().notify_jobs_every_s:g} s, notice + nudge; "
+          f"the watched wrapper in the job's batch step), {len(detected)} trials: "
+          + ", ".join(f"{d:.2f} s" for d in detected))
     print(f"controller cycle + job-thread pass: {ctl_empty['pass_ms']:.2f} ms slurmctld with 0 pending jobs, "
           f"{ctl_full['pass_ms']:.2f} ms with {queued} (ratio {ratio(ctl_full['pass_ms'], ctl_empty['pass_ms'])}); "
           f"the whole-queue scan (every release_scan_every_s={ControllerSettings().release_scan_every_s:g} s): "
@@ -418,7 +502,8 @@ def main() -> None:
     print(f"\ntargets: agent healthy cycle 0 commands -> {rows['agent_cycle']['commands']:g}; wrapper poll <= 16 KB "
           f"-> {poll['bytes'] / 1000:.1f} KB, <= 50 ms CPU -> {poll['cpu'] * 1000:.1f} ms; "
           f"controller cycle ({REPAIRS} to repair) <= 300 ms CPU -> {rows['controller_cycle']['cpu'] * 1000:.0f} ms")
-    print(f"issue 27: <= 0.5 ms slurmctld per job-second -> {wrap_now * 1000:.3f} ms; detection <= 2 s -> "
+    print(f"issue 27: <= 0.5 ms slurmctld per job-second -> {wrap_now * 1000:.4f} ms watched "
+          f"({wrap_polling * 1000:.3f} ms without a controller); detection <= 2 s -> "
           f"max {max(detected):.2f} s; controller with {queued} pending ~ with none -> "
           f"{ctl_full['pass_ms']:.2f} vs {ctl_empty['pass_ms']:.2f} ms; agent <= 60 MB -> "
           f"{agent['peak_tree_mb']:.1f} MB")

@@ -125,7 +125,8 @@ class AutoResumeSettings(Section):
     # Empty: $SLURM_SUBMIT_DIR/.hpresilience/jobs, else ~/.hpresilience/jobs.
     state_dir: str = ""
     # Seconds between looks at the job's own record while the step runs (one job query each: the controller
-    # writes the job's bad nodes there; autoresume/nodewatch.py).
+    # writes the job's bad nodes there; autoresume/nodewatch.py). A job the controller watches (its lease, its
+    # nudge seen) is read only when nudged and every 60 s instead.
     poll_interval_s: float = Field(default=1.0, ge=0.1)
     # Also read the step's nodes themselves this often, for clusters where no controller tells the jobs (a node
     # query costs slurmctld its whole node table). 0: never, trust the controller's notices alone.

@@ -174,7 +174,7 @@ class StepRunner:
                 continue
             if not seen_running and failed_at is not None:
                 seen_running = self._check_running(failed_at)
-            if now >= next_poll:
+            if now >= next_poll or self.watch.nudged():  # a nudge: the controller just wrote a notice
                 next_poll = now + self.opts.poll_interval_s
                 blamed = self._bad_nodes(launch)
                 if blamed:

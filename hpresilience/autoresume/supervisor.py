@@ -51,6 +51,7 @@ from hpresilience.slurm.steps import nodes_answering
 log = get_logger("hpresilience.autoresume")
 # Signals that end the supervision (scancel, preemption's SIGTERM, Ctrl-C): forwarded, then no relaunch.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+NUDGE_SIGNAL = signal.SIGWINCH  # slurm/notice.nudge
 # Signals passed on to the step and otherwise ignored (preemption notices sent with --signal=B:USR1@T).
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 KIND_OF = {Cause.HARDWARE: FailureKind.NODE_FAULT, Cause.HANG: FailureKind.RULE_TRIPPED,
@@ -127,6 +128,9 @@ class Supervisor:
     # -- signals -------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:
         """Called from the signal handler: records a stop or forwards a notice; the loop does the rest."""
+        if signum == NUDGE_SIGNAL:  # the controller's nudge: for us alone, never passed on to the tasks
+            self.steps.watch.on_nudge()
+            return
         if signum in STOP_SIGNALS:
             self.stop_signal = self.stop_signal or signum
         self.steps.forward(signum)

@@ -99,6 +99,6 @@ def _supervise(c: Ctx, parsed: SrunArgs, given: dict[str, Any]) -> int:
     def handler(signum: int, frame: FrameType | None) -> None:
         supervisor.on_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH):
         signal.signal(sig, handler)
     return supervisor.run()

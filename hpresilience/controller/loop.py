@@ -79,7 +79,7 @@ class Controller:
         # that is stale for it (the slurm gate changes the node's state while it runs).
         self.returned_at: dict[str, float] = {}
         self.last_ok_cycle = 0.0
-        self.notifier = JobNotifier(client, dry_run=settings.dry_run)
+        self.notifier = JobNotifier(client, dry_run=settings.dry_run, watch_every_s=settings.watch_jobs_every_s)
         self._last_scan = time.monotonic()  # the first whole-queue scan comes one release_scan_every_s in
         self._next_notice = self._next_release = 0.0
         # Slurm itself starts requeued jobs as soon as we would (requeue_delay, 25.11+): no releases of ours.
@@ -413,9 +413,14 @@ class Controller:
                  release_requeued_every_s=self.settings.release_requeued_every_s)
         return delay
 
-    def notify_jobs(self) -> int:
+    def notify_jobs(self, now: float | None = None) -> int:
         """Tell the running jobs on bad nodes (AdminComment), from one read of the nodes out of service."""
-        return self.notifier.notify(self.client.nodes_out_of_service())
+        told = self.notifier.notify(self.client.nodes_out_of_service())
+        try:
+            self.notifier.watch(now)  # leases to the running batch jobs, every watch_jobs_every_s
+        except HPResilienceError as err:  # slurmdbd down: no new leases; the wrappers keep polling
+            log.warning("job_leases_failed", error=str(err)[:300], kind=type(err).__name__)
+        return told
 
     def jobs_tick(self, now: float) -> tuple[float, float]:
         """One pass of the job thread at monotonic `now`; returns when the next notice and release are due."""
@@ -423,7 +428,7 @@ class Controller:
         if s.notify_jobs_every_s > 0 and now >= self._next_notice:
             self._next_notice = now + s.notify_jobs_every_s
             try:
-                self.notify_jobs()
+                self.notify_jobs(now)
             except HPResilienceError as err:
                 log.warning("job_notices_failed", error=str(err)[:300], kind=type(err).__name__)
         if s.release_requeued_every_s > 0 and not self.release_left_to_slurm and now >= self._next_release:

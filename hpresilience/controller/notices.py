@@ -4,8 +4,15 @@ Once a second (notify_jobs_every_s) the controller's job thread reads the nodes 
 two queries as its cycle, sized by the nodes in trouble) and, when the set of bad nodes changed, the running
 jobs on them (`squeue -w`, once per change). Each such job gets the bad nodes under it, with the time each
 was marked, in its AdminComment (slurm/notice.py); a job whose bad nodes are all back in service gets the
-word taken off. What this costs slurmctld is fixed (two node queries a second) plus one job read and one
-job write per job per change; it does not grow with the jobs that are merely running.
+word taken off, and each job told of a bad node a nudge (slurm/notice.nudge) so that its wrapper reads the
+notice now. What this costs slurmctld is fixed (two node queries a second) plus one job read, one job write and
+one signal per job per change; it does not grow with the jobs that are merely running.
+
+Every watch_jobs_every_s the thread also learns the running batch jobs from slurmdbd (`sacct`, nothing asked
+of slurmctld) and gives each a lease in its AdminComment (`hpr:watch=<until>`, LEASE_S ahead, renewed
+RENEW_EVERY_S): the promise that a notice will come with a nudge. A wrapper holding a lease reads its own job
+only when nudged and every few minutes; one without (no controller, salloc, a controller gone for
+LEASE_S) keeps reading it every poll. One read and one write per job per RENEW_EVERY_S.
 """
 
 from __future__ import annotations
@@ -16,18 +23,26 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import jobs_on, leaves_step, write_notice
+from hpresilience.slurm.notice import jobs_on, leaves_step, nudge, running_batch_jobs, write_notice, write_watch
 
 log = get_logger("hpresilience.controller")
 # How long a told job stays on the requeue release's list: its wrapper requeues it within seconds of the
 # notice, or after a failed grow that waits up to its replace_timeout_s (10 minutes by default).
 RECENT_S = 900.0
+# The watch lease: long enough that a controller restart (or a slurmdbd hiccup) does not send every wrapper
+# back to polling, short enough that a controller gone for good is noticed within a quarter of an hour.
+LEASE_S = 900
+RENEW_EVERY_S = 300
+MAX_LEASES_PER_PASS = 100  # a controller starting on a busy cluster spreads its first writes over passes
 
 
 class JobNotifier:
-    def __init__(self, client: SlurmClient, dry_run: bool = False) -> None:
+    def __init__(self, client: SlurmClient, dry_run: bool = False, watch_every_s: float = 30.0) -> None:
         self.client = client
         self.dry_run = dry_run
+        self.watch_every_s = watch_every_s
+        self.next_watch = 0.0
+        self.leases: dict[int, int] = {}  # job -> the lease (epoch seconds) written into it
         self.last_bad: dict[str, int] | None = None
         self.told: dict[int, dict[str, int]] = {}  # job -> the bad nodes it was told of
         self.unwritable: set[int] = set()  # refused our write for good (DB index never set): not asked again
@@ -74,6 +89,8 @@ class JobNotifier:
                 continue
             if job_bad:
                 self.recent[job_id] = time.monotonic()
+                if found:  # its wrapper reads the notice now rather than at its next safety-net read
+                    nudge(self.client, job_id)
             if not found or not job_bad:
                 self.told.pop(job_id, None)
             else:
@@ -81,4 +98,34 @@ class JobNotifier:
             written += 1
             log.info("job_notice_written", job_id=job_id, nodes=",".join(sorted(job_bad)) or None, found=found)
         self.last_bad = None if retry else bad
+        return written
+
+    def watch(self, now: float | None = None) -> int:
+        """When due, give every running batch job a lease (new ones, and ones whose lease is RENEW_EVERY_S
+        old); returns how many were written. A job the controller cannot read or write is tried next pass."""
+        now = time.monotonic() if now is None else now
+        if self.watch_every_s <= 0 or now < self.next_watch:
+            return 0
+        self.next_watch = now + self.watch_every_s
+        running = running_batch_jobs(self.client)
+        self.leases = {j: t for j, t in self.leases.items() if j in running}
+        wall = int(time.time())
+        due = sorted(j for j in running if j not in self.unwritable and self.leases.get(j, 0) - wall
+                     < LEASE_S - RENEW_EVERY_S)
+        written = 0
+        for job_id in due[:MAX_LEASES_PER_PASS]:
+            if self.dry_run:  # said once per renewal, as a real run would write it
+                log.info("job_lease_would_be_written", job_id=job_id)
+                self.leases[job_id] = wall + LEASE_S
+                continue
+            try:
+                if write_watch(self.client, job_id, wall + LEASE_S):
+                    self.leases[job_id] = wall + LEASE_S
+                    written += 1
+            except HPResilienceError as err:
+                if "DB index" in str(err):
+                    self.unwritable.add(job_id)
+                log.warning("job_lease_not_written", job_id=job_id, error=str(err)[:300])
+        if written:
+            log.info("job_leases_written", jobs=written, watched=len(self.leases), running_batch=len(running))
         return written

@@ -97,6 +97,10 @@ class ControllerSettings(Section):
     # Running jobs on a bad node are told so in their AdminComment (slurm/notice.py) this often, so that no
     # srun --auto-resume job has to read node state itself. 0: never (each wrapper then reads its nodes).
     notify_jobs_every_s: float = Field(default=1.0, ge=0)
+    # The running batch jobs (from slurmdbd) get a watch lease in their AdminComment this often (new ones, and
+    # renewals every 5 min), so that their wrappers stop reading their job every poll (controller/notices.py).
+    # 0: no leases (each wrapper then reads its job every poll).
+    watch_jobs_every_s: float = Field(default=30.0, ge=0)
     # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.
     metrics_address: str = "127.0.0.1:9760"
 

@@ -22,6 +22,7 @@ def controller(tmp_path: Path, runner: FakeRunner, **changes: object) -> Control
 
 def test_the_pending_queue_is_scanned_only_every_release_scan_every_s(tmp_path: Path) -> None:
     runner = FakeRunner().answer("sinfo", "-h", "-N", "-R", stdout="").answer("squeue", "-h", "-t", "PD", stdout="")
+    runner.answer("sacct", "-a", "-n", "-P", "-s", "R", stdout="")
     ctl = controller(tmp_path, runner, release_scan_every_s=60)
     now = time.monotonic()
     for i in range(5):  # 5 passes within a minute of the start: notices and the (empty) told-job release only
@@ -50,10 +51,37 @@ def test_a_notice_refused_by_a_busy_slurmctld_is_written_on_the_next_pass(tmp_pa
     runner.answer("scontrol", "show", "job", "7", stdout="JobId=7 JobName=x\n   AdminComment=site note \n")
     runner.answer("scontrol", "update", exit_code=1, stderr="slurm_update error: Socket timed out on send/recv")
     runner.answer("scontrol", "update", stdout="")
+    runner.answer("scancel", stdout="")
     notifier = controller(tmp_path, runner).notifier
     bad = [Node(name="n2", address="a", hostname="h", states=frozenset({"ALLOCATED", "FAIL"}),
                 reason="Action:Replace", reason_changed_at=1764090077)]
     assert notifier.notify(bad) == 0
     assert notifier.notify(bad) == 1  # the same snapshot: tried again, not taken as done
-    assert runner.commands()[-1] == "scontrol update jobid=7 AdminComment=site note hpr:bad=n2@1764090077"
+    assert runner.commands()[-2:] == ["scontrol update jobid=7 AdminComment=site note hpr:bad=n2@1764090077",
+                                      "scancel --signal=28 --full --batch 7"]  # written, then nudged
     assert notifier.notify(bad) == 0 and runner.commands().count("squeue -h -t R,CG,S -w n2 -o %i|%N") == 2
+
+
+def test_running_batch_jobs_are_listed_from_slurmdbd_only_every_watch_jobs_every_s(tmp_path: Path) -> None:
+    runner = FakeRunner().answer("sinfo", "-h", "-N", "-R", stdout="").answer("squeue", stdout="")
+    runner.answer("sacct", "-a", "-n", "-P", "-s", "R", stdout="")
+    ctl = controller(tmp_path, runner, watch_jobs_every_s=30, release_scan_every_s=0)
+    now = time.monotonic()
+    for i in range(15):  # 15 passes, one every 2 s over 28 s: one listing
+        ctl.jobs_tick(now + i * 2.0)
+    listing = "sacct -a -n -P -s R -o JobIDRaw,State"
+    assert runner.commands().count(listing) == 1
+    ctl.jobs_tick(now + 31)
+    assert runner.commands().count(listing) == 2
+    assert not any(c.startswith("squeue -h -t") or c.startswith("scontrol update") for c in runner.commands())
+
+
+def test_an_unreachable_slurmdbd_writes_no_lease_and_the_notices_go_on(tmp_path: Path) -> None:
+    runner = FakeRunner(retries=0).answer("sinfo", "-h", "-N", "-R", stdout="").answer("squeue", stdout="")
+    runner.answer("sacct", exit_code=1, stderr="sacct: error: Problem talking to the database: Connection refused")
+    ctl = controller(tmp_path, runner, watch_jobs_every_s=30, release_scan_every_s=0)
+    now = time.monotonic()
+    ctl.jobs_tick(now)
+    ctl.jobs_tick(now + 2)
+    assert runner.commands().count("sinfo -h -N -R -o %N") == 2  # the notices' listing, every pass
+    assert ctl.notifier.leases == {} and not any(c.startswith("scontrol update") for c in runner.commands())

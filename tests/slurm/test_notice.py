@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import leaves_step, parse_admin_comment, parse_notice, with_notice
+from hpresilience.slurm.notice import (
+    WATCH_PREFIX,
+    leaves_step,
+    parse_admin_comment,
+    parse_notice,
+    parse_running_batch,
+    parse_watch,
+    with_notice,
+    with_word,
+)
 
 # `scontrol show job J` on 22.05 (our own job, same shape as the real output): AdminComment has a line of its own,
 # before Comment; the one-line form would run both together.
@@ -55,3 +64,37 @@ def test_a_node_leaves_the_step_when_broken_or_its_reason_asks_for_an_action() -
     assert leaves_step(node("ALLOCATED", "DRAIN", reason="Action:Replace"))
     assert not leaves_step(node("ALLOCATED", "DRAIN", reason="operator: maintenance"))
     assert not leaves_step(node("ALLOCATED"))
+
+
+@pytest.mark.parametrize("site", ["", "site x=1", "  spaced  text ", "hpr:watchX=1"])
+def test_the_watch_lease_and_the_notice_live_side_by_side_and_keep_the_sites_text(site: str) -> None:
+    leased = with_word(site, WATCH_PREFIX, f"{WATCH_PREFIX}1795637000")
+    told = with_notice(leased, {"n2": 5})
+    assert parse_watch(told) == 1795637000 and parse_notice(told) == {"n2": 5}
+    renewed = with_word(told, WATCH_PREFIX, f"{WATCH_PREFIX}1795637900")
+    assert parse_watch(renewed) == 1795637900 and parse_notice(renewed) == {"n2": 5}
+    assert with_word(with_notice(renewed, {}), WATCH_PREFIX, "") == site
+
+
+def test_a_missing_or_malformed_lease_reads_as_no_lease() -> None:
+    assert parse_watch("site x=1") == 0
+    assert parse_watch("hpr:watch=soon") == 0
+    assert parse_watch("hpr:bad=n1@5 hpr:watch=77") == 77
+
+
+# `sacct -a -n -P -s R -o JobIDRaw,State` on 22.05 (same shape as the real output): a batch job has its `.batch`
+# step, an salloc job (21500002) has none, an extern step and a finished step are not the batch step.
+SACCT_RUNNING = """21500001|RUNNING
+21500001.batch|RUNNING
+21500001.extern|RUNNING
+21500002|RUNNING
+21500002.0|RUNNING
+21500003|RUNNING
+21500003.batch|COMPLETED
+junk
+x.batch|RUNNING
+"""
+
+
+def test_only_jobs_whose_batch_step_runs_are_watched() -> None:
+    assert parse_running_batch(SACCT_RUNNING) == {21500001}

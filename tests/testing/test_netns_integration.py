@@ -1,0 +1,173 @@
+"""Nodes as separate hosts (`devcluster up --isolation netns`): one module cluster of 3 nodes, each in its own
+network and PID namespace, with Slurm's default SlurmdTimeout (300 s) and proctrack/pgid (so that tasks can escape
+their step, as torchrun's workers do, and only our reap can find them)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hpresilience import proc
+from hpresilience.testing import netns
+from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.netns import Isolation
+from tests.autoresume.test_wrapper_integration import TRAINER, Run, processes_with, unique_token
+from tests.conftest import TEST_BASE_PORT, require_slurm
+
+pytestmark = pytest.mark.integration
+PORT = TEST_BASE_PORT + 700  # away from the session cluster and the fault-sequence module's (+600)
+
+
+def need_netns() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("--isolation netns needs root")
+    if not all(proc.run(["sh", "-c", f"command -v {t}"], 5).ok for t in ("ip", "nsenter", "unshare")):
+        pytest.fail("ip/nsenter/unshare missing: apt-get install -y iproute2 util-linux")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    require_slurm()
+    need_netns()
+    cl = DevCluster(state_dir=tmp_path_factory.mktemp("netns") / "cluster", nodes=3, base_port=PORT,
+                    overrides={"SlurmdTimeout": "300"}, proctrack="pgid", isolation=Isolation.NETNS)
+    cl.up(timeout=60)
+    yield cl
+    cl.down()
+
+
+def on_node(cl: DevCluster, node: str, script: str, timeout: float = 15.0) -> proc.Result:
+    """One task on `node` (a job step of its own), run from the controller's namespace."""
+    return proc.run([*cl.command_prefix(), "srun", "-N1", "-w", node, "sh", "-c", script], timeout, env=cl.env())
+
+
+def node_of(p: psutil.Process) -> str | None:
+    with contextlib.suppress(psutil.Error):
+        return p.environ().get("SLURMD_NODENAME")
+    return None
+
+
+def test_each_node_has_its_own_address_and_sees_only_its_own_processes(hosts: DevCluster) -> None:
+    res = proc.run([*hosts.command_prefix(), "srun", "-N3", "sh", "-c",
+                    'echo "$SLURMD_NODENAME $(ls /proc | grep -c "^[0-9]") $(cat /proc/net/fib_trie | '
+                    'grep -o "10\\.77\\.0\\.1[0-9]" | sort -u | tr "\\n" " ")"'], 30, env=hosts.env())
+    assert res.ok, res.describe(tail=500)
+    seen = {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines() if line.strip()}
+    assert sorted(seen) == ["n1", "n2", "n3"]
+    for i, name in enumerate(["n1", "n2", "n3"], start=1):
+        count, *addrs = seen[name]
+        assert int(count) < 20, f"{name} sees {count} processes: not a PID namespace of its own"
+        assert addrs == [netns.node_addr(i)], f"{name} has addresses {addrs}"
+    # Nothing of the cluster's network is on the host: no 10.77.0.x address, no link of ours.
+    host = proc.run(["ip", "-o", "addr"], 5).stdout
+    assert netns.SUBNET not in host and "vn1" not in proc.run(["ip", "-o", "link"], 5).stdout
+
+
+def test_a_partitioned_node_is_unreachable_while_its_processes_run_and_heal_restores_it(hosts: DevCluster) -> None:
+    token = unique_token()
+    started = on_node(hosts, "n2", f"setsid bash -c 'while sleep 0.3; do :; done' {token} </dev/null >/dev/null 2>&1 & sleep 1")
+    assert started.ok, started.describe(tail=300)
+    try:
+        [task] = processes_with(token)
+        hosts.partition("n2")
+        assert netns.is_partitioned(PORT, "n2")
+        assert tcp_connect_s(hosts, "n2", tries=1) is None  # n2's slurmd cannot be reached
+        assert tcp_connect_s(hosts, "n3", tries=1) is not None  # the other nodes can
+        assert task.is_running() and task.status() != psutil.STATUS_ZOMBIE
+        hosts.heal("n2")
+        assert not netns.is_partitioned(PORT, "n2")
+        back = on_node(hosts, "n2", "echo reached", timeout=20)
+        assert back.ok and "reached" in back.stdout, back.describe(tail=300)
+        assert task.is_running()
+    finally:
+        hosts.heal("n2")
+        for p in processes_with(token):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def tcp_connect_s(cl: DevCluster, node: str, tries: int = 5) -> float | None:
+    """Median time of a TCP connect from the controller's namespace to the node's slurmd (one round trip);
+    None when it does not connect within 2 s."""
+    addr = netns.node_addr(cl.names().index(node) + 1)
+    code = (f"import socket,time,statistics\nts=[]\nfor _ in range({tries}):\n t=time.monotonic()\n"
+            f" s=socket.create_connection(('{addr}',{cl.node_port(node)}),timeout=2)\n"
+            " ts.append(time.monotonic()-t)\n s.close()\nprint(statistics.median(ts))")
+    res = proc.run([*cl.command_prefix(), "python3", "-c", code], 30)
+    return float(res.stdout.strip()) if res.ok else None
+
+
+def test_slow_adds_the_delay_to_the_nodes_link_and_zero_removes_it(hosts: DevCluster) -> None:
+    missing = netns.netem_usable()
+    if missing:
+        pytest.skip(f"this kernel has no netem qdisc (sch_netem): `tc qdisc add ... netem` says {missing!r}")
+    before = tcp_connect_s(hosts, "n3")
+    assert before is not None
+    hosts.slow("n3", 100)
+    try:
+        slowed = tcp_connect_s(hosts, "n3")
+        assert slowed is not None and slowed >= 0.19, f"connect took {slowed} s with 100 ms each way"  # both ways
+    finally:
+        hosts.slow("n3", 0)
+    after = tcp_connect_s(hosts, "n3")
+    assert after is not None and after < before + 0.05
+
+
+def test_the_reap_runs_only_on_healthy_nodes_and_an_orphan_on_the_failed_node_outlives_the_job(
+        hosts: DevCluster, tmp_path: Path) -> None:
+    """Under proctrack/pgid a task in a session of its own escapes its cancelled step. With separate process tables
+    the reap (one task per healthy node) finds only its own node's orphan: the one on n2, the node set FAIL while
+    its slurmd still answers, is out of the job's reach once n2 is released, and Slurm's kill (by process group)
+    misses it. Real clusters use proctrack/cgroup, whose kill on release takes every process of the job."""
+    slurm = hosts.client()
+    token = unique_token()
+    run = Run(hosts, slurm, tmp_path, "--auto-resume-spares=1", str(TRAINER), nodes=3,
+              env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2", "ORPHAN": token})
+    try:
+        run.wait_output("step=3 ")
+        first = run.named("attempt_started")[0]["nodes"].split(",")
+        orphans = {node_of(p): p for p in processes_with(f"orphan-{token}")}
+        assert sorted(n for n in orphans if n) == sorted(first)
+        victim = next(n for n in first if n != slurm.job(run.job_id).batch_host)
+        survivor = next(n for n in first if n != victim)
+        slurm.set_node_state([victim], "fail", "Action:Replace")
+        assert run.wait_done(90) == "0", run.err
+        killed = [k for k in run.named("stale_task_killed") if f"orphan-{token}" in k["command"]]
+        assert [k["node"] for k in killed] == [survivor]  # the healthy node's own orphan, nobody else's
+        assert not orphans[survivor].is_running() or orphans[survivor].status() == psutil.STATUS_ZOMBIE
+        assert orphans[victim].is_running(), "the failed node's orphan was killed: by whom?"
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.cancel(run.job_id)
+        for p in processes_with(token):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        with contextlib.suppress(Exception):
+            slurm.set_node_state(["n1", "n2", "n3"], "resume")
+
+
+def test_down_removes_the_namespaces_of_a_cluster_whose_processes_all_died(
+        tmp_path: Path) -> None:
+    require_slurm()
+    need_netns()
+    port = PORT + 50
+    cl = DevCluster(state_dir=tmp_path / "crashed", nodes=2, base_port=port, accounting=False,
+                    isolation=Isolation.NETNS)
+    cl.up(timeout=30)
+    try:
+        for p in cl.processes():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        assert len(netns.existing(port)) == 3  # ctl, n1, n2: left behind by the "crash"
+    finally:
+        # A fresh object on the same port, without the state directory (a reboot of the test runner's view).
+        DevCluster(state_dir=tmp_path / "elsewhere", nodes=2, base_port=port).down()
+    assert netns.existing(port) == []
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0

@@ -7,12 +7,16 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
+import yaml
 
 from hpresilience import proc
 from hpresilience.testing import netns
@@ -20,6 +24,7 @@ from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.netns import Isolation
 from tests.autoresume.test_wrapper_integration import TRAINER, Run, processes_with, unique_token
 from tests.conftest import TEST_BASE_PORT, require_slurm
+from tests.controller.conftest import history, settings_for, write_scripts
 
 pytestmark = pytest.mark.integration
 PORT = TEST_BASE_PORT + 700  # away from the session cluster and the fault-sequence module's (+600)
@@ -213,6 +218,48 @@ def test_a_partitioned_training_node_is_replaced_by_the_spare_and_its_old_tasks_
         for p in processes_with(token):
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+def test_two_controllers_on_two_hosts_one_acts_and_the_other_takes_over_when_it_dies(
+        hosts: DevCluster, tmp_path: Path) -> None:
+    """Controllers on n1 and n3 (their own network namespaces) sharing one state directory, as two head nodes
+    on a shared filesystem: the second is refused while the first holds the directory's lock (the controller's
+    only guard: a lock file, no election), and once the first dies (SIGKILL, a crashed head node) the second
+    starts and repairs a marked node, once."""
+    slurm = hosts.client()
+    wait_for(lambda: all(n.is_idle for n in slurm.nodes(hosts.names())), "idle nodes", 60)
+    scripts = write_scripts(tmp_path / "scripts", hosts)
+    state = tmp_path / "state"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"controller": settings_for(scripts, state).model_dump(mode="json")}))
+    env = dict(hosts.env(), HPRESILIENCE_CONFIG=str(cfg))
+
+    def controller_on(node: str, out: IO[str]) -> subprocess.Popen[str]:
+        argv = [*netns.enter(netns.node_ns(PORT, node)), sys.executable, "-m", "hpresilience", "controller", "run"]
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    with open(tmp_path / "first.log", "w") as log1, open(tmp_path / "second.log", "w") as log2:
+        first = controller_on("n1", log1)
+        second: subprocess.Popen[str] | None = None
+        try:
+            wait_for(lambda: "controller_started" in (tmp_path / "first.log").read_text(), "the first controller", 30)
+            refused = controller_on("n3", log2)
+            assert refused.wait(30) != 0
+            assert f"another controller (pid {first.pid})" in (tmp_path / "second.log").read_text()
+            first.kill()
+            first.wait(10)
+            second = controller_on("n3", log2)
+            wait_for(lambda: (tmp_path / "second.log").read_text().count("controller_started") == 1,
+                     "the second controller", 30)
+            slurm.set_node_state(["n2"], "fail", "Action:Replace")
+            wait_for(lambda: history(state), "the repair by the second controller", 60)
+            assert scripts.calls == ["n2 replace"]
+        finally:
+            for p in (first, second):
+                if p is not None and p.poll() is None:
+                    p.terminate()
+                    p.wait(30)
+    wait_for(lambda: slurm.node("n2").is_idle, "n2 back", 30)
 
 
 def test_down_removes_the_namespaces_of_a_cluster_whose_processes_all_died(

@@ -99,6 +99,28 @@ def test_a_partitioned_node_is_unreachable_while_its_processes_run_and_heal_rest
                 p.kill()
 
 
+def hpr(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpresilience", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_cli_partitions_and_heals_a_node_of_the_cluster_in_its_state_directory(
+        hosts: DevCluster, tmp_path: Path) -> None:
+    where = ("--state-dir", str(hosts.state_dir))
+    cut = hpr("devcluster", "partition", "n3", *where)
+    try:
+        assert cut.returncode == 0 and "partitioned n3" in cut.stdout, cut.stderr
+        assert netns.is_partitioned(PORT, "n3")  # the port and node count came from the cluster's slurm.conf
+    finally:
+        healed = hpr("devcluster", "heal", "n3", *where)
+    assert healed.returncode == 0 and not netns.is_partitioned(PORT, "n3"), healed.stderr
+    unknown = hpr("devcluster", "slow", "n9", "--delay-ms", "10", *where)
+    assert unknown.returncode != 0 and "unknown node 'n9'" in unknown.stderr
+    # A cluster without isolation (here: none at all in this directory) says what to do instead.
+    plain = hpr("devcluster", "partition", "n1", "--state-dir", str(tmp_path / "none"))
+    assert plain.returncode != 0 and "--isolation netns" in plain.stderr
+    assert len(plain.stderr.strip().splitlines()) == 1, plain.stderr
+
+
 def tcp_connect_s(cl: DevCluster, node: str, tries: int = 5) -> float | None:
     """Median time of a TCP connect from the controller's namespace to the node's slurmd (one round trip);
     None when it does not connect within 2 s."""

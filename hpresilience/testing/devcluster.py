@@ -81,7 +81,8 @@ class DevCluster:
     def __init__(self, state_dir: Path | str, nodes: int = 4, base_port: int = 17817,
                  overrides: Mapping[str, str] | None = None, bin_dir: str = "", *,
                  accounting: bool | None = None, extra_nodes: int = 0, proctrack: str = "auto",
-                 slurm: SlurmRelease | None = None, isolation: Isolation | None = None) -> None:
+                 slurm: SlurmRelease | None = None, isolation: Isolation | None = None,
+                 backup_controller: bool = False) -> None:
         """accounting: None starts MariaDB + slurmdbd when their packages are installed (else logs the apt
         line and runs without); True requires them. proctrack: auto uses cgroup v1 where it is mounted.
         slurm: the release its daemons run (None: the one recorded in the state directory, else this process's);
@@ -102,6 +103,9 @@ class DevCluster:
         self.release = slurm or self.recorded_release() or slurmroot.current_release()
         self.accounting = devaccounting.Accounting(self.state_dir, base_port + 2, base_port + 3, self._spawn)
         self.isolation = isolation or self.recorded_isolation() or Isolation.NONE
+        self.backup_controller = backup_controller
+        if backup_controller and self.isolation is not Isolation.NETNS:
+            raise ConfigError("a backup controller needs --isolation netns (a host of its own)")
         if self.isolation is Isolation.NETNS:
             if self.release.suite is not None:
                 raise ConfigError(f"--isolation netns runs only the host's Slurm ({SlurmRelease.HOST.value}) so far, "
@@ -172,7 +176,8 @@ class DevCluster:
         d = self.state_dir
         s = {
             "ClusterName": "hpdev",
-            "SlurmctldHost": f"localhost({netns.CTL_ADDR if self.netns else '127.0.0.1'})",
+            "SlurmctldHost": (f"{netns.PRIMARY_NAME}({netns.CTL_ADDR})" if self.backup_controller else
+                              f"localhost({netns.CTL_ADDR if self.netns else '127.0.0.1'})"),
             "SlurmUser": "root",
             "SlurmdUser": "root",
             # Debian's build ships auth/none and cred/none: no munge needed on one machine.
@@ -204,6 +209,8 @@ class DevCluster:
             "MinJobAge": "300",
             "InactiveLimit": "0",
         }
+        if self.backup_controller:  # the backup's slurm.conf differs in its pid and log file only
+            s["DebugFlags"] = "NO_CONF_HASH"
         if self.accounting_wanted():
             s.update(self.accounting.slurm_conf_settings())
         if self.extra_nodes:
@@ -217,6 +224,8 @@ class DevCluster:
     def render_conf(self) -> str:
         lines = ["# Written by `hpresilience devcluster up`; removed by `down`."]
         lines += [f"{k}={v}" for k, v in self.settings().items()]
+        if self.backup_controller:  # a second SlurmctldHost line: the backup, on a host of its own
+            lines.append(f"SlurmctldHost={netns.BACKUP_NAME}({netns.BACKUP_ADDR})")
         port0 = self.base_port + 10
         for i, name in enumerate(self.names(), start=1):
             lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr={self.node_address(i)} Port={port0 + i} "
@@ -333,13 +342,13 @@ class DevCluster:
                 continue
         return out
 
-    def _spawn(self, argv: list[str], foreground: bool = False) -> None:
+    def _spawn(self, argv: list[str], foreground: bool = False, where: list[str] | None = None) -> None:
         """Start a daemon with our marker. Slurm's daemons fork into the background and chdir to / (-f must be
         absolute: it is); a `foreground` one (mariadbd) is detached into its own session here instead."""
         env = self.env()
         env[MARKER] = str(self.state_dir)
         name = os.path.basename(argv[0])
-        argv = [*self.command_prefix(), *self.root_prefix(), *argv]
+        argv = [*(self.command_prefix() if where is None else where), *self.root_prefix(), *argv]
         if foreground:
             with open(self.log_dir / f"{name}.out", "ab") as out:
                 subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -400,6 +409,21 @@ class DevCluster:
         self._require_netns(name)
         netns.slow(self.base_port, name, delay_ms)
         log.info("devcluster_node_slowed", node=name, delay_ms=delay_ms)
+
+    def kill_primary_controller(self) -> int | None:
+        """SIGKILL the slurmctld in the cluster's ctl namespace (a crashed head node); its pid, or None."""
+        try:
+            ctl = os.stat(netns.NETNS_DIR / netns.ctl_ns(self.base_port)).st_ino
+        except OSError:
+            return None
+        for p in psutil.process_iter(["name"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                if (p.info["name"] == "slurmctld" and p.environ().get(MARKER) == str(self.state_dir)
+                        and os.stat(f"/proc/{p.pid}/ns/net").st_ino == ctl):
+                    p.kill()
+                    log.info("devcluster_controller_killed", pid=p.pid)
+                    return p.pid
+        return None
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> bool:
         """Kill one node's slurmd (a crashed node, for tests); its running steps are left alone."""
@@ -472,12 +496,25 @@ class DevCluster:
         try:
             if self.netns:
                 netns.destroy(self.base_port)  # what a crashed cluster on these ports left
-                netns.create(self.base_port, self.names())
+                netns.create(self.base_port, self.names(), backup=self.backup_controller)
             if accounting:
                 self.accounting.start(self.state_dir, timeout, progress)
             (self.state_dir / "cgroup.conf").write_text(self.render_cgroup_conf())
             self.conf_path.write_text(self.render_conf())
-            self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
+            if self.backup_controller:
+                primary = [*self.command_prefix(), *netns.with_hostname(netns.PRIMARY_NAME)]
+                self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)], where=primary)
+                # No -c: on taking over, the backup loads the state the primary saved (the same directory). Its own
+                # pid file: a slurmctld starting kills the one named in its pid file ("killing old slurmctld").
+                backup_conf = self.state_dir / "slurm-backup.conf"
+                backup_conf.write_text(self.conf_path.read_text().replace(
+                    f"SlurmctldPidFile={self.state_dir}/slurmctld.pid", f"SlurmctldPidFile={self.state_dir}/backup.pid")
+                    .replace("log/slurmctld.log", "log/slurmctld-backup.log"))
+                self._spawn([self._tool("slurmctld"), "-f", str(backup_conf)],
+                            where=[*netns.enter(netns.backup_ns(self.base_port)),
+                                   *netns.with_hostname(netns.BACKUP_NAME)])
+            else:
+                self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
             for name in self.names():
                 self.start_node(name)
             self.wait_idle(timeout, progress)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 from enum import Enum
 from pathlib import Path
 
@@ -28,6 +29,12 @@ from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError
 
 SUBNET = "10.77.0"
 CTL_ADDR = f"{SUBNET}.1"
+# With a backup controller each slurmctld has a host name of its own (a UTS namespace): Slurm picks a daemon's role
+# by matching its host name against the SlurmctldHost lines, and reads `localhost` as whatever host it runs on.
+PRIMARY_NAME = "ctl1"
+BACKUP_NAME = "ctl2"
+BACKUP_ADDR = f"{SUBNET}.2"
+_SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
 BRIDGE = "br0"
 NODE_IF = "eth0"
 NETNS_DIR = Path("/run/netns")
@@ -60,6 +67,15 @@ def prefix(base_port: int) -> str:
 
 def ctl_ns(base_port: int) -> str:
     return f"{prefix(base_port)}ctl"
+
+
+def backup_ns(base_port: int) -> str:
+    return f"{prefix(base_port)}ctl2"
+
+
+def with_hostname(name: str) -> list[str]:
+    """argv prefix running a command in a UTS namespace of its own under the host name `name`."""
+    return ["unshare", "--uts", sys.executable, "-I", "-S", "-c", _SET_HOSTNAME, name]
 
 
 def node_ns(base_port: int, node: str) -> str:
@@ -110,7 +126,7 @@ def existing(base_port: int) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix(base_port)))
 
 
-def create(base_port: int, nodes: list[str]) -> None:
+def create(base_port: int, nodes: list[str], backup: bool = False) -> None:
     """Namespaces, the bridge and one veth pair per node, all links up. Raises NetnsError (after removing what it
     made) when any step fails."""
     check_tools()
@@ -130,6 +146,15 @@ def create(base_port: int, nodes: list[str]) -> None:
             _run("ip", "-n", ctl, "link", "set", bridge_port(node), "master", BRIDGE)
             _run("ip", "-n", ctl, "link", "set", bridge_port(node), "up")
             _run("ip", "-n", ns, "addr", "add", f"{node_addr(i)}/24", "dev", NODE_IF)
+            _run("ip", "-n", ns, "link", "set", NODE_IF, "up")
+        if backup:  # the backup controller's host: one more port on the bridge
+            ns = backup_ns(base_port)
+            _run("ip", "netns", "add", ns)
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            _run("ip", "-n", ctl, "link", "add", "vctl2", "type", "veth", "peer", "name", NODE_IF, "netns", ns)
+            _run("ip", "-n", ctl, "link", "set", "vctl2", "master", BRIDGE)
+            _run("ip", "-n", ctl, "link", "set", "vctl2", "up")
+            _run("ip", "-n", ns, "addr", "add", f"{BACKUP_ADDR}/24", "dev", NODE_IF)
             _run("ip", "-n", ns, "link", "set", NODE_IF, "up")
     except BaseException:
         destroy(base_port)

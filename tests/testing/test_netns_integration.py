@@ -284,6 +284,33 @@ def test_two_controllers_on_two_hosts_one_acts_and_the_other_takes_over_when_it_
     wait_for(lambda: slurm.node("n2").is_idle, "n2 back", 30)
 
 
+def test_a_backup_slurmctld_takes_over_while_a_step_runs_and_the_wrapper_rides_through(tmp_path: Path) -> None:
+    """Two controller hosts (SlurmctldHost ctl1, then ctl2, SlurmctldTimeout=5): the primary is killed (a crashed
+    head node) while a 2-node step trains; the backup takes over, the step is never relaunched and finishes."""
+    require_slurm()
+    need_netns()
+    cl = DevCluster(state_dir=tmp_path / "failover", nodes=2, base_port=PORT + 100, accounting=False,
+                    isolation=Isolation.NETNS, backup_controller=True, overrides={"SlurmctldTimeout": "5"})
+    cl.up(timeout=60)
+    try:
+        slurm = cl.client()
+        (tmp_path / "job").mkdir()
+        run = Run(cl, slurm, tmp_path / "job", "", str(TRAINER), nodes=2,
+                  env={"TRAIN_STEPS": "80", "STEP_SLEEP": "0.2"})
+        # slurmctld writes its state at most every few seconds: the backup must find the running job in it (a job
+        # it does not know would be requeued by the takeover). Real jobs run far longer before a failover.
+        run.wait_output("step=40 ", timeout=60)
+        assert cl.kill_primary_controller() is not None
+        assert run.wait_done(90) == "0", run.err
+        assert len(run.named("attempt_started")) == 1 and run.named("job_step_succeeded")
+        assert "rank=1 training finished step=80" in run.out
+        ping = proc.run([*cl.command_prefix(), "scontrol", "ping"], 20, env=cl.env()).stdout
+        assert "primary) at ctl1 is DOWN" in ping and "backup) at ctl2 is UP" in ping, ping
+        assert "taking over" in (cl.log_dir / "slurmctld-backup.log").read_text()
+    finally:
+        cl.down(remove=False)  # its logs stay in the test's directory
+
+
 def test_down_removes_the_namespaces_of_a_cluster_whose_processes_all_died(
         tmp_path: Path) -> None:
     require_slurm()

@@ -19,12 +19,13 @@ import pytest
 import yaml
 
 from hpresilience import proc
+from hpresilience.controller.loop import Controller
 from hpresilience.testing import netns
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.netns import Isolation
 from tests.autoresume.test_wrapper_integration import TRAINER, Run, processes_with, unique_token
 from tests.conftest import TEST_BASE_PORT, require_slurm
-from tests.controller.conftest import history, settings_for, write_scripts
+from tests.controller.conftest import history, settings_for, start_controller, write_scripts  # noqa: F401
 
 pytestmark = pytest.mark.integration
 PORT = TEST_BASE_PORT + 700  # away from the session cluster and the fault-sequence module's (+600)
@@ -284,9 +285,11 @@ def test_two_controllers_on_two_hosts_one_acts_and_the_other_takes_over_when_it_
     wait_for(lambda: slurm.node("n2").is_idle, "n2 back", 30)
 
 
-def test_a_backup_slurmctld_takes_over_while_a_step_runs_and_the_wrapper_rides_through(tmp_path: Path) -> None:
+def test_a_backup_slurmctld_takes_over_while_a_step_runs_and_the_wrapper_and_controller_ride_through(
+        tmp_path: Path, start_controller: Callable[[Controller], Controller]) -> None:  # noqa: F811 - the fixture
     """Two controller hosts (SlurmctldHost ctl1, then ctl2, SlurmctldTimeout=5): the primary is killed (a crashed
-    head node) while a 2-node step trains; the backup takes over, the step is never relaunched and finishes."""
+    head node) while a 2-node step trains; the backup takes over, the step is never relaunched and finishes, and
+    the hpresilience controller, running all along, repairs a node marked afterwards through the backup."""
     require_slurm()
     need_netns()
     cl = DevCluster(state_dir=tmp_path / "failover", nodes=2, base_port=PORT + 100, accounting=False,
@@ -294,6 +297,8 @@ def test_a_backup_slurmctld_takes_over_while_a_step_runs_and_the_wrapper_rides_t
     cl.up(timeout=60)
     try:
         slurm = cl.client()
+        scripts = write_scripts(tmp_path / "scripts", cl)
+        start_controller(Controller(settings_for(scripts, tmp_path / "ctl"), slurm))
         (tmp_path / "job").mkdir()
         run = Run(cl, slurm, tmp_path / "job", "", str(TRAINER), nodes=2,
                   env={"TRAIN_STEPS": "80", "STEP_SLEEP": "0.2"})
@@ -307,6 +312,9 @@ def test_a_backup_slurmctld_takes_over_while_a_step_runs_and_the_wrapper_rides_t
         ping = proc.run([*cl.command_prefix(), "scontrol", "ping"], 20, env=cl.env()).stdout
         assert "primary) at ctl1 is DOWN" in ping and "backup) at ctl2 is UP" in ping, ping
         assert "taking over" in (cl.log_dir / "slurmctld-backup.log").read_text()
+        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        wait_for(lambda: history(tmp_path / "ctl"), "the controller's repair through the backup", 60)
+        assert scripts.calls == ["n2 replace"]
     finally:
         cl.down(remove=False)  # its logs stay in the test's directory
 

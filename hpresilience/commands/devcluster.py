@@ -25,7 +25,7 @@ RELEASES = [r.value for r in SlurmRelease]
 def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
                  overrides: tuple[str, ...] = (), accounting: bool | None = None, extra_nodes: int | None = None,
                  proctrack: str | None = None, slurm: str | None = None,
-                 isolation: str | None = None) -> DevCluster:
+                 isolation: str | None = None, backup_controller: bool = False) -> DevCluster:
     s = c.config.devcluster
     extra = dict(s.overrides)
     for item in overrides:
@@ -41,7 +41,7 @@ def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
         accounting=s.accounting if accounting is None else accounting,
         extra_nodes=s.extra_nodes if extra_nodes is None else extra_nodes, proctrack=proctrack or s.proctrack,
         slurm=SlurmRelease.parse(slurm) if slurm else None,
-        isolation=Isolation.parse(isolation) if isolation else None,
+        isolation=Isolation.parse(isolation) if isolation else None, backup_controller=backup_controller,
     )
 
 
@@ -98,14 +98,18 @@ def devcluster() -> None:
 @click.option("--isolation", type=click.Choice([i.value for i in Isolation]), default=None,
               help="none (default): nodes share the host's network and processes; netns: each node in its own "
                    "network and PID namespace, on a private bridge (for partition/heal/slow).")
+@click.option("--backup-controller", is_flag=True,
+              help="With --isolation netns: a backup slurmctld on a host of its own (SlurmctldHost ctl1, ctl2); "
+                   "`devcluster kill-controller` crashes the primary. Needs --no-accounting for now.")
 @slurm_opt
 @state_dir_opt
 @pass_ctx
 def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, accounting: bool | None,
-       extra_nodes: int | None, proctrack: str | None, isolation: str | None, slurm: str | None,
-       state_dir: str | None) -> None:
+       extra_nodes: int | None, proctrack: str | None, isolation: str | None, backup_controller: bool,
+       slurm: str | None, state_dir: str | None) -> None:
     """Start the cluster (idempotent); return when every node is idle."""
-    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack, slurm, isolation)
+    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack, slurm, isolation,
+                      backup_controller)
     if cl.needs_root_entry():
         slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
         in_its_root(cl)
@@ -222,6 +226,18 @@ def partition(c: Ctx, name: str, state_dir: str | None) -> None:
     """Cut node NAME off the cluster's network (its link goes down; its processes keep running)."""
     _node_cluster(c, name, state_dir).partition(name)
     click.echo(f"partitioned {name}: its link is down")
+
+
+@devcluster.command("kill-controller")
+@state_dir_opt
+@pass_ctx
+def kill_controller(c: Ctx, state_dir: str | None) -> None:
+    """SIGKILL the primary slurmctld (a crashed head node; a backup, if any, takes over)."""
+    pid = cluster_from(c, state_dir=state_dir).kill_primary_controller()
+    if pid is None:
+        raise click.ClickException("no primary slurmctld of this cluster runs in its controller namespace "
+                                   "(needs --isolation netns)")
+    click.echo(f"killed the primary slurmctld (pid {pid})")
 
 
 @devcluster.command()

@@ -106,6 +106,11 @@ class DevCluster:
         self.backup_controller = backup_controller
         if backup_controller and self.isolation is not Isolation.NETNS:
             raise ConfigError("a backup controller needs --isolation netns (a host of its own)")
+        if backup_controller and accounting is None:
+            self.want_accounting = False
+        if backup_controller and accounting:
+            raise ConfigError("a backup controller runs without accounting for now (slurmdbd listens on 127.0.0.1 "
+                              "inside the primary's namespace): add --no-accounting")
         if self.isolation is Isolation.NETNS:
             if self.release.suite is not None:
                 raise ConfigError(f"--isolation netns runs only the host's Slurm ({SlurmRelease.HOST.value}) so far, "

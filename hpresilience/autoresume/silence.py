@@ -29,25 +29,32 @@ def silent_nodes(tasks: Iterable[RankInfo], nodes: Sequence[str], now: float, si
 
 
 class SilenceWatch:
-    """Which silent nodes to probe now: each at most once per silence (a node that answered is left alone until
-    it prints again)."""
+    """Which silent nodes to probe now: each at most once per silence, and a node that answered must stay silent
+    twice as long as it was before it is probed again (block-buffered output arrives in bursts: a node whose
+    bursts lag the others' settles after a probe or two instead of costing one per burst; capped at MAX_S)."""
+
+    MAX_S = 300.0
 
     def __init__(self, silent_s: float) -> None:
         self.silent_s = silent_s
         self._answered: dict[str, float] = {}  # node -> its last output time when it answered a probe
+        self._threshold: dict[str, float] = {}  # node -> its own threshold once it answered a probe
 
     def reset(self) -> None:
         self._answered.clear()
+        self._threshold.clear()
 
     def suspects(self, tasks: Sequence[RankInfo], nodes: Sequence[str], now: float) -> list[str]:
         if self.silent_s <= 0:
             return []
-        last = {i.node: i.last_at for i in tasks}
+        last: dict[str, float] = {}
         for info in tasks:
-            last[info.node] = max(last[info.node], info.last_at)
+            last[info.node] = max(last.get(info.node, info.last_at), info.last_at)
         return [n for n in silent_nodes(tasks, nodes, now, self.silent_s)
-                if self._answered.get(n) != last.get(n)]
+                if self._answered.get(n) != last.get(n) and now - last[n] >= self._threshold.get(n, 0.0)]
 
-    def answered(self, nodes: Iterable[str], tasks: Sequence[RankInfo]) -> None:
+    def answered(self, nodes: Iterable[str], tasks: Sequence[RankInfo], now: float) -> None:
         for n in nodes:
-            self._answered[n] = max((i.last_at for i in tasks if i.node == n), default=0.0)
+            last = max((i.last_at for i in tasks if i.node == n), default=now)
+            self._answered[n] = last
+            self._threshold[n] = min(self.MAX_S, max(2 * self.silent_s, 2 * (now - last)))

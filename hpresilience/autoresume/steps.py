@@ -211,7 +211,7 @@ class StepRunner:
         started = time.monotonic()
         answers = nodes_answering(self.client, self.opts.job_id, suspects, self.env, SILENT_PROBE_S)
         dead = [n for n in suspects if not answers.get(n, False)]
-        self.silence.answered([n for n in suspects if n not in dead], tasks)
+        self.silence.answered([n for n in suspects if n not in dead], tasks, now)
         self.reporter.decision("silent_nodes_probed", nodes=",".join(suspects), unanswering=",".join(dead) or None,
                                silent_s=round(self.silence.silent_s, 1), took_s=round(time.monotonic() - started, 3))
         return dead

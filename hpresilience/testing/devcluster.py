@@ -28,7 +28,6 @@ import psutil
 from hpresilience import proc
 from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError, HPResilienceError
 from hpresilience.log import get_logger
-from hpresilience.proc import Result
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Node
@@ -63,18 +62,6 @@ def node_names(count: int) -> list[str]:
 def node_address(index: int) -> str:
     """1-based node index -> its own loopback address."""
     return f"127.0.0.{10 + index}"  # nodes are capped at 64 by the configuration
-
-
-class NamespaceRunner(CommandRunner):
-    """Runs the Slurm commands inside a network namespace (a netns cluster's controller side), unchanged otherwise."""
-
-    def __init__(self, ns_prefix: list[str], **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.ns_prefix = ns_prefix
-
-    def execute(self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None,
-                input_text: str | None) -> Result:
-        return super().execute([*self.ns_prefix, *argv], timeout, env, cwd, input_text)
 
 
 class DevCluster:
@@ -173,7 +160,7 @@ class DevCluster:
             raise EnvironmentMissing(f"this cluster runs Slurm {self.release.value}: query it from inside its root "
                                      "(hpresilience devcluster exec -- CMD)")
         if self.netns:
-            return SlurmClient(NamespaceRunner(self.command_prefix(), bin_dir=self.bin_dir, timeout=timeout,
+            return SlurmClient(netns.NamespaceRunner(self.command_prefix(), bin_dir=self.bin_dir, timeout=timeout,
                                                retries=retries, backoff=0.3, env=self.env()))
         return SlurmClient(CommandRunner(self.bin_dir, timeout=timeout, retries=retries, backoff=0.3, env=self.env()))
 
@@ -328,23 +315,7 @@ class DevCluster:
             if _alive_with_marker(pid, str(self.state_dir)):
                 out[key] = pid
         if self.netns:
-            out.update(self._isolated_slurmd_pids())
-        return out
-
-    def _isolated_slurmd_pids(self) -> dict[str, int]:
-        """name -> host pid of each node's slurmd running in its PID namespace (our marker, `-N name`)."""
-        out: dict[str, int] = {}
-        names = set(self.names())
-        for p in psutil.process_iter(["name", "cmdline"]):
-            try:
-                argv = p.info["cmdline"] or []
-                if p.info["name"] != "slurmd" or "-N" not in argv:
-                    continue
-                name = argv[argv.index("-N") + 1] if argv.index("-N") + 1 < len(argv) else ""
-                if name in names and p.environ().get(MARKER) == str(self.state_dir):
-                    out[name] = p.pid
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                continue
+            out.update(netns.slurmd_pids(self.names(), MARKER, str(self.state_dir)))
         return out
 
     def _spawn(self, argv: list[str], foreground: bool = False, where: list[str] | None = None) -> None:

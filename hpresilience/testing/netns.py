@@ -21,11 +21,16 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 
+import psutil
+
 from hpresilience import proc
 from hpresilience.errors import ConfigError, EnvironmentMissing, ExternalError
+from hpresilience.proc import Result
+from hpresilience.slurm.runner import CommandRunner
 
 SUBNET = "10.77.0"
 CTL_ADDR = f"{SUBNET}.1"
@@ -55,6 +60,18 @@ class Isolation(Enum):
             if i.value == text.strip():
                 return i
         raise ConfigError(f"unknown isolation {text!r}; known: {', '.join(i.value for i in cls)}")
+
+
+class NamespaceRunner(CommandRunner):
+    """Runs the Slurm commands inside a network namespace (a netns cluster's controller side), unchanged otherwise."""
+
+    def __init__(self, ns_prefix: list[str], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.ns_prefix = ns_prefix
+
+    def execute(self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None,
+                input_text: str | None) -> Result:
+        return super().execute([*self.ns_prefix, *argv], timeout, env, cwd, input_text)
 
 
 class NetnsError(ExternalError):
@@ -240,3 +257,22 @@ def listening(ns: str, port: int) -> bool:
         if len(fields) > 3 and fields[1].endswith(want) and fields[3] == "0A":  # 0A: TCP_LISTEN
             return True
     return False
+
+
+def slurmd_pids(names: Sequence[str], marker: str, value: str) -> dict[str, int]:
+    """name -> host pid of each node's slurmd running in its PID namespace (its pid file holds the pid inside it):
+    found by the cluster's environment marker and `-N name`."""
+    out: dict[str, int] = {}
+    wanted = set(names)
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            argv = p.info["cmdline"] or []
+            if p.info["name"] != "slurmd" or "-N" not in argv:
+                continue
+            at = argv.index("-N") + 1
+            name = argv[at] if at < len(argv) else ""
+            if name in wanted and p.environ().get(marker) == value:
+                out[name] = p.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return out

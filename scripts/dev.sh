@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=$ROOT/.venv
-APT_PACKAGES="slurm-wlm slurmdbd mariadb-server stress-ng python3-venv prometheus debootstrap"
+APT_PACKAGES="slurm-wlm slurmdbd mariadb-server stress-ng python3-venv prometheus debootstrap iproute2"
 # The integration tests run again on these releases (hpresilience devcluster up --slurm).
 RELEASES=${HPRESILIENCE_TEST_RELEASES-24.11 26.05}
 # What the newer releases run: the integration tests whose outcome depends on how Slurm answers (the client's
@@ -27,7 +27,7 @@ say() { printf '[dev.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 need_apt() {
   for tool in slurmctld slurmd slurmdbd srun scontrol sinfo squeue sacct stress-ng mariadbd mariadb-install-db promtool \
-      debootstrap; do
+      debootstrap ip tc; do
     command -v "$tool" >/dev/null 2>&1 || return 0
   done
   python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || return 0

@@ -169,6 +169,10 @@ class AutoResumeSettings(Section):
     exclude_stragglers: bool = False
     # Per-task output labels (srun --label, removed again from what the user sees) name a line's node.
     label_tasks: bool = True
+    # A node whose tasks printed progress and then nothing for max(silent_node_s, 3 x the median interval between
+    # progress lines) while another node's went on is probed (one trivial task, 3 s); one that does not answer is a
+    # hardware fault (a partition or a hung NIC, which Slurm calls down only after SlurmdTimeout). 0: off.
+    silent_node_s: float = Field(default=4.0, ge=0)
     # hpresilience.torch heartbeats write at most one line per rank this often (HPR_HEARTBEAT_EVERY_S).
     heartbeat_every_s: float = Field(default=5.0, ge=0)
 

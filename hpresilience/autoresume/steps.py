@@ -25,13 +25,14 @@ from hpresilience.autoresume.plan import AttemptLaunch
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.rules import RuleTripped
+from hpresilience.autoresume.silence import SilenceWatch
 from hpresilience.autoresume.stragglers import Straggler, StragglerDetector
 from hpresilience.autoresume.stream import Pump, RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.srun import StepProcess
-from hpresilience.slurm.steps import named_steps, reap_marked_processes, run_on_nodes, signal_step
+from hpresilience.slurm.steps import named_steps, nodes_answering, reap_marked_processes, run_on_nodes, signal_step
 
 log = get_logger("hpresilience.autoresume")
 STEP_POLL_S = 0.1
@@ -40,6 +41,8 @@ SRUN_TERMINATE_GRACE_S = 10.0
 # After its step is cancelled srun has nothing left to do but it waits for every node's report (up to
 # KillWait + 2 s): it is killed after this.
 SRUN_AFTER_CANCEL_S = 0.05
+# A silent node must run a trivial task within this long (as the liveness probe after a step died of a signal).
+SILENT_PROBE_S = 3.0
 REAP_TIMEOUT_S = 15.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
 TASK_MARKER = "HPR_AUTORESUME_JOB"
@@ -53,6 +56,7 @@ class AttemptResult:
     blamed: list[str] = field(default_factory=list)
     trip: RuleTripped | None = None
     hang: Attribution | None = None  # the built-in hang detection stopped the step
+    unanswering: list[str] = field(default_factory=list)  # silent nodes that did not answer a probe (silence.py)
 
 
 def user_labels(passthrough: list[str]) -> bool:
@@ -92,6 +96,7 @@ class StepRunner:
         self._progress_noted = False
         self.overlap = False  # a dead step of ours still holds resources: share them
         self.watch = NodeWatch(client, opts.job_id, opts.full_node_check_s)
+        self.silence = SilenceWatch(w.silent_node_s if self.add_labels else 0.0)  # labels name a line's node
 
     def step_name(self, attempt: int) -> str:
         return f"hpr-autoresume-{self.opts.job_id}-{attempt}"
@@ -146,6 +151,9 @@ class StepRunner:
         decided_at: float | None = None
         next_poll = time.monotonic() + self.opts.poll_interval_s
         seen_running = failed_at is None
+        unanswering: list[str] = []
+        self.silence.reset()
+        next_silence_check = time.monotonic() + 1.0
         while (rc := step.wait(STEP_POLL_S)) is None:
             now = time.monotonic()
             if self.should_stop():
@@ -174,6 +182,13 @@ class StepRunner:
                 continue
             if not seen_running and failed_at is not None:
                 seen_running = self._check_running(failed_at)
+            if now >= next_silence_check:
+                next_silence_check = now + 1.0
+                unanswering = self._silent_and_unanswering(launch, now)
+                if unanswering:
+                    blamed, decided_at = list(unanswering), now
+                    self.kill_now(step, f"node(s) {','.join(unanswering)} silent and not answering")
+                    continue
             if now >= next_poll or self.watch.nudged():  # a nudge: the controller just wrote a notice
                 next_poll = now + self.opts.poll_interval_s
                 blamed = self._bad_nodes(launch)
@@ -183,7 +198,23 @@ class StepRunner:
                     self.kill_now(step, f"node(s) {','.join(blamed)} marked bad")
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
-        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang)
+        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang, unanswering)
+
+    def _silent_and_unanswering(self, launch: AttemptLaunch, now: float) -> list[str]:
+        """Probe the nodes gone silent while the others print on (silence.py); those that run no task in time."""
+        tasks = list(self.progress.tasks().values())  # each takes the stream's lock itself
+        interval = self.progress.median_interval()
+        self.silence.silent_s = max(self.opts.watch.silent_node_s, 3 * (interval or 0.0))
+        suspects = self.silence.suspects(tasks, launch.nodes, now)
+        if not suspects:
+            return []
+        started = time.monotonic()
+        answers = nodes_answering(self.client, self.opts.job_id, suspects, self.env, SILENT_PROBE_S)
+        dead = [n for n in suspects if not answers.get(n, False)]
+        self.silence.answered([n for n in suspects if n not in dead], tasks, now)
+        self.reporter.decision("silent_nodes_probed", nodes=",".join(suspects), unanswering=",".join(dead) or None,
+                               silent_s=round(self.silence.silent_s, 1), took_s=round(time.monotonic() - started, 3))
+        return dead
 
     def _note_first_progress(self, launch: AttemptLaunch) -> None:
         """Record the attempt's first step at once (goodput ledger): a job cancelled later may be killed

@@ -183,6 +183,8 @@ class Supervisor:
                 return 128 + self.stop_signal
             failed_at = result.failed_at
             exit_code = result.exit_code
+            if result.unanswering:  # kept out of the step, left in the job (capacity.mark_unanswering says why)
+                self.capacity.mark_unanswering(result.unanswering)
             if result.trip is None and not result.blamed:  # the step ended by itself, not by our hand
                 exit_code = application_exit_code(result.exit_code, self.feed.srun_errors)
                 if exit_code != result.exit_code:

@@ -1,4 +1,4 @@
-"""`hpresilience devcluster up|down|status|env|exec|kill-node|start-node|restart-node`.
+"""`hpresilience devcluster up|down|status|env|exec|kill-node|start-node|restart-node|partition|heal|slow`.
 
 A cluster of a newer Slurm release runs inside its Debian root: every command on it re-runs itself there
 (the host's 22.05 clients cannot talk to a newer slurmctld).
@@ -16,7 +16,8 @@ from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import resolve_config_path
 from hpresilience.testing import slurmroot
 from hpresilience.testing.devaccounting import describe
-from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.devcluster import EXTRA_NODE_PREFIX, DevCluster
+from hpresilience.testing.netns import Isolation
 from hpresilience.testing.settings import DevclusterSettings, devcluster_settings
 from hpresilience.testing.slurmroot import SlurmRelease
 
@@ -30,7 +31,8 @@ def settings_of(c: Ctx) -> DevclusterSettings:
 
 def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
                  overrides: tuple[str, ...] = (), accounting: bool | None = None, extra_nodes: int | None = None,
-                 proctrack: str | None = None, slurm: str | None = None) -> DevCluster:
+                 proctrack: str | None = None, slurm: str | None = None,
+                 isolation: str | None = None, backup_controller: bool = False) -> DevCluster:
     s = settings_of(c)
     extra = dict(s.overrides)
     for item in overrides:
@@ -38,13 +40,33 @@ def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
         extra[key] = value
+    where = Path(state_dir or os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or s.state_dir)
+    port, count = recorded_shape(where)
     return DevCluster(
-        state_dir=state_dir or os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or s.state_dir,
-        nodes=nodes or s.nodes, base_port=s.base_port, overrides=extra, bin_dir=c.config.slurm.bin_dir,
+        state_dir=where, nodes=nodes or count or s.nodes, base_port=port or s.base_port,
+        overrides=extra, bin_dir=c.config.slurm.bin_dir,
         accounting=s.accounting if accounting is None else accounting,
         extra_nodes=s.extra_nodes if extra_nodes is None else extra_nodes, proctrack=proctrack or s.proctrack,
         slurm=SlurmRelease.parse(slurm) if slurm else None,
+        isolation=Isolation.parse(isolation) if isolation else None, backup_controller=backup_controller,
     )
+
+
+def recorded_shape(state_dir: Path) -> tuple[int | None, int | None]:
+    """(base port, node count) of the cluster already in this state directory, read from its slurm.conf: commands on
+    a running cluster find its ports, nodes and namespaces whatever the configuration says now."""
+    try:
+        text = (state_dir / "slurm.conf").read_text(errors="replace")
+    except OSError:
+        return None, None
+    port, nodes = None, 0
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "SlurmctldPort" and value.strip().isdigit():
+            port = int(value.strip())
+        elif line.startswith("NodeName=n") and not line.startswith(f"NodeName={EXTRA_NODE_PREFIX}"):
+            nodes += 1
+    return port, nodes or None
 
 
 def in_its_root(cl: DevCluster) -> None:
@@ -80,21 +102,29 @@ def devcluster() -> None:
               help="Add N powered-down p5 nodes (State=CLOUD, partition p5) for a production-size node table.")
 @click.option("--proctrack", type=click.Choice(["auto", "cgroup", "pgid"]), default=None,
               help="Process tracking (auto: cgroup v1 where mounted, as real clusters; else pgid).")
+@click.option("--isolation", type=click.Choice([i.value for i in Isolation]), default=None,
+              help="none (default): nodes share the host's network and processes; netns: each node in its own "
+                   "network and PID namespace, on a private bridge (for partition/heal/slow).")
+@click.option("--backup-controller", is_flag=True,
+              help="With --isolation netns: a backup slurmctld on a host of its own (SlurmctldHost ctl1, ctl2); "
+                   "`devcluster kill-controller` crashes the primary. Needs --no-accounting for now.")
 @slurm_opt
 @state_dir_opt
 @pass_ctx
 def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, accounting: bool | None,
-       extra_nodes: int | None, proctrack: str | None, slurm: str | None, state_dir: str | None) -> None:
+       extra_nodes: int | None, proctrack: str | None, isolation: str | None, backup_controller: bool,
+       slurm: str | None, state_dir: str | None) -> None:
     """Start the cluster (idempotent); return when every node is idle."""
-    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack, slurm)
+    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack, slurm, isolation,
+                      backup_controller)
     if cl.needs_root_entry():
         slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
         in_its_root(cl)
     took = cl.up(timeout=timeout, progress=lambda msg: click.echo(msg, err=True))
     acct = "with accounting (slurmdbd)" if cl.accounting_wanted() else "without accounting"
     extra = f" + {cl.extra_nodes} powered-down nodes" if cl.extra_nodes else ""
-    c.emit({"slurm": cl.release.value, "nodes": cl.names(), "extra_nodes": cl.extra_nodes,
-            "accounting": cl.accounting_wanted(),
+    c.emit({"slurm": cl.release.value, "isolation": cl.isolation.value, "nodes": cl.names(),
+            "extra_nodes": cl.extra_nodes, "accounting": cl.accounting_wanted(),
             "proctrack": cl.resolved_proctrack(), "seconds": round(took, 3), "slurm_conf": str(cl.conf_path)},
            f"devcluster up: Slurm {cl.release.value}, {cl.nodes} nodes{extra} idle in {took:.2f} s, {acct}, "
            f"proctrack/{cl.resolved_proctrack()}\nexport SLURM_CONF={cl.conf_path}")
@@ -186,4 +216,54 @@ def exec_cmd(c: Ctx, argv: tuple[str, ...], slurm: str | None, state_dir: str | 
     if cl.needs_root_entry():
         slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
         binds.append(str(Path.cwd()))
-    slurmroot.exec_in(cl.release, list(argv), env=env, binds=binds)
+    slurmroot.exec_in(cl.release, [*cl.command_prefix(), *argv], env=env, binds=binds)
+
+
+def _node_cluster(c: Ctx, name: str, state_dir: str | None) -> DevCluster:
+    cl = cluster_from(c, state_dir=state_dir)
+    in_its_root(cl)
+    return cl
+
+
+@devcluster.command()
+@click.argument("name")
+@state_dir_opt
+@pass_ctx
+def partition(c: Ctx, name: str, state_dir: str | None) -> None:
+    """Cut node NAME off the cluster's network (its link goes down; its processes keep running)."""
+    _node_cluster(c, name, state_dir).partition(name)
+    click.echo(f"partitioned {name}: its link is down")
+
+
+@devcluster.command("kill-controller")
+@state_dir_opt
+@pass_ctx
+def kill_controller(c: Ctx, state_dir: str | None) -> None:
+    """SIGKILL the primary slurmctld (a crashed head node; a backup, if any, takes over)."""
+    pid = cluster_from(c, state_dir=state_dir).kill_primary_controller()
+    if pid is None:
+        raise click.ClickException("no primary slurmctld of this cluster runs in its controller namespace "
+                                   "(needs --isolation netns)")
+    click.echo(f"killed the primary slurmctld (pid {pid})")
+
+
+@devcluster.command()
+@click.argument("name")
+@state_dir_opt
+@pass_ctx
+def heal(c: Ctx, name: str, state_dir: str | None) -> None:
+    """Bring node NAME's link back up."""
+    _node_cluster(c, name, state_dir).heal(name)
+    click.echo(f"healed {name}: its link is up")
+
+
+@devcluster.command()
+@click.argument("name")
+@click.option("--delay-ms", type=click.IntRange(0, 60_000), required=True,
+              help="Delay of every packet to and from the node, each way (netem); 0 removes it.")
+@state_dir_opt
+@pass_ctx
+def slow(c: Ctx, name: str, delay_ms: int, state_dir: str | None) -> None:
+    """Slow node NAME's link down by --delay-ms each way."""
+    _node_cluster(c, name, state_dir).slow(name, delay_ms)
+    click.echo(f"{name}: link delay {delay_ms} ms each way" if delay_ms else f"{name}: link delay removed")

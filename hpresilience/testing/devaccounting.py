@@ -74,6 +74,8 @@ class Accounting:
         self.db_port = db_port
         self.dbd_port = dbd_port
         self._spawn = spawn
+        # Whether a TCP port on 127.0.0.1 listens where the daemons run (a netns cluster checks inside its namespace).
+        self.listening: Callable[[int], bool] = port_open
 
     @property
     def datadir(self) -> Path:
@@ -131,7 +133,7 @@ class Accounting:
                      f"--pid-file={self.pidfiles()['mariadbd']}", f"--log-error={self.state_dir}/log/mariadbd.log",
                      "--skip-log-bin", "--innodb-buffer-pool-size=32M", "--performance-schema=OFF",
                      "--skip-name-resolve"], True)
-        self._wait("MariaDB", lambda: self.socket_path.exists() and port_open(self.db_port), timeout, progress)
+        self._wait("MariaDB", lambda: self.socket_path.exists() and self.listening(self.db_port), timeout, progress)
         password = self._ensure_user(fresh, timeout)
         conf = conf_dir / "slurmdbd.conf"
         # slurmdbd refuses a slurmdbd.conf readable by others; create it 600 before the password goes in.
@@ -140,7 +142,7 @@ class Accounting:
             f.write(self.render_dbd_conf(password))
         os.chmod(conf, 0o600)
         self._spawn(dbd_argv(), False)
-        self._wait("slurmdbd", lambda: port_open(self.dbd_port), timeout, progress)
+        self._wait("slurmdbd", lambda: self.listening(self.dbd_port), timeout, progress)
         log.info("devcluster_accounting_started", db_port=self.db_port, dbd_port=self.dbd_port, fresh=fresh)
 
     def _install_db(self, timeout: float) -> None:

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,7 +32,8 @@ from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.runner import CommandRunner
-from hpresilience.testing import devaccounting, slurmroot
+from hpresilience.testing import devaccounting, netns, slurmroot
+from hpresilience.testing.netns import Isolation
 from hpresilience.testing.slurmroot import SlurmRelease
 
 log = get_logger("hpresilience.devcluster")
@@ -45,6 +47,8 @@ CGROUP_V1_FREEZER = Path("/sys/fs/cgroup/freezer")
 # The production-size table: powered-down p5-like nodes (State=CLOUD) that slurmctld serves but never starts.
 EXTRA_NODE_PREFIX = "gpu-st-p5-"
 EXTRA_PARTITION = "p5"
+ISOLATION_FILE = "isolation"  # in a cluster's state directory: how its nodes are separated
+NSINIT = Path(__file__).with_name("nsinit.py")
 
 
 class DevclusterError(ExternalError):
@@ -64,11 +68,13 @@ class DevCluster:
     def __init__(self, state_dir: Path | str, nodes: int = 4, base_port: int = 17817,
                  overrides: Mapping[str, str] | None = None, bin_dir: str = "", *,
                  accounting: bool | None = None, extra_nodes: int = 0, proctrack: str = "auto",
-                 slurm: SlurmRelease | None = None) -> None:
+                 slurm: SlurmRelease | None = None, isolation: Isolation | None = None,
+                 backup_controller: bool = False) -> None:
         """accounting: None starts MariaDB + slurmdbd when their packages are installed (else logs the apt
         line and runs without); True requires them. proctrack: auto uses cgroup v1 where it is mounted.
         slurm: the release its daemons run (None: the one recorded in the state directory, else this process's);
-        a release other than the host's runs inside its Debian root (slurmroot.py)."""
+        a release other than the host's runs inside its Debian root (slurmroot.py). isolation: netns puts each node
+        in its own network and PID namespace (netns.py; None: as recorded in the state directory, else none)."""
         if proctrack not in PROCTRACK:
             raise ConfigError(f"unknown proctrack {proctrack!r}; known: {', '.join(PROCTRACK)}")
         if extra_nodes < 0:
@@ -83,6 +89,21 @@ class DevCluster:
         self.proctrack = proctrack
         self.release = slurm or self.recorded_release() or slurmroot.current_release()
         self.accounting = devaccounting.Accounting(self.state_dir, base_port + 2, base_port + 3, self._spawn)
+        self.isolation = isolation or self.recorded_isolation() or Isolation.NONE
+        self.backup_controller = backup_controller
+        if backup_controller and self.isolation is not Isolation.NETNS:
+            raise ConfigError("a backup controller needs --isolation netns (a host of its own)")
+        if backup_controller and accounting is None:
+            self.want_accounting = False
+        if backup_controller and accounting:
+            raise ConfigError("a backup controller runs without accounting for now (slurmdbd listens on 127.0.0.1 "
+                              "inside the primary's namespace): add --no-accounting")
+        if self.isolation is Isolation.NETNS:
+            if self.release.suite is not None:
+                raise ConfigError(f"--isolation netns runs only the host's Slurm ({SlurmRelease.HOST.value}) so far, "
+                                  f"not {self.release.value}")
+            ctl = netns.ctl_ns(base_port)
+            self.accounting.listening = lambda port: netns.listening(ctl, port)
 
     # -- paths and configuration ---------------------------------------------------------------------
     @property
@@ -103,6 +124,23 @@ class DevCluster:
         except (OSError, ConfigError):
             return None
 
+    def recorded_isolation(self) -> Isolation | None:
+        try:
+            return Isolation.parse((self.state_dir / ISOLATION_FILE).read_text())
+        except (OSError, ConfigError):
+            return None
+
+    @property
+    def netns(self) -> bool:
+        return self.isolation is Isolation.NETNS
+
+    def node_address(self, index: int) -> str:
+        return netns.node_addr(index) if self.netns else node_address(index)
+
+    def command_prefix(self) -> list[str]:
+        """argv prefix that puts a command where the cluster's controller is reachable (its network namespace)."""
+        return netns.enter(netns.ctl_ns(self.base_port)) if self.netns else []
+
     def root_prefix(self) -> list[str]:
         """argv prefix entering this cluster's Slurm root from the host ([] for the host's Slurm or inside it)."""
         return slurmroot.prefix(self.release, [str(self.state_dir)])
@@ -121,13 +159,17 @@ class DevCluster:
             # The host's 22.05 commands cannot talk to a newer slurmctld (Slurm accepts clients two releases back).
             raise EnvironmentMissing(f"this cluster runs Slurm {self.release.value}: query it from inside its root "
                                      "(hpresilience devcluster exec -- CMD)")
+        if self.netns:
+            return SlurmClient(netns.NamespaceRunner(self.command_prefix(), bin_dir=self.bin_dir, timeout=timeout,
+                                               retries=retries, backoff=0.3, env=self.env()))
         return SlurmClient(CommandRunner(self.bin_dir, timeout=timeout, retries=retries, backoff=0.3, env=self.env()))
 
     def settings(self) -> dict[str, str]:
         d = self.state_dir
         s = {
             "ClusterName": "hpdev",
-            "SlurmctldHost": "localhost(127.0.0.1)",
+            "SlurmctldHost": (f"{netns.PRIMARY_NAME}({netns.CTL_ADDR})" if self.backup_controller else
+                              f"localhost({netns.CTL_ADDR if self.netns else '127.0.0.1'})"),
             "SlurmUser": "root",
             "SlurmdUser": "root",
             # Debian's build ships auth/none and cred/none: no munge needed on one machine.
@@ -159,6 +201,8 @@ class DevCluster:
             "MinJobAge": "300",
             "InactiveLimit": "0",
         }
+        if self.backup_controller:  # the backup's slurm.conf differs in its pid and log file only
+            s["DebugFlags"] = "NO_CONF_HASH"
         if self.accounting_wanted():
             s.update(self.accounting.slurm_conf_settings())
         if self.extra_nodes:
@@ -172,9 +216,11 @@ class DevCluster:
     def render_conf(self) -> str:
         lines = ["# Written by `hpresilience devcluster up`; removed by `down`."]
         lines += [f"{k}={v}" for k, v in self.settings().items()]
+        if self.backup_controller:  # a second SlurmctldHost line: the backup, on a host of its own
+            lines.append(f"SlurmctldHost={netns.BACKUP_NAME}({netns.BACKUP_ADDR})")
         port0 = self.base_port + 10
         for i, name in enumerate(self.names(), start=1):
-            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr={node_address(i)} Port={port0 + i} "
+            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr={self.node_address(i)} Port={port0 + i} "
                          "CPUs=1 RealMemory=1000 State=UNKNOWN")
         if self.extra_nodes:
             lines.append(f"NodeName={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] NodeHostname=localhost "
@@ -264,17 +310,21 @@ class DevCluster:
                 pid = int(pidfile.read_text().strip())
             except (OSError, ValueError):
                 continue
+            if key in self.names() and self.netns:
+                continue  # the pid file holds the pid inside the node's PID namespace: found below
             if _alive_with_marker(pid, str(self.state_dir)):
                 out[key] = pid
+        if self.netns:
+            out.update(netns.slurmd_pids(self.names(), MARKER, str(self.state_dir)))
         return out
 
-    def _spawn(self, argv: list[str], foreground: bool = False) -> None:
+    def _spawn(self, argv: list[str], foreground: bool = False, where: list[str] | None = None) -> None:
         """Start a daemon with our marker. Slurm's daemons fork into the background and chdir to / (-f must be
         absolute: it is); a `foreground` one (mariadbd) is detached into its own session here instead."""
         env = self.env()
         env[MARKER] = str(self.state_dir)
         name = os.path.basename(argv[0])
-        argv = [*self.root_prefix(), *argv]
+        argv = [*(self.command_prefix() if where is None else where), *self.root_prefix(), *argv]
         if foreground:
             with open(self.log_dir / f"{name}.out", "ab") as out:
                 subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -285,10 +335,71 @@ class DevCluster:
         if not res.ok:
             raise DevclusterError(f"{res.describe(tail=300)}\n" + self.log_tail())
 
-    def start_node(self, name: str) -> None:
+    def start_node(self, name: str, timeout: float = 10.0) -> None:
         (self.state_dir / "spool" / name).mkdir(parents=True, exist_ok=True)
-        self._spawn([self._tool("slurmd"), "-f", str(self.conf_path), "-N", name])
+        if self.netns:
+            self._spawn_isolated(name, timeout)
+        else:
+            self._spawn([self._tool("slurmd"), "-f", str(self.conf_path), "-N", name])
         log.info("devcluster_node_started", node=name)
+
+    def _spawn_isolated(self, name: str, timeout: float) -> None:
+        """slurmd in the node's network namespace and in a PID namespace of its own with its own /proc, under
+        nsinit.py as PID 1 (a PID namespace ends with its PID 1: that must not be slurmd, whose death leaves the
+        steps running on a real host). The mount namespace that --mount-proc needs keeps /sys: cgroups work."""
+        env = self.env()
+        env[MARKER] = str(self.state_dir)
+        argv = [*netns.enter(netns.node_ns(self.base_port, name)), "unshare", "--pid", "--fork", "--mount-proc",
+                sys.executable, "-I", "-S", str(NSINIT), self._tool("slurmd"), "-f", str(self.conf_path), "-N", name]
+        with open(self.log_dir / f"nsinit-{name}.out", "ab") as out:
+            subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True, cwd=self.state_dir)
+        deadline = time.monotonic() + timeout
+        while name not in self.daemon_pids():
+            if time.monotonic() > deadline:
+                raise DevclusterError(f"slurmd of {name} did not start in its namespaces within {timeout:g} s\n"
+                                      + self.log_tail())
+            time.sleep(0.05)
+
+    # -- nodes as hosts (--isolation netns) ------------------------------------------------------------
+    def _require_netns(self, name: str) -> None:
+        if not self.netns:
+            raise ConfigError(f"this cluster shares the host's network (isolation {self.isolation.value}): start it "
+                              "with `devcluster up --isolation netns` to cut or slow a node's link")
+        if name not in self.names():
+            raise ConfigError(f"unknown node {name!r}; known: {', '.join(self.names())}")
+
+    def partition(self, name: str) -> None:
+        """Cut the node's link (its processes keep running)."""
+        self._require_netns(name)
+        netns.partition(self.base_port, name)
+        log.info("devcluster_node_partitioned", node=name)
+
+    def heal(self, name: str) -> None:
+        self._require_netns(name)
+        netns.heal(self.base_port, name)
+        log.info("devcluster_node_healed", node=name)
+
+    def slow(self, name: str, delay_ms: int) -> None:
+        """Delay the node's link by delay_ms each way (0 removes the delay)."""
+        self._require_netns(name)
+        netns.slow(self.base_port, name, delay_ms)
+        log.info("devcluster_node_slowed", node=name, delay_ms=delay_ms)
+
+    def kill_primary_controller(self) -> int | None:
+        """SIGKILL the slurmctld in the cluster's ctl namespace (a crashed head node); its pid, or None."""
+        try:
+            ctl = os.stat(netns.NETNS_DIR / netns.ctl_ns(self.base_port)).st_ino
+        except OSError:
+            return None
+        for p in psutil.process_iter(["name"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                if (p.info["name"] == "slurmctld" and p.environ().get(MARKER) == str(self.state_dir)
+                        and os.stat(f"/proc/{p.pid}/ns/net").st_ino == ctl):
+                    p.kill()
+                    log.info("devcluster_controller_killed", pid=p.pid)
+                    return p.pid
+        return None
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> bool:
         """Kill one node's slurmd (a crashed node, for tests); its running steps are left alone."""
@@ -323,7 +434,8 @@ class DevCluster:
             psutil.wait_procs(alive, timeout=5)
         port = self.node_port(name)
         deadline = time.monotonic() + timeout
-        while _port_listening(port) and time.monotonic() < deadline:
+        ns = netns.node_ns(self.base_port, name)
+        while (netns.listening(ns, port) if self.netns else _port_listening(port)) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.start_node(name)
 
@@ -352,16 +464,33 @@ class DevCluster:
         if self.conf_path.exists():
             self.conf_path.unlink()  # accounting_wanted() must not read a previous cluster's choice
         (self.state_dir / slurmroot.RELEASE_FILE).write_text(self.release.value + "\n")
+        (self.state_dir / ISOLATION_FILE).write_text(self.isolation.value + "\n")
         accounting = self.accounting_wanted()
         if self.want_accounting is None and not accounting:
             log.warning("devcluster_accounting_off", missing=devaccounting.missing_tools(),
                         install=devaccounting.APT_LINE)
         try:
+            if self.netns:
+                netns.destroy(self.base_port)  # what a crashed cluster on these ports left
+                netns.create(self.base_port, self.names(), backup=self.backup_controller)
             if accounting:
                 self.accounting.start(self.state_dir, timeout, progress)
             (self.state_dir / "cgroup.conf").write_text(self.render_cgroup_conf())
             self.conf_path.write_text(self.render_conf())
-            self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
+            if self.backup_controller:
+                primary = [*self.command_prefix(), *netns.with_hostname(netns.PRIMARY_NAME)]
+                self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)], where=primary)
+                # No -c: on taking over, the backup loads the state the primary saved (the same directory). Its own
+                # pid file: a slurmctld starting kills the one named in its pid file ("killing old slurmctld").
+                backup_conf = self.state_dir / "slurm-backup.conf"
+                backup_conf.write_text(self.conf_path.read_text().replace(
+                    f"SlurmctldPidFile={self.state_dir}/slurmctld.pid", f"SlurmctldPidFile={self.state_dir}/backup.pid")
+                    .replace("log/slurmctld.log", "log/slurmctld-backup.log"))
+                self._spawn([self._tool("slurmctld"), "-f", str(backup_conf)],
+                            where=[*netns.enter(netns.backup_ns(self.base_port)),
+                                   *netns.with_hostname(netns.BACKUP_NAME)])
+            else:
+                self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
             for name in self.names():
                 self.start_node(name)
             self.wait_idle(timeout, progress)
@@ -371,7 +500,8 @@ class DevCluster:
             self.down(remove=False)
             raise
         took = time.monotonic() - started
-        log.info("devcluster_up", slurm=self.release.value, nodes=self.nodes, extra_nodes=self.extra_nodes,
+        log.info("devcluster_up", slurm=self.release.value, isolation=self.isolation.value, nodes=self.nodes,
+                 extra_nodes=self.extra_nodes,
                  accounting=accounting,
                  proctrack=self.resolved_proctrack(), seconds=round(took, 2), slurm_conf=str(self.conf_path))
         return took
@@ -420,6 +550,9 @@ class DevCluster:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(alive, timeout=grace)
+        # Namespaces are found by their names (base port), not by the state directory: also after a crash.
+        if self.netns or shutil.which("ip"):
+            netns.destroy(self.base_port)
         if remove and self.state_dir.exists():
             shutil.rmtree(self.state_dir, ignore_errors=True)
         log.info("devcluster_down", stopped=len(procs), removed=remove)

@@ -49,7 +49,7 @@ def main() -> int:
     print(f"devcluster up in {cl.up(timeout=60):.1f} s", flush=True)
     slurm = cl.client()
     config = work / "config.yaml"
-    config.write_text("autoresume:\n  hang_detection: true\n  mark_suspect_nodes: false\n")
+    config.write_text("autoresume:\n  mark_suspect_nodes: false\n")
     jobs: list[int] = []
     try:
         declared, right = [], 0

@@ -22,7 +22,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.steps import ProcState, parse_probe_lines, probe_marked_processes
+from hpresilience.slurm.steps import ProcState, parse_probe_lines, probe_marked_processes, step_task_counts
 
 log = get_logger("hpresilience.autoresume")
 
@@ -57,6 +57,19 @@ class HangInvestigator:
     def attempt_dir(self, attempt: int) -> str:
         d = private_dir(self.root / f"attempt-{attempt}")
         return str(d) if d is not None else ""
+
+    def tasks_alive(self, launch: AttemptLaunch) -> bool | None:
+        """Whether the step still runs a task on some node (False: every node answered and none does; None:
+        a node did not answer, so its tasks could not be counted). One srun for the whole step."""
+        env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
+        try:
+            counts = step_task_counts(self.client, self.job_id, list(launch.nodes), self.marker, launch.attempt,
+                                      env, self.timeout_s)
+        except HPResilienceError as err:
+            log.warning("step_task_count_failed", error=str(err)[:300])
+            return None
+        log.info("step_tasks_counted", attempt=launch.attempt, counts=counts)
+        return None if counts is None else any(counts.values())
 
     def __call__(self, launch: AttemptLaunch, due: HangDue) -> Attribution:
         started = time.monotonic()

@@ -145,10 +145,9 @@ class AutoResumeSettings(Section):
     # Sick, not dead (docs/hangs.md). Progress is read from the step's output and hpresilience.torch heartbeats.
     # Hang: once the step showed progress, silence longer than max(hang_floor_s, hang_interval_factor x the
     # median interval between progress events); between the first and the second event, hang_first_step_s.
-    # Off by default for now: a step whose tasks have ended while a process that escaped it (proctrack/pgid, a
-    # daemon started with setsid) keeps its output open makes srun linger silently, and a 60 s silence then reads
-    # as a hang (relaunch after relaunch). Needs the step's own pids (scontrol listpids) before it is the default.
-    hang_detection: bool = False
+    # Only while the step still has tasks: a step whose tasks ended while a process that escaped it (proctrack/pgid,
+    # a daemon started with setsid) keeps srun's output open is ended instead (the escaped processes are reaped).
+    hang_detection: bool = True
     hang_floor_s: float = Field(default=60.0, gt=0)
     hang_interval_factor: float = Field(default=10.0, gt=0)
     hang_first_step_s: float = Field(default=300.0, gt=0)

@@ -94,7 +94,8 @@ class Supervisor:
         self.steps = StepRunner(opts, client, self.feed, self.reporter, self.env,
                                 stdout or sys.stdout.buffer, stderr or sys.stderr.buffer,
                                 should_stop=lambda: self.stop_signal is not None, progress=self.progress,
-                                on_hang=self.investigator, on_straggler=self._straggler)
+                                on_hang=self.investigator, on_straggler=self._straggler,
+                                tasks_alive=self.investigator.tasks_alive)
 
     # -- state across requeues -----------------------------------------------------------------------
     def _load_policy(self) -> RestartPolicy:

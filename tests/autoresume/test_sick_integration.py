@@ -47,9 +47,7 @@ def leftovers() -> Iterator[list[int]]:
 
 def test_a_stopped_rank_is_declared_hung_within_a_minute_its_node_named_and_the_job_completes(
         cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, leftovers: list[int]) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text("autoresume:\n  hang_detection: true\n")  # opt-in for now (settings.py says why)
-    run = Recipe(cluster, tmp_path / "job", inject=True, extra_env={"HPRESILIENCE_CONFIG": str(config)})
+    run = Recipe(cluster, tmp_path, inject=True)  # default settings: hang detection is on
     leftovers.append(run.job_id)
     run.wait(lambda: "step=8\n" in run.out, "step 8")
     victim = run.wait(lambda: rank_process(run.job_id, 1), "rank 1's process")
@@ -115,7 +113,7 @@ def test_a_healthy_job_logging_every_20_s_is_never_declared_hung(
     # A floor of 10 s: only the 10 x median interval rule (200 s) keeps this job alive, so the test fails
     # if hang detection ignored how often the job logs.
     config = tmp_path / "config.yaml"
-    config.write_text("autoresume:\n  hang_detection: true\n  hang_floor_s: 10\n")
+    config.write_text("autoresume:\n  hang_floor_s: 10\n")
     run = Recipe(cluster, tmp_path / "job", steps=3, extra_env={
         "TRAIN_STEP_SLEEP": "20", "HPRESILIENCE_CONFIG": str(config)})
     leftovers.append(run.job_id)

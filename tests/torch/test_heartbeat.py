@@ -84,3 +84,31 @@ def test_a_checkpoint_save_beats_and_a_repeated_step_counts_once(tmp_path: Path,
         assert hb._steps == 0  # the loop's beat of the same step is no second step
     hb.beat(4)
     assert hb._steps == 1 and hb._last_step == 4
+
+
+def test_the_blocking_part_of_save_and_load_is_reported_in_the_heartbeat_for_the_ledger(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """TieredCheckpointer's save, async_save and load report the time they blocked training (`ckpt_s`,
+    `restore_s`, the process's totals), and the wrapper's parser reads them (the goodput ledger's input)."""
+    import torch
+
+    from hpresilience.autoresume.progress import parse_heartbeat
+    from hpresilience.torch import CheckpointConfig, TieredCheckpointer, heartbeat
+
+    r, w = os.pipe()
+    hb = heartbeat.Heartbeat(env={heartbeat.JOB_ENV: "5", "HPR_HEARTBEAT_EVERY_S": "0"}, fd=w)
+    hb._installed = True  # no stack signal in the test process
+    monkeypatch.setattr(heartbeat, "_default", hb)
+    with TieredCheckpointer(CheckpointConfig(namespace="hb", memory_dir=str(tmp_path), replicate=False)) as ck:
+        ck.save({"w": torch.zeros(1000)}, 3)
+        ck.async_save({"w": torch.ones(1000)}, 4).result()
+        ck.wait()
+        assert ck.load({"w": torch.zeros(1000)}) == 4
+    os.close(w)
+    with os.fdopen(r) as f:
+        beats = [b for line in f.read().splitlines() if (b := parse_heartbeat(line)) is not None]
+    totals = sorted({b.ckpt_s for b in beats if b.ckpt_s is not None and b.restore_s == 0})
+    assert len(totals) == 2 and 0 < totals[0] < totals[1]  # the save's, then the save's and async_save's
+    last = beats[-1]
+    assert last.restore_s is not None and last.restore_s > 0 and last.ckpt_s == totals[1]
+    assert last.step == 4  # the blocked-time line names the last step beaten, and is no progress of its own

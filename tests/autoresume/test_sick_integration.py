@@ -57,7 +57,7 @@ def test_a_stopped_rank_is_declared_hung_within_a_minute_its_node_named_and_the_
     stopped_at = time.time()
     detected = run.wait(lambda: run.named("hang_detected"), "hang_detected", timeout=90)[0]
     # Declared once the silence passed hang_floor_s (60 s, the default): the time the wrapper saw no line.
-    assert 60 <= detected["silent_s"] < 61.5, detected
+    assert 60 <= detected["silent_s"] < 60.5, detected  # declared at the threshold, not a poll tick after
     assert detected["time"] - stopped_at < 62
     attributed = run.wait(lambda: run.named("hang_attributed"), "hang_attributed")[0]
     assert attributed["node"] == victim_node and attributed["rank"] == "1" and attributed["unambiguous"] is True, \

@@ -14,6 +14,7 @@ import stat
 import time
 from pathlib import Path
 
+from hpresilience.autoresume.flightrec import REQUEST, read_dumps, wavefront
 from hpresilience.autoresume.hang import Attribution, HangDue, attribute
 from hpresilience.autoresume.plan import AttemptLaunch
 from hpresilience.autoresume.progress import ProgressStream
@@ -86,6 +87,8 @@ class HangInvestigator:
                 signals.setdefault(info.node, []).append((info.pid, info.stack_signal))
                 asked[info.pid] = directory / f"stacks-rank{rank}-{info.pid}.txt"
         before = {pid: _size(p) for pid, p in asked.items()}
+        if ranks:  # hpresilience.torch's heartbeats dump the flight recorder on this request (gloo has no dump)
+            _write(directory / REQUEST, f"{time.time():.3f}\n")
         env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
         try:
             raw = probe_marked_processes(self.client, self.job_id, list(launch.nodes), self.marker, signals, env,
@@ -101,11 +104,14 @@ class HangInvestigator:
                 _write(directory / f"procs-{node}.txt", text)
         stacks = {pid: _size(p) > before[pid] for pid, p in asked.items()}
         verdict = attribute(launch.nodes, reports, stacks, ranks)
+        front = wavefront(read_dumps(directory), world=sorted(ranks))
         summary = {"attempt": launch.attempt, "silent_s": due.silent_s, "threshold_s": due.threshold_s,
                    "unambiguous": verdict.unambiguous, "nodes": verdict.nodes, "ranks": verdict.ranks,
                    "unanswered": verdict.unanswered,
                    "suspects": [s.__dict__ for s in verdict.suspects],
                    "stacks": {str(pid): str(p) for pid, p in asked.items() if stacks.get(pid)},
+                   "flight_recorder": {"dumps": front.dumps, "wavefront": front.groups,
+                                       "behind": [lag.__dict__ for lag in front.behind]},
                    "took_s": round(time.monotonic() - started, 3)}
         _write(directory / "hang.json", json.dumps(summary, indent=1, default=str))
         self.reporter.decision(
@@ -113,6 +119,7 @@ class HangInvestigator:
             rank=",".join(map(str, verdict.ranks)) or None, unambiguous=verdict.unambiguous,
             why="; ".join(s.why for s in verdict.suspects)[:600] or "no rank or node stood out",
             evidence=str(directory), stacks=sum(1 for v in stacks.values() if v),
+            fr_dumps=front.dumps, fr_behind=",".join(map(str, front.ranks)) or None,
             took_s=summary["took_s"])
         return verdict
 

@@ -153,6 +153,9 @@ class AutoResumeSettings(Section):
     hang_first_step_s: float = Field(default=300.0, gt=0)
     # Stacks and process states of every rank are collected within this bound before the step is killed.
     hang_evidence_timeout_s: float = Field(default=10.0, gt=0)
+    # PyTorch's flight recorder: entries per rank (TORCH_FR_BUFFER_SIZE, TORCH_NCCL_TRACE_BUFFER_SIZE, unless the
+    # step's environment sets them), dumps into the attempt's private evidence directory (docs/hangs.md). 0: off.
+    flight_recorder_entries: int = Field(default=2000, ge=0, le=1_000_000)
     # A node named by unambiguous evidence (a hang, or a collective failure twice) is marked Action:Reboot.
     mark_suspect_nodes: bool = True
     # A collective timeout/abort with every node healthy: wait this long for a verdict, then relaunch on the

@@ -11,6 +11,7 @@ left the step's process tracking, e.g. under proctrack/pgid), each reported as `
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from hpresilience.autoresume.classify import node_is_bad
+from hpresilience.autoresume.flightrec import DUMP_PREFIX
 from hpresilience.autoresume.hang import Attribution, HangClock, HangDue
 from hpresilience.autoresume.nodewatch import NodeWatch
 from hpresilience.autoresume.options import WrapperOptions
@@ -85,6 +87,18 @@ class AttemptResult:
     hang: Attribution | None = None  # the built-in hang detection stopped the step
 
 
+def flight_recorder_env(env: dict[str, str], evidence_dir: str, entries: int) -> None:
+    """PyTorch's flight recorder on, its dumps into the attempt's private evidence directory (flightrec.py);
+    what the user set stays."""
+    if entries <= 0:
+        return
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env.setdefault(key, str(entries))
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        env.setdefault(key, os.path.join(evidence_dir, DUMP_PREFIX))
+
+
 def user_labels(passthrough: list[str]) -> bool:
     """Whether the user asked srun for task labels themselves (then they see them, as before)."""
     return any(w in ("-l", "--label") or w.startswith("--label=") for w in passthrough)
@@ -136,6 +150,7 @@ class StepRunner:
         env["HPR_HEARTBEAT_EVERY_S"] = f"{self.opts.watch.heartbeat_every_s:g}"
         if evidence_dir:
             env["HPR_EVIDENCE_DIR"] = evidence_dir
+            flight_recorder_env(env, evidence_dir, self.opts.watch.flight_recorder_entries)
         if self.opts.pre_train_script:
             rc = self._script("pre_train", self.opts.pre_train_script, launch, env)
             if rc != 0:

@@ -110,6 +110,30 @@ class Heartbeat:
             self._stack_signal = sig
         except (OSError, ValueError, RuntimeError):
             self._stack_signal = 0
+            return
+        if _int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0")) > 0:
+            threading.Thread(target=self._flight_recorder_on_request, args=(d,), name="hpr-fr-dump",
+                             daemon=True).start()
+
+    def _flight_recorder_on_request(self, d: str) -> None:
+        """gloo records collectives (TORCH_FR_BUFFER_SIZE) but never dumps them: when the wrapper asks
+        (`fr-request` appears in the evidence directory, at a hang), write this process's records once to
+        `fr-rank<R>-<pid>.pkl` there (new file, no link followed). A thread of its own, so a main thread stuck
+        in a collective (the GIL released) does not stop it; a stopped process writes nothing, which says as
+        much. One stat a second."""
+        request = os.path.join(d, "fr-request")
+        while not os.path.exists(request):
+            time.sleep(1.0)
+        try:
+            from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+
+            data = _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+            path = os.path.join(d, f"fr-rank{self.rank}-{os.getpid()}.pkl")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except Exception:  # noqa: BLE001 - no flight recorder here (no torch.distributed): nothing to add
+            return
 
     # -- beats -----------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -26,6 +26,8 @@ from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.steps import ProcState, parse_probe_lines, probe_marked_processes, step_task_counts
 
 log = get_logger("hpresilience.autoresume")
+# hpresilience.torch.heartbeat looks for the flight-recorder request every 0.25 s: the dumps are read after this.
+FR_WAIT_S = 1.0
 
 
 def private_dir(path: Path) -> Path | None:
@@ -87,8 +89,10 @@ class HangInvestigator:
                 signals.setdefault(info.node, []).append((info.pid, info.stack_signal))
                 asked[info.pid] = directory / f"stacks-rank{rank}-{info.pid}.txt"
         before = {pid: _size(p) for pid, p in asked.items()}
+        fr_asked = None
         if ranks:  # hpresilience.torch's heartbeats dump the flight recorder on this request (gloo has no dump)
             _write(directory / REQUEST, f"{time.time():.3f}\n")
+            fr_asked = time.monotonic()
         env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
         try:
             raw = probe_marked_processes(self.client, self.job_id, list(launch.nodes), self.marker, signals, env,
@@ -104,6 +108,8 @@ class HangInvestigator:
                 _write(directory / f"procs-{node}.txt", text)
         stacks = {pid: _size(p) > before[pid] for pid, p in asked.items()}
         verdict = attribute(launch.nodes, reports, stacks, ranks)
+        if fr_asked is not None:  # the ranks look for the request 4 times a second
+            time.sleep(max(0.0, FR_WAIT_S - (time.monotonic() - fr_asked)))
         front = wavefront(read_dumps(directory), world=sorted(ranks))
         summary = {"attempt": launch.attempt, "silent_s": due.silent_s, "threshold_s": due.threshold_s,
                    "unambiguous": verdict.unambiguous, "nodes": verdict.nodes, "ranks": verdict.ranks,

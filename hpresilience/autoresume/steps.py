@@ -197,7 +197,7 @@ class StepRunner:
         decided_at: float | None = None
         next_poll = time.monotonic() + self.opts.poll_interval_s
         seen_running = failed_at is None
-        while (rc := step.wait(self._until_next_look())) is None:
+        while (rc := step.wait(STEP_POLL_S if decided_at is not None else self._until_next_look())) is None:
             now = time.monotonic()
             if self.should_stop():
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)

@@ -120,10 +120,10 @@ class Heartbeat:
         (`fr-request` appears in the evidence directory, at a hang), write this process's records once to
         `fr-rank<R>-<pid>.pkl` there (new file, no link followed). A thread of its own, so a main thread stuck
         in a collective (the GIL released) does not stop it; a stopped process writes nothing, which says as
-        much. One stat a second."""
+        much. Four stats a second."""
         request = os.path.join(d, "fr-request")
         while not os.path.exists(request):
-            time.sleep(1.0)
+            time.sleep(0.25)
         try:
             from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
 

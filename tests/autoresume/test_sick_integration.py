@@ -67,6 +67,8 @@ def test_a_stopped_rank_is_declared_hung_within_a_minute_its_node_named_and_the_
     assert (evidence / "hang.json").exists() and (evidence / f"procs-{victim_node}.txt").exists()
     assert attributed["stacks"] >= 1  # rank 0 answered the stack request; its stack file is evidence
     assert next(iter(evidence.glob("stacks-rank0-*.txt"))).read_text().count("File ") > 0
+    # Rank 0 dumped its flight recorder on request (it waits in the all-reduce); stopped rank 1 could not: behind.
+    assert attributed["fr_dumps"] == 1 and attributed["fr_behind"] == "1", attributed
     marked = run.wait(lambda: run.named("suspect_node_marked"), "the mark")[0]
     node = slurm.node(victim_node)
     assert marked["node"] == victim_node and "Action:Reboot" in node.reason and "hang" in node.reason

@@ -14,6 +14,7 @@ import stat
 import time
 from pathlib import Path
 
+from hpresilience.autoresume.flightrec import REQUEST, read_dumps, wavefront
 from hpresilience.autoresume.hang import Attribution, HangDue, attribute
 from hpresilience.autoresume.plan import AttemptLaunch
 from hpresilience.autoresume.progress import ProgressStream
@@ -22,9 +23,11 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.steps import ProcState, parse_probe_lines, probe_marked_processes
+from hpresilience.slurm.steps import ProcState, parse_probe_lines, probe_marked_processes, step_task_counts
 
 log = get_logger("hpresilience.autoresume")
+# hpresilience.torch.heartbeat looks for the flight-recorder request every 0.25 s: the dumps are read after this.
+FR_WAIT_S = 1.0
 
 
 def private_dir(path: Path) -> Path | None:
@@ -58,6 +61,19 @@ class HangInvestigator:
         d = private_dir(self.root / f"attempt-{attempt}")
         return str(d) if d is not None else ""
 
+    def tasks_alive(self, launch: AttemptLaunch) -> bool | None:
+        """Whether the step still runs a task on some node (False: every node answered and none does; None:
+        a node did not answer, so its tasks could not be counted). One srun for the whole step."""
+        env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
+        try:
+            counts = step_task_counts(self.client, self.job_id, list(launch.nodes), self.marker, launch.attempt,
+                                      env, self.timeout_s)
+        except HPResilienceError as err:
+            log.warning("step_task_count_failed", error=str(err)[:300])
+            return None
+        log.info("step_tasks_counted", attempt=launch.attempt, counts=counts)
+        return None if counts is None else any(counts.values())
+
     def __call__(self, launch: AttemptLaunch, due: HangDue) -> Attribution:
         started = time.monotonic()
         directory = Path(self.attempt_dir(launch.attempt) or self.root)
@@ -73,6 +89,10 @@ class HangInvestigator:
                 signals.setdefault(info.node, []).append((info.pid, info.stack_signal))
                 asked[info.pid] = directory / f"stacks-rank{rank}-{info.pid}.txt"
         before = {pid: _size(p) for pid, p in asked.items()}
+        fr_asked = None
+        if ranks:  # hpresilience.torch's heartbeats dump the flight recorder on this request (gloo has no dump)
+            _write(directory / REQUEST, f"{time.time():.3f}\n")
+            fr_asked = time.monotonic()
         env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
         try:
             raw = probe_marked_processes(self.client, self.job_id, list(launch.nodes), self.marker, signals, env,
@@ -88,11 +108,16 @@ class HangInvestigator:
                 _write(directory / f"procs-{node}.txt", text)
         stacks = {pid: _size(p) > before[pid] for pid, p in asked.items()}
         verdict = attribute(launch.nodes, reports, stacks, ranks)
+        if fr_asked is not None:  # the ranks look for the request 4 times a second
+            time.sleep(max(0.0, FR_WAIT_S - (time.monotonic() - fr_asked)))
+        front = wavefront(read_dumps(directory), world=sorted(ranks))
         summary = {"attempt": launch.attempt, "silent_s": due.silent_s, "threshold_s": due.threshold_s,
                    "unambiguous": verdict.unambiguous, "nodes": verdict.nodes, "ranks": verdict.ranks,
                    "unanswered": verdict.unanswered,
                    "suspects": [s.__dict__ for s in verdict.suspects],
                    "stacks": {str(pid): str(p) for pid, p in asked.items() if stacks.get(pid)},
+                   "flight_recorder": {"dumps": front.dumps, "wavefront": front.groups,
+                                       "behind": [lag.__dict__ for lag in front.behind]},
                    "took_s": round(time.monotonic() - started, 3)}
         _write(directory / "hang.json", json.dumps(summary, indent=1, default=str))
         self.reporter.decision(
@@ -100,6 +125,7 @@ class HangInvestigator:
             rank=",".join(map(str, verdict.ranks)) or None, unambiguous=verdict.unambiguous,
             why="; ".join(s.why for s in verdict.suspects)[:600] or "no rank or node stood out",
             evidence=str(directory), stacks=sum(1 for v in stacks.values() if v),
+            fr_dumps=front.dumps, fr_behind=",".join(map(str, front.ranks)) or None,
             took_s=summary["took_s"])
         return verdict
 

@@ -1,9 +1,13 @@
 """Hangs without user rules: when silence is a hang, and which ranks and nodes held everyone up.
 
-`HangClock` reads the progress stream (progress.py): once the step showed progress, silence longer than
+`HangClock` reads the progress stream (progress.py): once the step showed progress, silence reaching
 max(hang_floor_s, hang_interval_factor x the median interval between a rank's or task's progress events)
-is a hang; between the first event and the second, the allowance is hang_first_step_s. Before any
-progress nothing is declared (a start cut-off is a log rule's job, expectedStartCutOffInSeconds).
+is a hang (measured from when the last progress line was read; declared at that instant); between the
+first event and the second, the allowance is hang_first_step_s. Before any
+progress nothing is declared (a start cut-off is a log rule's job, expectedStartCutOffInSeconds). Silence
+is a hang only while the step still has tasks: the supervisor counts them first (slurm/steps.py,
+step_task_counts), and a step whose tasks have all ended (srun waits on a process that escaped the step and
+holds its output) is ended instead, `dismiss` starting the clock again.
 
 `attribute` is pure: from the processes the probe saw on each node (state, RANK), the stacks each rank
 wrote on request, and the ranks the stream knows, it names the suspects. Strong evidence of a culprit:
@@ -32,6 +36,9 @@ class HangDue:
     threshold_s: float
     last_progress: float
     median_interval_s: float | None
+    # The step's tasks were found gone once already at this silence (escaped processes reaped), and srun still
+    # runs a whole threshold later: no second look, it is declared.
+    rechecked: bool = False
 
 
 class HangClock:
@@ -40,6 +47,31 @@ class HangClock:
         self.floor_s = floor_s
         self.factor = factor
         self.first_step_s = first_step_s
+        self.dismissed_at: float | None = None
+        self.dismissed_for: float | None = None  # the last progress when the tasks were found gone
+
+    def reset(self) -> None:
+        self.dismissed_at = self.dismissed_for = None
+
+    def dismiss(self, now: float) -> None:
+        """The step's tasks had all ended at `now` (srun lingered on an escaped process's open output): the
+        silence is not a hang; the clock starts again from `now`."""
+        self.dismissed_at, self.dismissed_for = now, self.stream.last_progress()
+
+    def rechecking(self) -> bool:
+        """The tasks were found gone at this silence already: the next deadline is declared without a look."""
+        return self.dismissed_at is not None and self.dismissed_for == self.stream.last_progress()
+
+    def deadline(self) -> float | None:
+        """When the current silence becomes a hang (monotonic), None before any progress. The supervisor's
+        loop wakes at this instant, so a hang is declared at the threshold, not a poll tick after it."""
+        last = self.stream.last_progress()
+        limit = self.threshold()
+        if last is None or limit is None:
+            return None
+        if self.dismissed_at is not None and self.dismissed_for == last:
+            return self.dismissed_at + limit
+        return last + limit
 
     def threshold(self) -> float | None:
         if self.stream.last_progress() is None:
@@ -52,12 +84,11 @@ class HangClock:
     def check(self, now: float) -> HangDue | None:
         last = self.stream.last_progress()
         limit = self.threshold()
-        if last is None or limit is None:
+        deadline = self.deadline()
+        if last is None or limit is None or deadline is None or now < deadline:
             return None
-        silent = now - last
-        if silent <= limit:
-            return None
-        return HangDue(silent, limit, last, self.stream.median_interval())
+        return HangDue(now - last, limit, last, self.stream.median_interval(),
+                       rechecked=self.dismissed_at is not None and self.dismissed_for == last)
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,11 @@ class _Attempt:
         v = (self.ended or {}).get("step_s")
         return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
+    def blocked(self, key: str) -> float:
+        """Seconds hpresilience.torch reported blocked (`checkpoint_s`, `restore_s`) in this attempt."""
+        v = (self.ended or {}).get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0.0
+
 
 def _num(record: Mapping[str, Any], key: str) -> float | None:
     v = record.get(key)
@@ -193,6 +198,15 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
         seconds, cursor = t - cursor, t
         return seconds
 
+    def carve(seconds: float, reported: float, source: Badput | None, category: Badput) -> None:
+        """Move the reported blocked time (at most the span it happened in) from `source` to `category`."""
+        moved = min(max(0.0, reported), seconds)
+        if source is None:
+            ledger.productive_s -= moved
+        else:
+            ledger.badput_s[source.value] -= moved
+        ledger.add(category, moved)
+
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         e = a.ended or {}
@@ -217,13 +231,15 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
         elif window_start is None:
             span(fault_at, Badput.REINIT)  # never reached its first step
         else:
-            span(window_start, Badput.REINIT)
+            # The checkpoint load happens before the first step: reported, it is `restore`, not `reinit`.
+            carve(span(window_start, Badput.REINIT), a.blocked("restore_s"), Badput.REINIT, Badput.RESTORE)
             # Steps kept may run past the fault (a node marked bad while the step still trains and saves):
             # those are work, and only the time after the last kept step counts as detection.
             window = max(0.0, min(decided, end) - cursor)
             if a.fault is None:
                 # Ended without a fault (success, or stopped): what it did is kept; the tail is other.
-                span(last_at if last_at is not None else fault_at, None)
+                carve(span(last_at if last_at is not None else fault_at, None), a.blocked("checkpoint_s"), None,
+                      Badput.CHECKPOINT)
             else:
                 kept = _kept_steps(a, attempts[i + 1:])
                 if kept is None or not step:
@@ -231,7 +247,9 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
                     ledger.lost_work_known = False
                     ledger.notes.append(f"attempt {a.number}: lost work unknown (no later progress)")
                 else:
-                    span(cursor + min(window, kept * step), None)
+                    # Saves block the steps that are kept; those of redone steps are lost work anyway.
+                    carve(span(cursor + min(window, kept * step), None), a.blocked("checkpoint_s"), None,
+                          Badput.CHECKPOINT)
                     before = dict(ledger.badput_s)
                     lost = span(fault_at, Badput.LOST_WORK)
                     a.ended = {**e, "lost_s": lost}
@@ -266,8 +284,11 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
             step = nxt_a.step_s() or typical_step or 0.0
             if first_at is not None:
                 reinit = max(0.0, first_at - step - nxt_a.launched)
+                restore = min(reinit, nxt_a.blocked("restore_s"))
                 r.badput_s += reinit
-                r.by_category[Badput.REINIT.value] = r.by_category.get(Badput.REINIT.value, 0.0) + reinit
+                for cat, v in ((Badput.REINIT, reinit - restore), (Badput.RESTORE, restore)):
+                    if v > 0:
+                        r.by_category[cat.value] = r.by_category.get(cat.value, 0.0) + v
     return ledger
 
 

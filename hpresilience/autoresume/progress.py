@@ -9,7 +9,9 @@ safe points all read this stream; none keeps a progress record of its own. Sourc
   (a per-epoch step counter starting again, an evaluation loop), and counted: were it not, a job whose
   counter restarts every epoch would look hung for a whole epoch;
 - `hpresilience.torch.heartbeat` lines, `[hpr-heartbeat] rank=R node=N pid=P step=S steps=K step_s=F
-  work_s=F stack_signal=SIG`, removed from the user's output by `OutputFilter` (their wire format is
+  work_s=F stack_signal=SIG ckpt_s=F restore_s=F` (the last two: the process's time blocked on checkpoints
+  so far, for the goodput ledger; a line with them may lack `step=`), removed from the user's output by
+  `OutputFilter` (their wire format is
   defined in torch/heartbeat.py, which the wrapper must not import: a test holds the two equal).
 
 Hostile lines cost bounded work: lines are capped before they get here, every number is bounded, and a
@@ -59,6 +61,8 @@ class Beat:
     step_s: float | None = None
     work_s: float | None = None
     stack_signal: int = 0
+    ckpt_s: float | None = None  # the process's time blocked saving / restoring checkpoints so far
+    restore_s: float | None = None
 
 
 def parse_heartbeat(body: str) -> Beat | None:
@@ -67,23 +71,25 @@ def parse_heartbeat(body: str) -> Beat | None:
         return None
     kv = dict(_KV.findall(body[len(HEARTBEAT_PREFIX):200]))
     try:
-        rank, pid, step = int(kv["rank"]), int(kv["pid"]), int(kv["step"])
+        ckpt_s, restore_s = _seconds(kv.get("ckpt_s"), 10 ** 7), _seconds(kv.get("restore_s"), 10 ** 7)
+        # A line without a step only reports time blocked on checkpoints (a restore before the first step).
+        rank, pid, step = int(kv["rank"]), int(kv["pid"]), int(kv["step"] if ckpt_s is None else kv.get("step", -1))
         steps = int(kv.get("steps", "0"))
         step_s = _seconds(kv.get("step_s"))
         work_s = _seconds(kv.get("work_s"))
         sig = int(kv.get("stack_signal", "0"))
     except (KeyError, ValueError):
         return None
-    if not all(0 <= v < MAX_VALUE for v in (rank, pid, step, steps)) or not 0 <= sig < 128:
+    if not all(0 <= v < MAX_VALUE for v in (rank, pid, steps)) or not -1 <= step < MAX_VALUE or not 0 <= sig < 128:
         return None
-    return Beat(rank, kv.get("node", "-")[:64], pid, step, steps, step_s, work_s, sig)
+    return Beat(rank, kv.get("node", "-")[:64], pid, step, steps, step_s, work_s, sig, ckpt_s, restore_s)
 
 
-def _seconds(raw: str | None) -> float | None:
+def _seconds(raw: str | None, most: float = 86400) -> float | None:
     if raw is None:
         return None
     v = float(raw)
-    if not math.isfinite(v) or v < 0 or v > 86400:
+    if not math.isfinite(v) or v < 0 or v > most:
         raise ValueError(raw)
     return v
 
@@ -139,6 +145,7 @@ class _Attempt:
     signatures: list[Signature] = field(default_factory=list)
     first_step: int | None = None  # the first and the highest step counter seen (the goodput ledger)
     max_step: int | None = None
+    blocked: dict[int, tuple[float, float]] = field(default_factory=dict)  # rank -> (checkpoint, restore) s
 
 
 class ProgressStream:
@@ -224,6 +231,10 @@ class ProgressStream:
 
     def _on_beat(self, beat: Beat, t: float) -> None:
         a = self._a
+        if beat.ckpt_s is not None or beat.restore_s is not None:
+            a.blocked[beat.rank] = (beat.ckpt_s or 0.0, beat.restore_s or 0.0)
+        if beat.step < 0:
+            return  # blocked time only: no progress
         info = a.ranks.get(beat.rank)
         if info is not None and beat.step <= info.last_step:
             info.pid, info.stack_signal = beat.pid, beat.stack_signal
@@ -262,6 +273,15 @@ class ProgressStream:
         with self.lock:
             a = self._a
             return None if a.first_step is None or a.max_step is None else (a.first_step, a.max_step)
+
+    def blocked(self) -> tuple[float, float] | None:
+        """Seconds training was blocked (checkpoint save, restore) in this attempt, from hpresilience.torch's
+        reports: the slowest rank's, as the others wait for it. None when no rank reported any."""
+        with self.lock:
+            b = self._a.blocked
+            if not b:
+                return None
+            return max(c for c, _ in b.values()), max(r for _, r in b.values())
 
     def first_progress(self) -> float | None:
         return self._a.first_progress

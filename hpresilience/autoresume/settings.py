@@ -146,15 +146,17 @@ class AutoResumeSettings(Section):
     # Sick, not dead (docs/hangs.md). Progress is read from the step's output and hpresilience.torch heartbeats.
     # Hang: once the step showed progress, silence longer than max(hang_floor_s, hang_interval_factor x the
     # median interval between progress events); between the first and the second event, hang_first_step_s.
-    # Off by default for now: a step whose tasks have ended while a process that escaped it (proctrack/pgid, a
-    # daemon started with setsid) keeps its output open makes srun linger silently, and a 60 s silence then reads
-    # as a hang (relaunch after relaunch). Needs the step's own pids (scontrol listpids) before it is the default.
-    hang_detection: bool = False
+    # Only while the step still has tasks: a step whose tasks ended while a process that escaped it (proctrack/pgid,
+    # a daemon started with setsid) keeps srun's output open is ended instead (the escaped processes are reaped).
+    hang_detection: bool = True
     hang_floor_s: float = Field(default=60.0, gt=0)
     hang_interval_factor: float = Field(default=10.0, gt=0)
     hang_first_step_s: float = Field(default=300.0, gt=0)
     # Stacks and process states of every rank are collected within this bound before the step is killed.
     hang_evidence_timeout_s: float = Field(default=10.0, gt=0)
+    # PyTorch's flight recorder: entries per rank (TORCH_FR_BUFFER_SIZE, TORCH_NCCL_TRACE_BUFFER_SIZE, unless the
+    # step's environment sets them), dumps into the attempt's private evidence directory (docs/hangs.md). 0: off.
+    flight_recorder_entries: int = Field(default=2000, ge=0, le=1_000_000)
     # A node named by unambiguous evidence (a hang, or a collective failure twice) is marked Action:Reboot.
     mark_suspect_nodes: bool = True
     # A collective timeout/abort with every node healthy: wait this long for a verdict, then relaunch on the

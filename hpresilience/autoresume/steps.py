@@ -11,13 +11,16 @@ left the step's process tracking, e.g. under proctrack/pgid), each reported as `
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
 from hpresilience.autoresume.classify import node_is_bad
+from hpresilience.autoresume.flightrec import DUMP_PREFIX
 from hpresilience.autoresume.hang import Attribution, HangClock, HangDue
 from hpresilience.autoresume.nodewatch import NodeWatch
 from hpresilience.autoresume.options import WrapperOptions
@@ -32,7 +35,14 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.srun import StepProcess
-from hpresilience.slurm.steps import named_steps, nodes_answering, reap_marked_processes, run_on_nodes, signal_step
+from hpresilience.slurm.steps import (
+    named_steps,
+    nodes_answering,
+    reap_escaped_processes,
+    reap_marked_processes,
+    run_on_nodes,
+    signal_step,
+)
 
 log = get_logger("hpresilience.autoresume")
 STEP_POLL_S = 0.1
@@ -47,6 +57,29 @@ REAP_TIMEOUT_S = 15.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
 TASK_MARKER = "HPR_AUTORESUME_JOB"
 MAX_DETECTION_AGE_S = 3600
+# Before a silence becomes a hang the step's tasks are counted (one srun on its nodes, ~1 s): started this
+# long before the deadline (at most a quarter of the threshold), so the declaration is not late for it.
+LIVENESS_LEAD_S = 5.0
+
+
+class TaskLook:
+    """One count of the step's tasks, run in a thread ahead of a hang deadline; `deadline` is the one it is for."""
+
+    def __init__(self, deadline: float, look: Callable[[], bool | None]) -> None:
+        self.deadline = deadline
+        self.alive: bool | None = None
+        self._thread = threading.Thread(target=self._run, args=(look,), name="hpr-task-look", daemon=True)
+        self._thread.start()
+
+    def _run(self, look: Callable[[], bool | None]) -> None:
+        try:
+            self.alive = look()
+        except Exception as err:  # noqa: BLE001 - an unknown answer is "alive": the hang path decides
+            log.warning("step_task_count_failed", error=str(err)[:300])
+
+    def result(self, timeout: float) -> bool | None:
+        self._thread.join(timeout)
+        return None if self._thread.is_alive() else self.alive
 
 
 @dataclass
@@ -59,6 +92,18 @@ class AttemptResult:
     unanswering: list[str] = field(default_factory=list)  # silent nodes that did not answer a probe (silence.py)
 
 
+def flight_recorder_env(env: dict[str, str], evidence_dir: str, entries: int) -> None:
+    """PyTorch's flight recorder on, its dumps into the attempt's private evidence directory (flightrec.py);
+    what the user set stays."""
+    if entries <= 0:
+        return
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env.setdefault(key, str(entries))
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        env.setdefault(key, os.path.join(evidence_dir, DUMP_PREFIX))
+
+
 def user_labels(passthrough: list[str]) -> bool:
     """Whether the user asked srun for task labels themselves (then they see them, as before)."""
     return any(w in ("-l", "--label") or w.startswith("--label=") for w in passthrough)
@@ -69,8 +114,11 @@ class StepRunner:
                  env: Mapping[str, str], stdout: IO[bytes], stderr: IO[bytes],
                  should_stop: Callable[[], bool] = lambda: False, progress: ProgressStream | None = None,
                  on_hang: Callable[[AttemptLaunch, HangDue], Attribution] | None = None,
-                 on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None) -> None:
+                 on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None,
+                 tasks_alive: Callable[[AttemptLaunch], bool | None] | None = None) -> None:
         self.opts = opts
+        self.tasks_alive = tasks_alive
+        self.task_look: TaskLook | None = None
         self.progress = progress or ProgressStream()
         self.on_hang = on_hang
         self.on_straggler = on_straggler
@@ -108,6 +156,7 @@ class StepRunner:
         env["HPR_HEARTBEAT_EVERY_S"] = f"{self.opts.watch.heartbeat_every_s:g}"
         if evidence_dir:
             env["HPR_EVIDENCE_DIR"] = evidence_dir
+            flight_recorder_env(env, evidence_dir, self.opts.watch.flight_recorder_entries)
         if self.opts.pre_train_script:
             rc = self._script("pre_train", self.opts.pre_train_script, launch, env)
             if rc != 0:
@@ -119,6 +168,9 @@ class StepRunner:
         self.feed.reset()
         self.pending_trip = None
         self.progress.reset([node for node in launch.nodes for _ in range(launch.tasks_per_node)])
+        self.task_look = None
+        if self.hang_clock is not None:
+            self.hang_clock.reset()
         w = self.opts.watch
         self.stragglers = StragglerDetector(w.straggler_fraction, w.straggler_windows, w.straggler_window_s,
                                             self.progress.attempt_started)
@@ -154,7 +206,7 @@ class StepRunner:
         unanswering: list[str] = []
         self.silence.reset()
         next_silence_check = time.monotonic() + 1.0
-        while (rc := step.wait(STEP_POLL_S)) is None:
+        while (rc := step.wait(STEP_POLL_S if decided_at is not None else self._until_next_look())) is None:
             now = time.monotonic()
             if self.should_stop():
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
@@ -173,7 +225,7 @@ class StepRunner:
                 continue
             self._watch_stragglers(launch, now)
             self._note_first_progress(launch)
-            due = self.hang_clock.check(now) if self.hang_clock is not None else None
+            due = self._hang_due(launch, now)
             if due is not None:
                 decided_at = now
                 hang = self.on_hang(launch, due) if self.on_hang is not None else Attribution()
@@ -215,6 +267,49 @@ class StepRunner:
         self.reporter.decision("silent_nodes_probed", nodes=",".join(suspects), unanswering=",".join(dead) or None,
                                silent_s=round(self.silence.silent_s, 1), took_s=round(time.monotonic() - started, 3))
         return dead
+
+    def _until_next_look(self) -> float:
+        """The loop's wait: a poll tick, but never past the hang deadline or the task count before it."""
+        clock = self.hang_clock
+        deadline = clock.deadline() if clock is not None else None
+        if clock is None or deadline is None:
+            return STEP_POLL_S
+        ahead = deadline - time.monotonic()
+        lead = self._lead()
+        if (ahead > lead and self.tasks_alive is not None and not clock.rechecking()
+                and (self.task_look is None or self.task_look.deadline != deadline)):
+            ahead -= lead
+        return min(STEP_POLL_S, max(0.0, ahead))
+
+    def _lead(self) -> float:
+        limit = self.hang_clock.threshold() if self.hang_clock is not None else None
+        return min(LIVENESS_LEAD_S, (limit or 0.0) / 4)
+
+    def _hang_due(self, launch: AttemptLaunch, now: float) -> HangDue | None:
+        """A hang is due at the clock's deadline, if the step still has tasks then. Their count starts a little
+        ahead; a step whose tasks have all ended is not hung but over (its srun waits on a process that escaped
+        it and holds its output, e.g. under proctrack/pgid): those are reaped and srun ends on its own."""
+        if self.hang_clock is None:
+            return None
+        deadline = self.hang_clock.deadline()
+        if deadline is None:
+            return None
+        look_fn = self.tasks_alive
+        if (look_fn is not None and now >= deadline - self._lead() and not self.hang_clock.rechecking()
+                and (self.task_look is None or self.task_look.deadline != deadline)):
+            self.task_look = TaskLook(deadline, lambda: look_fn(launch))
+        due = self.hang_clock.check(now)
+        if due is None or due.rechecked or self.task_look is None:
+            return due
+        look, self.task_look = self.task_look, None
+        if look.result(self.opts.watch.hang_evidence_timeout_s) is not False:
+            return due  # alive, or not known (a node that does not answer is the hang path's to name)
+        self.reporter.decision("step_tasks_ended", attempt=launch.attempt, silent_s=round(due.silent_s, 1),
+                               threshold_s=round(due.threshold_s, 1),
+                               why="no task of the step is left; srun waits on a process that escaped it")
+        self.reap(list(launch.nodes), escaped_only=True)
+        self.hang_clock.dismiss(time.monotonic())
+        return None
 
     def _note_first_progress(self, launch: AttemptLaunch) -> None:
         """Record the attempt's first step at once (goodput ledger): a job cancelled later may be killed
@@ -310,17 +405,19 @@ class StepRunner:
                                took_s=round(time.monotonic() - started, 3))
         return rc
 
-    def reap(self, nodes: list[str]) -> None:
+    def reap(self, nodes: list[str], escaped_only: bool = False) -> None:
         """Before the next attempt: no task of an earlier one may live on `nodes` (they must be answering).
         With proctrack/cgroup nothing is found; under proctrack/pgid torchrun's workers (own sessions)
-        outlive a cancelled step and would go on training, and writing checkpoints, beside the new one."""
+        outlive a cancelled step and would go on training, and writing checkpoints, beside the new one.
+        `escaped_only`: while the step's srun still runs, only what escaped the step (no slurmstepd above it)."""
         if not nodes:
             return
         started = time.monotonic()
         env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
+        reaper = reap_escaped_processes if escaped_only else reap_marked_processes
         try:
-            killed, unchecked = reap_marked_processes(self.client, self.opts.job_id, nodes,
-                                                      f"{TASK_MARKER}={self.opts.job_id}", env, REAP_TIMEOUT_S)
+            killed, unchecked = reaper(self.client, self.opts.job_id, nodes, f"{TASK_MARKER}={self.opts.job_id}",
+                                       env, REAP_TIMEOUT_S)
         except HPResilienceError as err:
             killed, unchecked = [], list(nodes)
             log.warning("stale_task_check_failed", error=str(err)[:300])

@@ -21,6 +21,7 @@ from hpresilience.autoresume.capacity import BatchHostLost, Capacity, NoReplacem
 from hpresilience.autoresume.classify import Cause, Diagnosis, classify, node_is_bad
 from hpresilience.autoresume.collective import CollectiveBudget
 from hpresilience.autoresume.evidence import HangInvestigator
+from hpresilience.autoresume.flightrec import read_dumps, wavefront
 from hpresilience.autoresume.hang import Attribution
 from hpresilience.autoresume.ledger import render
 from hpresilience.autoresume.ledgerfile import attempt_record, write_ledger
@@ -95,7 +96,8 @@ class Supervisor:
         self.steps = StepRunner(opts, client, self.feed, self.reporter, self.env,
                                 stdout or sys.stdout.buffer, stderr or sys.stderr.buffer,
                                 should_stop=lambda: self.stop_signal is not None, progress=self.progress,
-                                on_hang=self.investigator, on_straggler=self._straggler)
+                                on_hang=self.investigator, on_straggler=self._straggler,
+                                tasks_alive=self.investigator.tasks_alive)
 
     # -- state across requeues -----------------------------------------------------------------------
     def _load_policy(self) -> RestartPolicy:
@@ -286,8 +288,13 @@ class Supervisor:
         not have marked a failing node yet), then relaunch on the same nodes within collective_retries."""
         sig = self.progress.signatures()[0]
         settle = self.opts.watch.collective_settle_s
+        # NCCL dumps its flight recorder on a watchdog timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, steps.py) into the
+        # attempt's evidence directory: the ranks that never entered the collective.
+        front = wavefront(read_dumps(self.investigator.root / f"attempt-{self.state.attempts}"),
+                          world=sorted(self.progress.ranks()))
         self.reporter.decision("collective_failure_seen", kind=sig.kind, line=sig.line[:300],
-                               node=self.progress.node_of_task(sig.task), settle_s=settle)
+                               node=self.progress.node_of_task(sig.task), settle_s=settle, fr_dumps=front.dumps,
+                               fr_behind=",".join(map(str, front.ranks)) or None)
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline and not self.stop_signal:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

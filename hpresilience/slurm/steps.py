@@ -87,9 +87,13 @@ def reap_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], ma
         res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
     except SlurmTimeout:
         return [], list(nodes)
+    return _stale_lines(res.stdout, nodes)
+
+
+def _stale_lines(stdout: str, nodes: list[str]) -> tuple[list[StaleTask], list[str]]:
     killed: list[StaleTask] = []
     reported: set[str] = set()
-    for line in res.stdout.splitlines():
+    for line in stdout.splitlines():
         parts = line.split(" ", 3)
         if parts[0] == "hpr-reaped" and len(parts) > 1:
             reported.add(parts[1])
@@ -203,3 +207,79 @@ def probe_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], m
         return {}
     with ThreadPoolExecutor(max_workers=min(32, len(nodes)), thread_name_prefix="hpr-probe") as pool:
         return dict(zip(nodes, pool.map(probe, nodes), strict=True))
+
+
+# The processes of one attempt that a step left behind, or that are still its tasks. Per node, for each process
+# with the job's marker in its environment: its nearest slurmstepd ancestor, whose title names the step
+# ("slurmstepd: [12.0]", "[12.batch]"). `count`: how many of attempt $a's processes hang off a numbered step
+# (the tasks; the wrapper's own srun, under the batch step, is not one). `reap`: kill every marked process with no
+# slurmstepd above it: it escaped its step (setsid, then its parent exited) and, under proctrack/pgid, outlives
+# the tasks and holds srun's output open. The task itself is started without the marker.
+LIVE_SCRIPT = r"""
+m=$1; a=$2; mode=$3; live=0
+for f in $(grep -l -z -s -x -F -e "$m" /proc/[0-9]*/environ); do
+  p=${f#/proc/}; p=${p%/environ}
+  [ "$p" = "$$" ] && continue
+  n=$(tr '\0' '\n' < "$f" 2>/dev/null | sed -n 's/^SLURMD_NODENAME=//p' | head -n1)
+  [ -n "$n" ] && [ "$n" != "${SLURMD_NODENAME:-}" ] && continue
+  q=$p; i=0; under=
+  while [ -n "$q" ] && [ "$q" -gt 1 ] && [ $i -lt 64 ]; do
+    if [ "$(cat /proc/$q/comm 2>/dev/null)" = slurmstepd ]; then
+      under=$(tr '\0' ' ' < /proc/$q/cmdline 2>/dev/null | sed -n 's/.*\[[0-9]*\.\([0-9a-z]*\)\].*/\1/p'); break
+    fi
+    q=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$q/status 2>/dev/null); i=$((i + 1))
+  done
+  if [ "$mode" = reap ]; then
+    [ $i -lt 64 ] && [ -z "$q" -o "${q:-0}" -le 1 ] || continue
+    c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-160)
+    kill -9 "$p" 2>/dev/null && echo "hpr-stale ${SLURMD_NODENAME:-?} $p $c"
+  else
+    case "$under" in ''|*[!0-9]*) continue ;; esac
+    grep -q -z -x -F -e "AUTORESUME_ATTEMPT=$a" "$f" 2>/dev/null && live=$((live + 1))
+  fi
+done
+[ "$mode" = reap ] && echo "hpr-reaped ${SLURMD_NODENAME:-?}" || echo "hpr-live ${SLURMD_NODENAME:-?} $live"
+"""
+
+
+def parse_live_lines(text: str) -> dict[str, int]:
+    """Per node that reported: how many task processes of the step it runs."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 3 and parts[0] == "hpr-live" and parts[2].isdigit() and len(parts[2]) < 9:
+            out[parts[1]] = int(parts[2])
+    return out
+
+
+def _live_script(client: SlurmClient, job_id: int, nodes: list[str], marker: str, attempt: int, mode: str,
+                 env: dict[str, str], timeout: float) -> Result | None:
+    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--overlap", "--export=ALL", f"--job-name=hpr-{mode}",
+            "--kill-on-bad-exit=0", "sh", "-c", LIVE_SCRIPT, "hpr-live", marker, str(attempt), mode]
+    try:
+        return client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
+    except SlurmTimeout:
+        return None
+
+
+def step_task_counts(client: SlurmClient, job_id: int, nodes: list[str], marker: str, attempt: int,
+                     env: dict[str, str], timeout: float) -> dict[str, int] | None:
+    """How many task processes of attempt `attempt` each node still runs: one short task per node in a single
+    srun (--overlap; one step for the whole job, whatever its size). None when a node did not report in time
+    (its tasks could not be counted)."""
+    if not nodes:
+        return {}
+    res = _live_script(client, job_id, nodes, marker, attempt, "count", env, timeout)
+    counts = parse_live_lines(res.stdout) if res is not None else {}
+    return counts if all(n in counts for n in nodes) else None
+
+
+def reap_escaped_processes(client: SlurmClient, job_id: int, nodes: list[str], marker: str, env: dict[str, str],
+                           timeout: float) -> tuple[list[StaleTask], list[str]]:
+    """Kill the marked processes on `nodes` that escaped their step (no slurmstepd above them), while the step's
+    srun (under the batch step) lives on: what it killed, and the nodes that did not report back."""
+    if not nodes:
+        return [], []
+    res = _live_script(client, job_id, nodes, marker, 0, "reap", env, timeout)
+    return _stale_lines(res.stdout, nodes) if res is not None else ([], list(nodes))

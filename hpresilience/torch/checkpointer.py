@@ -138,6 +138,7 @@ class TieredCheckpointer:
         if to_s3 and self.durable is None:
             raise ConfigError("to_s3=True, but the checkpoint has no durable tier (set s3_base or fs_base)")
 
+    @heartbeat.blocking("checkpoint")  # the goodput ledger's `checkpoint`: training waits this long
     def save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> None:
         """Blocking save of `step` to the memory tier; peer copy and S3 follow in the background.
 
@@ -151,6 +152,7 @@ class TieredCheckpointer:
         md = dcp_save(state_dict, storage_writer=self._writer(step), process_group=self._save_pg)
         self._post.submit(Committed(step, md, to_s3))
 
+    @heartbeat.blocking("checkpoint")  # the goodput ledger's `checkpoint`: training waits this long
     def async_save(self, state_dict: dict[str, Any], step: int, *, to_s3: bool | None = None) -> Future[Any]:
         """Stage `state_dict` (one memcpy; in the background when `background_staging`) and write it
         in the background. `to_s3` as for save().
@@ -243,6 +245,7 @@ class TieredCheckpointer:
         return self._post.settle(deadline) and ok
 
     # ------------------------------------------------------------------ loading
+    @heartbeat.blocking("restore")  # the goodput ledger's `restore`
     def load(self, state_dict: dict[str, Any], step: int | None = None) -> int | None:
         """Load the newest step every rank can get (or `step`) into `state_dict`; None if there is none.
 

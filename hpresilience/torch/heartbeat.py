@@ -17,6 +17,12 @@ wrapper removes these lines before the user's output, so nothing floods. Why wor
 data parallel training every rank waits for the slowest in the gradient all-reduce, so wall step times are
 equal on all ranks and only the time a rank spends on its own work shows a slow node.
 
+Time a rank spends blocked in a checkpoint save or restore (TieredCheckpointer's blocking part of save,
+async_save and load, through `blocking`) is reported for the goodput ledger: the beat lines carry the
+process's totals so far (`ckpt_s=F restore_s=F`); a block that ends writes a line at once when the rate
+allows (one without `step=` when no step was beaten yet, e.g. the restore before training), else the next
+beat carries it, and what is left unsaid at exit is written then.
+
 The first beat also registers `faulthandler` on HPR_STACK_SIGNAL (SIGRTMIN+3 by default), writing all
 threads' stacks to `stacks-rank<R>-<pid>.txt` in HPR_EVIDENCE_DIR: when the wrapper declares a hang it
 sends that signal only to processes that announced it, so a process that never registered is not killed
@@ -26,8 +32,10 @@ this module must not import the wrapper, and the wrapper must not import torch.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
+import functools
 import os
 import signal
 import socket
@@ -35,7 +43,9 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Any, Literal, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 PREFIX = "[hpr-heartbeat]"
 DEFAULT_EVERY_S = 5.0
@@ -76,6 +86,9 @@ class Heartbeat:
         self._stack_signal = 0
         self._stack_file: IO[str] | None = None
         self._installed = False
+        self._blocked = {"checkpoint": 0.0, "restore": 0.0}  # seconds so far in this process
+        self._blocked_unsaid = False
+        self._atexit = False
 
     # -- stacks ----------------------------------------------------------------------------------------
     def _install_stacks(self) -> None:
@@ -97,6 +110,30 @@ class Heartbeat:
             self._stack_signal = sig
         except (OSError, ValueError, RuntimeError):
             self._stack_signal = 0
+            return
+        if _int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0")) > 0:
+            threading.Thread(target=self._flight_recorder_on_request, args=(d,), name="hpr-fr-dump",
+                             daemon=True).start()
+
+    def _flight_recorder_on_request(self, d: str) -> None:
+        """gloo records collectives (TORCH_FR_BUFFER_SIZE) but never dumps them: when the wrapper asks
+        (`fr-request` appears in the evidence directory, at a hang), write this process's records once to
+        `fr-rank<R>-<pid>.pkl` there (new file, no link followed). A thread of its own, so a main thread stuck
+        in a collective (the GIL released) does not stop it; a stopped process writes nothing, which says as
+        much. Four stats a second."""
+        request = os.path.join(d, "fr-request")
+        while not os.path.exists(request):
+            time.sleep(0.25)
+        try:
+            from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+
+            data = _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+            path = os.path.join(d, f"fr-rank{self.rank}-{os.getpid()}.pkl")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except Exception:  # noqa: BLE001 - no flight recorder here (no torch.distributed): nothing to add
+            return
 
     # -- beats -----------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -109,6 +146,33 @@ class Heartbeat:
             with self._lock:
                 self._work_s += self._clock() - start
                 self._work_open += 1
+
+    def blocked(self, kind: Literal["checkpoint", "restore"], seconds: float) -> None:
+        """Training was blocked `seconds` saving (`checkpoint`) or loading (`restore`) a checkpoint."""
+        if not self.enabled or not seconds >= 0:
+            return
+        now = self._clock()
+        with self._lock:
+            self._blocked[kind] += seconds
+            self._blocked_unsaid = True
+            if not self._atexit:
+                self._atexit = True
+                atexit.register(self.flush_blocked)
+            if now - self._last_write < self.every_s:
+                return  # the next beat (or the exit) says it
+            line = self._line(self._last_step)
+            self._last_write = now
+            self._blocked_unsaid = False
+        self._write(line)
+
+    def flush_blocked(self) -> None:
+        """Say the blocked time not yet written (at exit: the last save's)."""
+        with self._lock:
+            if not self._blocked_unsaid:
+                return
+            line = self._line(self._last_step)
+            self._blocked_unsaid = False
+        self._write(line)
 
     def beat(self, step: int, work_s: float | None = None) -> None:
         """This rank finished `step`. `work_s`: its own work in the step, if measured outside `working()`."""
@@ -134,14 +198,22 @@ class Heartbeat:
                 return
             line = self._line(int(step))
             self._last_write = now
+            self._blocked_unsaid = False
             self._steps, self._step_s, self._work_s, self._work_open = 0, 0.0, 0.0, 0
+        self._write(line)
+
+    def _write(self, line: str) -> None:
         try:
             os.write(self.fd, line.encode())
         except OSError:
             pass  # a closed stderr must never stop training
 
-    def _line(self, step: int) -> str:
-        fields = [f"rank={self.rank}", f"node={self.node or '-'}", f"pid={os.getpid()}", f"step={step}"]
+    def _line(self, step: int | None) -> str:
+        fields = [f"rank={self.rank}", f"node={self.node or '-'}", f"pid={os.getpid()}"]
+        if step is not None:
+            fields.append(f"step={step}")
+        if self._blocked["checkpoint"] or self._blocked["restore"]:
+            fields += [f"ckpt_s={self._blocked['checkpoint']:.3f}", f"restore_s={self._blocked['restore']:.3f}"]
         if self._steps:
             fields += [f"steps={self._steps}", f"step_s={self._step_s / self._steps:.6f}"]
             if self._work_open:
@@ -176,3 +248,20 @@ def beat(step: int, work_s: float | None = None) -> None:
 def working() -> contextlib.AbstractContextManager[None]:
     """`with heartbeat.working(): ...` around the rank's own work in a step."""
     return default().working()
+
+
+def blocking(kind: Literal["checkpoint", "restore"]) -> Callable[[F], F]:
+    """Decorator: the call's duration is time training was blocked on a checkpoint (`Heartbeat.blocked`)."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            hb = default()
+            if not hb.enabled:
+                return fn(*args, **kwargs)
+            start = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                hb.blocked(kind, time.monotonic() - start)
+        return timed  # type: ignore[return-value]
+    return wrap

@@ -132,10 +132,11 @@ def test_a_task_that_escaped_its_step_is_killed_before_the_relaunch(
         assert len(processes_with(f"orphan-{token}")) == 2
         slurm.set_node_state(["n2"], "fail", "Action:Replace")
         assert run.wait_done(90) == "0", run.err
-        killed = run.named("stale_task_killed")
-        assert sum(f"orphan-{token}" in k["command"] for k in killed) == 2  # one per node of attempt 1
         first_relaunch = run.named("attempt_started")[1]["time"]
-        assert all(k["time"] < first_relaunch for k in killed)
+        killed = [k for k in run.named("stale_task_killed") if k["time"] < first_relaunch]
+        assert sum(f"orphan-{token}" in k["command"] for k in killed) == 2  # one per node of attempt 1
+        # Attempt 2's own orphans hold srun's output after its tasks end: that silence is no hang.
+        assert not run.named("hang_detected") and len(run.named("attempt_started")) == 2
         left = [p for p in processes_with(f"orphan-{token}") if attempt_of(p) == "1"]
         assert not left, [p.cmdline() for p in left]
     finally:
@@ -145,3 +146,33 @@ def test_a_task_that_escaped_its_step_is_killed_before_the_relaunch(
         kill_with(f"orphan-{token}")
         with contextlib.suppress(Exception):
             slurm.set_node_state(["n2"], "resume")
+
+
+def test_a_step_whose_tasks_ended_while_an_escaped_process_holds_its_output_ends_and_is_not_hung(
+        pgid_cluster: DevCluster, tmp_path: Path) -> None:
+    """Hang detection on by default, a floor of 5 s: the tasks finish, but a process that escaped the step
+    (setsid; proctrack/pgid) keeps srun's output open, so srun would wait silently for EioTimeout (60 s). The
+    wrapper counts the step's tasks before calling the silence a hang, finds none, reaps the escaped
+    processes and the step ends with its own exit code: one attempt, no hang, long before EioTimeout."""
+    slurm = pgid_cluster.client()
+    wait(lambda: all(n.is_idle for n in slurm.nodes()), "an idle cluster", 60)
+    token = unique_token()
+    config = tmp_path / "config.yaml"
+    config.write_text("autoresume:\n  full_node_check_s: 0.5\n  hang_floor_s: 5\n")
+    run = Run(pgid_cluster, slurm, tmp_path, "", str(TRAINER), nodes=2,
+              env={"TRAIN_STEPS": "8", "STEP_SLEEP": "0.2", "ORPHAN": token, "HPRESILIENCE_CONFIG": str(config)})
+    try:
+        run.wait_output("training finished", timeout=60)
+        finished = time.time()
+        assert run.wait_done(40) == "0", run.err
+        ended = run.named("step_tasks_ended")
+        assert len(ended) == 1 and ended[0]["threshold_s"] == 5
+        assert not run.named("hang_detected") and len(run.named("attempt_started")) == 1
+        killed = run.named("stale_task_killed")
+        assert sum(f"orphan-{token}" in k["command"] for k in killed) == 2
+        assert run.named("job_step_succeeded")[0]["time"] - finished < 30  # not EioTimeout's 60 s
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.cancel(run.job_id)
+        kill_with(token)
+        kill_with(f"orphan-{token}")

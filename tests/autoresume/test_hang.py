@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hpresilience.autoresume.hang import HangClock, attribute
 from hpresilience.autoresume.progress import ProgressStream, RankInfo
-from hpresilience.slurm.steps import parse_probe_lines
+from hpresilience.slurm.steps import parse_live_lines, parse_probe_lines
 
 
 class Clock:
@@ -31,13 +31,27 @@ def test_nothing_is_declared_before_the_first_progress() -> None:
     assert HangClock(s, 60, 10, 300).check(10_000) is None
 
 
-def test_silence_over_the_floor_is_a_hang_once_steps_are_fast() -> None:
+def test_silence_reaching_the_floor_is_a_hang_at_that_instant_once_steps_are_fast() -> None:
     s, clock = stream_with_lines(0.25, 20)
     hc = HangClock(s, 60, 10, 300)
     last = clock.t
-    assert hc.check(last + 60) is None
-    due = hc.check(last + 60.1)
-    assert due is not None and due.threshold_s == 60 and due.silent_s > 60
+    assert hc.deadline() == last + 60
+    assert hc.check(last + 59.99) is None
+    due = hc.check(last + 60)
+    assert due is not None and due.threshold_s == 60 and due.silent_s == 60 and not due.rechecked
+
+
+def test_a_silence_whose_tasks_had_ended_starts_the_clock_again_and_the_next_deadline_is_final() -> None:
+    s, clock = stream_with_lines(0.25, 20)
+    hc = HangClock(s, 60, 10, 300)
+    last = clock.t
+    hc.dismiss(last + 60)
+    assert not hc.check(last + 119) and hc.rechecking()
+    due = hc.check(last + 120)
+    assert due is not None and due.rechecked and due.silent_s == 120
+    clock.t = last + 130
+    s.feed_lines(["0: step=99"])  # new progress: a fresh silence, looked at again
+    assert not hc.rechecking() and hc.deadline() == last + 190
 
 
 def test_a_job_logging_every_20_s_gets_ten_times_that() -> None:
@@ -95,3 +109,8 @@ def test_a_node_that_did_not_answer_and_a_vanished_rank_are_named() -> None:
 def test_probe_output_with_hostile_lines_is_skipped() -> None:
     procs, done = parse_probe_lines("hpr-proc\nhpr-proc n1 x S 0\nhpr-proc n1 5 S 99999999999 w c\nnoise\nhpr-probed")
     assert [p.pid for p in procs] == [5] and procs[0].rank is None and done == set()
+
+
+def test_task_counts_are_read_per_node_and_hostile_lines_are_skipped() -> None:
+    text = "hpr-live n1 0\nhpr-live n2 3\nhpr-live n3 x\nhpr-live n4 9999999999\nnoise\nhpr-live\n"
+    assert parse_live_lines(text) == {"n1": 0, "n2": 3}

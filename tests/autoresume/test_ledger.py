@@ -121,3 +121,47 @@ def test_a_job_killed_before_its_last_attempt_ended_still_resolves_the_fault_fro
     led = compute(7, events, now=T0 + 71)
     assert led.restarts[0].lost_s == pytest.approx(11) and led.lost_work_known
     assert led.wall_s == pytest.approx(71) and led.productive_s == pytest.approx(10 + 27)
+
+
+def reported(restore_s: float, checkpoint_s: float) -> dict[str, Any]:
+    """What an attempt's `attempt_ended` says of blocked time when its ranks' hpresilience.torch heartbeats
+    reported it: real heartbeat lines (rank 1 blocked longer than rank 0) through the wrapper's progress stream."""
+    import os
+
+    from hpresilience.autoresume.ledgerfile import attempt_record
+    from hpresilience.autoresume.progress import ProgressStream
+    from hpresilience.torch.heartbeat import JOB_ENV, Heartbeat
+
+    stream = ProgressStream()
+    stream.reset(["n1", "n2"])
+    for rank, extra in ((0, 0.5), (1, 0.0)):
+        r, w = os.pipe()
+        hb = Heartbeat(env={JOB_ENV: "7", "HPR_HEARTBEAT_EVERY_S": "0", "RANK": str(rank)}, fd=w)
+        hb._installed = True
+        hb.blocked("restore", restore_s - extra)
+        hb.beat(11)
+        hb.blocked("checkpoint", checkpoint_s / 2 - extra)
+        hb.beat(12)
+        hb.blocked("checkpoint", checkpoint_s / 2)
+        os.close(w)
+        with os.fdopen(r) as f:
+            stream.feed_lines([f"{rank}: {line}" for line in f.read().splitlines()])
+    rec = attempt_record(stream, 1, 0.0, 0)
+    return {"checkpoint_s": rec["checkpoint_s"], "restore_s": rec["restore_s"]}
+
+
+def test_blocked_save_and_restore_reported_by_hpresilience_torch_are_their_own_categories() -> None:
+    """Issue 26: restore (3 s, before attempt 2's first step) comes out of reinit, saves (2 s in attempt 1's kept
+    steps, 4 s in attempt 2's) out of productive time; the sum is still the wall time."""
+    events = one_fault()
+    for e in events:
+        if e["event"] == "attempt_ended":
+            e.update(reported(0.0, 2.0) if e["attempt"] == 1 else reported(3.0, 4.0))
+    led = compute(7, events)
+    b = led.badput_s
+    assert b["restore"] == pytest.approx(3) and b["checkpoint"] == pytest.approx(6)
+    assert b["reinit"] == pytest.approx(15) and led.productive_s == pytest.approx(30)
+    assert b["lost_work"] == pytest.approx(11)
+    assert led.productive_s + sum(b.values()) == pytest.approx(led.wall_s)
+    (r,) = led.restarts
+    assert r.by_category["restore"] == pytest.approx(3) and r.by_category["reinit"] == pytest.approx(6)

@@ -107,6 +107,12 @@ def test_hot_spare_takes_the_failed_first_nodes_slot_and_training_resumes(
     assert "resumed from step=" in run.out and finished_steps(run.out) == {"step=40"}
     assert slurm.job(run.job_id).job_id == run.job_id  # not resubmitted: the same job throughout
     assert (run.state / f"{run.job_id}.prom").read_text().count('cause="hardware"') >= 1
+    # TieredCheckpointer reported the time its saves and its restore blocked training (issue 26): the ledger
+    # has them as their own categories, not as productive time and reinit.
+    ledger = json.loads((run.state / f"{run.job_id}.ledger.json").read_text())
+    assert ledger["badput_s"]["checkpoint"] > 0 and ledger["badput_s"]["restore"] > 0, ledger
+    ended = [e for e in run.named("attempt_ended") if e["attempt"] == 2]
+    assert ended[0]["restore_s"] > 0 and ended[0]["checkpoint_s"] > 0, ended
 
 
 def test_without_spares_the_job_grows_back_with_an_idle_node(

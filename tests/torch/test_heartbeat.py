@@ -84,3 +84,76 @@ def test_a_checkpoint_save_beats_and_a_repeated_step_counts_once(tmp_path: Path,
         assert hb._steps == 0  # the loop's beat of the same step is no second step
     hb.beat(4)
     assert hb._steps == 1 and hb._last_step == 4
+
+
+def test_the_blocking_part_of_save_and_load_is_reported_in_the_heartbeat_for_the_ledger(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """TieredCheckpointer's save, async_save and load report the time they blocked training (`ckpt_s`,
+    `restore_s`, the process's totals), and the wrapper's parser reads them (the goodput ledger's input)."""
+    import torch
+
+    from hpresilience.autoresume.progress import parse_heartbeat
+    from hpresilience.torch import CheckpointConfig, TieredCheckpointer, heartbeat
+
+    r, w = os.pipe()
+    hb = heartbeat.Heartbeat(env={heartbeat.JOB_ENV: "5", "HPR_HEARTBEAT_EVERY_S": "0"}, fd=w)
+    hb._installed = True  # no stack signal in the test process
+    monkeypatch.setattr(heartbeat, "_default", hb)
+    with TieredCheckpointer(CheckpointConfig(namespace="hb", memory_dir=str(tmp_path), replicate=False)) as ck:
+        ck.save({"w": torch.zeros(1000)}, 3)
+        ck.async_save({"w": torch.ones(1000)}, 4).result()
+        ck.wait()
+        assert ck.load({"w": torch.zeros(1000)}) == 4
+    os.close(w)
+    with os.fdopen(r) as f:
+        beats = [b for line in f.read().splitlines() if (b := parse_heartbeat(line)) is not None]
+    totals = sorted({b.ckpt_s for b in beats if b.ckpt_s is not None and b.restore_s == 0})
+    assert len(totals) == 2 and 0 < totals[0] < totals[1]  # the save's, then the save's and async_save's
+    last = beats[-1]
+    assert last.restore_s is not None and last.restore_s > 0 and last.ckpt_s == totals[1]
+    assert last.step == 4  # the blocked-time line names the last step beaten, and is no progress of its own
+
+
+FR_CHILD = r"""
+import sys, time
+import torch, torch.distributed as dist
+from hpresilience.torch.heartbeat import Heartbeat
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+t = torch.ones(2)
+for _ in range(3):
+    dist.all_reduce(t)
+hb = Heartbeat(fd=1)
+hb.beat(1)
+sys.stdout.flush()
+time.sleep(30)
+"""
+
+
+def test_a_hang_request_makes_each_rank_dump_its_flight_recorder_into_the_evidence_dir(tmp_path: Path) -> None:
+    """gloo records collectives but never dumps them: the heartbeat's thread writes the records (torch's own
+    pickle) once the wrapper's `fr-request` appears, into a new private file the wrapper reads safely."""
+    from hpresilience.autoresume.flightrec import read_dumps, wavefront
+    from tests.conftest import TEST_BASE_PORT
+
+    evidence = tmp_path / "ev"
+    evidence.mkdir(mode=0o700)
+    env = {**os.environ, "HPR_AUTORESUME_JOB": "5", "RANK": "0", "SLURMD_NODENAME": "n1",
+           "HPR_EVIDENCE_DIR": str(evidence), "TORCH_FR_BUFFER_SIZE": "100"}
+    p = subprocess.Popen([sys.executable, "-c", FR_CHILD, str(TEST_BASE_PORT + 871)], env=env,
+                         stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert p.stdout is not None and p.stdout.readline().startswith("[hpr-heartbeat]")
+        assert not list(evidence.glob("fr-rank*"))  # nothing without a request
+        (evidence / "fr-request").write_text("now\n")
+        dump = evidence / f"fr-rank0-{p.pid}.pkl"
+        deadline = time.monotonic() + 20
+        while not dump.exists() or not dump.stat().st_size:
+            assert time.monotonic() < deadline, "no flight-recorder dump"
+            time.sleep(0.2)
+        time.sleep(0.2)
+        assert dump.stat().st_mode & 0o777 == 0o600
+        front = wavefront(read_dumps(evidence), world=[0])
+        assert front.dumps == 1 and front.groups["0"] == 3 and front.behind == []
+    finally:
+        p.kill()
+        p.wait()

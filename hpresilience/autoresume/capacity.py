@@ -123,7 +123,12 @@ class Capacity:
             raise NoReplacement(f"{left} healthy node(s) left for a {size}-node step, no hot spare, and this "
                                 "cluster does not permit job expansion (SchedulerParameters lacks "
                                 "permit_job_expansion), so no node can join the running job")
-        grown = self._grow(size - left, job.partition)
+        grown, added = self._grow(size - left, job.partition)
+        # A node that joined was idle, so usable, a moment ago: a blamed node among them is the failed node back
+        # after repair under its own name (HyperPod's replacement, and the only one on a full cluster). It no
+        # longer stays out; the set is read again so that a node marked meanwhile is still left out.
+        self.state.kept_out = [n for n in self.state.kept_out if n not in added]
+        unhealthy = self.unhealthy(grown)
         plan = plan_nodes(grown.nodes, size, unhealthy, previous)
         if plan is None:
             raise NoReplacement(f"job grew to {compress(grown.nodes)} but still lacks healthy nodes")
@@ -157,8 +162,9 @@ class Capacity:
         self.reporter.decision("allocation_shrunk", released=compress(release), nodes=compress(job.nodes))
         return job
 
-    def _grow(self, count: int, partition: str) -> Job:
-        """Wait for `count` usable idle nodes and merge them into the job, until replace_timeout_s."""
+    def _grow(self, count: int, partition: str) -> tuple[Job, list[str]]:
+        """Wait for `count` usable idle nodes and merge them into the job, until replace_timeout_s: the job
+        grown, and the nodes added."""
         started = time.monotonic()
         deadline = started + self.replace_timeout_s
         blamed = set(self.state.blamed_nodes)
@@ -208,7 +214,7 @@ class Capacity:
             self.state.resized = True
             self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen),
                                    waited_s=round(time.monotonic() - started, 2))
-            return grown
+            return grown, list(chosen)
 
     def _swapped(self, previous: Sequence[str], plan: Sequence[str], source: str) -> None:
         swaps: list[dict[str, Any]] = [{"slot": i, "old": old, "new": new}

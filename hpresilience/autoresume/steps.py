@@ -31,7 +31,13 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.srun import StepProcess
-from hpresilience.slurm.steps import named_steps, reap_marked_processes, run_on_nodes, signal_step
+from hpresilience.slurm.steps import (
+    lingering_steps,
+    named_steps,
+    reap_marked_processes,
+    run_on_nodes,
+    signal_step,
+)
 
 log = get_logger("hpresilience.autoresume")
 STEP_POLL_S = 0.1
@@ -41,6 +47,8 @@ SRUN_TERMINATE_GRACE_S = 10.0
 # KillWait + 2 s): it is killed after this.
 SRUN_AFTER_CANCEL_S = 0.05
 REAP_TIMEOUT_S = 15.0
+# Longest wait for a node back in the job to finish ending the job's old step there (settle()).
+SETTLE_S = 10.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
 TASK_MARKER = "HPR_AUTORESUME_JOB"
 MAX_DETECTION_AGE_S = 3600
@@ -297,6 +305,29 @@ class StepRunner:
             self.reporter.decision("stale_task_killed", node=k.node, pid=k.pid, command=k.command)
         self.reporter.decision("old_tasks_checked", nodes=",".join(nodes), killed=len(killed),
                                unchecked=",".join(unchecked) or None, took_s=round(time.monotonic() - started, 3))
+
+    def settle(self, nodes: list[str], bound_s: float = SETTLE_S) -> None:
+        """Before launching on nodes that left the job and came back (a fast repair): slurmd there is still ending
+        the job's old step, and until its slurmstepd is gone it kills every step of the job it is sent (seen on
+        22.05: the relaunched task `Killed` 1.5 s after its start, as the old step's slurmstepd ended). Old tasks
+        are killed, then the wait lasts until no earlier step of the job is left there, or bound_s."""
+        started = time.monotonic()
+        env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
+        rounds = 0
+        while True:
+            rounds += 1
+            try:
+                busy, unchecked = lingering_steps(self.client, self.opts.job_id, nodes, env)
+            except HPResilienceError as err:
+                busy, unchecked = set(), list(nodes)
+                log.warning("stale_step_check_failed", error=str(err)[:300])
+            waited = time.monotonic() - started
+            if not busy or waited >= bound_s:
+                self.reporter.decision("returned_nodes_settled", nodes=",".join(nodes), rounds=rounds,
+                                       busy=",".join(sorted(busy)) or None, unchecked=",".join(unchecked) or None,
+                                       took_s=round(waited, 3))
+                return
+            time.sleep(0.2)
 
     def _signal_tasks(self, step: StepProcess, sig: str) -> None:
         try:

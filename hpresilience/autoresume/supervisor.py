@@ -208,6 +208,9 @@ class Supervisor:
                 self.reporter.decision("straggler_excluded", nodes=",".join(leave))
                 self.exclude -= set(leave)
             if bad or leave:
+                # The old step must be gone from a failed node before it leaves the job: a node released while its
+                # slurmstepd still ends the step, and repaired fast, kills the next step sent to it once back.
+                self.steps.settle(bad)
                 try:
                     plan = self.capacity.recover([*bad, *leave], plan, size)
                 except NoReplacement as err:

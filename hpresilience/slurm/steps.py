@@ -98,6 +98,47 @@ def reap_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], ma
     return killed, [n for n in nodes if n not in reported]
 
 
+# Prints the job's numbered steps that a slurmstepd still holds on this node, other than the probe's own. Nodes
+# that share a kernel (a test cluster) see each other's: there the answer covers them all.
+STEPD_SCRIPT = r"""
+j=$1
+for f in /proc/[0-9]*/cmdline; do
+  c=$(tr '\0' ' ' < "$f" 2>/dev/null)
+  case "$c" in
+    "slurmstepd: [$j."[0-9]*"]"*)
+      s=${c#*"[$j."}; s=${s%%]*}
+      [ "$s" != "${SLURM_STEP_ID:-}" ] && echo "hpr-stepd ${SLURMD_NODENAME:-?} $s";;
+  esac
+done
+echo "hpr-stepd-checked ${SLURMD_NODENAME:-?}"
+"""
+
+
+def lingering_steps(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
+                    timeout: float = 5.0) -> tuple[set[str], list[str]]:
+    """The nodes where a slurmstepd of an earlier step of the job still runs, and the nodes that did not report
+    back. A node that left the job and came back is still ending the job there until its old steps are gone,
+    and meanwhile slurmd kills every new step of the job it is sent."""
+    if not nodes:
+        return set(), []
+    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--overlap", "--export=ALL", "--job-name=hpr-stepd",
+            "--kill-on-bad-exit=0", "sh", "-c", STEPD_SCRIPT, "hpr-stepd", str(job_id)]
+    try:
+        res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
+    except SlurmTimeout:
+        return set(), list(nodes)
+    busy: set[str] = set()
+    reported: set[str] = set()
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "hpr-stepd-checked":
+            reported.add(parts[1])
+        elif len(parts) >= 3 and parts[0] == "hpr-stepd":
+            busy.add(parts[1])
+    return busy, [n for n in nodes if n not in reported]
+
+
 def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
                     timeout: float = 3.0) -> dict[str, bool]:
     """Whether each node runs a trivial task within `timeout` (one srun per node, all at once). A node

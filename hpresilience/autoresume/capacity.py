@@ -45,7 +45,8 @@ class BatchHostLost(NoReplacement):
 
 class Capacity:
     def __init__(self, client: SlurmClient, job_id: int, state: WrapperState, reporter: Reporter, *,
-                 grow: bool, replace_timeout_s: float, progress_every_s: float = 5.0) -> None:
+                 grow: bool, replace_timeout_s: float, progress_every_s: float = 5.0, min_nodes: int = 0,
+                 settle: Callable[[list[str]], None] | None = None) -> None:
         self.client = client
         self.job_id = job_id
         self.state = state
@@ -53,6 +54,8 @@ class Capacity:
         self.grow = grow
         self.replace_timeout_s = replace_timeout_s
         self.progress_every_s = progress_every_s
+        self.min_nodes = min_nodes  # 0: off; else run short on at least this many healthy nodes at once
+        self.settle = settle  # waits until a failed node no longer holds the job's old step (before release)
         self._expansion: bool | None = None
         self._accounting: bool | None = None
         self._unreachable: set[str] = set()
@@ -105,6 +108,12 @@ class Capacity:
                 self.state.kept_out.append(n)
         job = self.client.job(self.job_id)
         unhealthy = self.unhealthy(job)
+        if plan_nodes(job.nodes, size, unhealthy, previous) is None:
+            short = self._short_plan(job, unhealthy, previous, size)
+            if short is not None:
+                return short
+            if self.settle is not None:  # no spare: the node may come back into this job, so it must leave clean
+                self.settle([n for n in bad if n in job.nodes and n not in self._unreachable])
         job = self._release(job, unhealthy)
         plan = plan_nodes(job.nodes, size, unhealthy, previous)
         if plan is not None:
@@ -133,6 +142,38 @@ class Capacity:
         if plan is None:
             raise NoReplacement(f"job grew to {compress(grown.nodes)} but still lacks healthy nodes")
         self._swapped(previous, plan, "grown")
+        return plan
+
+    def _short_plan(self, job: Job, unhealthy: set[str], previous: Sequence[str], size: int) -> list[str] | None:
+        """--auto-resume-min-nodes: the healthy nodes of the step (in their slots' order), when at least min_nodes,
+        for a relaunch at once; the failed nodes stay in the job, out of the step, until they are back."""
+        if not self.min_nodes or (job.batch_host in unhealthy and job.batch_host not in self._unreachable):
+            return None
+        healthy = [n for n in job.nodes if n not in unhealthy]
+        plan = [n for n in previous if n in healthy] + [n for n in healthy if n not in previous]
+        plan = plan[:size]
+        if len(plan) < self.min_nodes:
+            return None
+        self.reporter.decision("running_short", nodes=",".join(plan), nodes_now=len(plan), nodes_requested=size,
+                               min_nodes=self.min_nodes, left_out=",".join(sorted(unhealthy & set(job.nodes))))
+        return plan
+
+    def back_in_service(self, size: int, previous: Sequence[str]) -> list[str] | None:
+        """While running short: the full plan once the nodes kept out are healthy again (one read of the job, one
+        of those nodes by name: O(1) Slurm calls), else None."""
+        job = self.client.job(self.job_id)
+        kept = [n for n in self.state.kept_out if n in job.nodes]
+        if not kept:
+            return None
+        back = [n.name for n in self.client.known_nodes(kept)
+                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN")]
+        if not back:
+            return None
+        plan = plan_nodes(job.nodes, size, (set(kept) - set(back)), [*previous, *back])
+        if plan is None:
+            return None
+        self.state.kept_out = [n for n in self.state.kept_out if n not in back]
+        self._swapped(previous, plan, "back_in_service")
         return plan
 
     def _release(self, job: Job, unhealthy: set[str]) -> Job:

@@ -61,6 +61,7 @@ class AttemptResult:
     blamed: list[str] = field(default_factory=list)
     trip: RuleTripped | None = None
     hang: Attribution | None = None  # the built-in hang detection stopped the step
+    moved: str | None = None  # a planned move stopped the step (why): not a fault
 
 
 def user_labels(passthrough: list[str]) -> bool:
@@ -73,8 +74,10 @@ class StepRunner:
                  env: Mapping[str, str], stdout: IO[bytes], stderr: IO[bytes],
                  should_stop: Callable[[], bool] = lambda: False, progress: ProgressStream | None = None,
                  on_hang: Callable[[AttemptLaunch, HangDue], Attribution] | None = None,
-                 on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None) -> None:
+                 on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None,
+                 should_move: Callable[[AttemptLaunch], str | None] | None = None) -> None:
         self.opts = opts
+        self.should_move = should_move
         self.progress = progress or ProgressStream()
         self.on_hang = on_hang
         self.on_straggler = on_straggler
@@ -151,6 +154,7 @@ class StepRunner:
         blamed: list[str] = []
         trip: RuleTripped | None = None
         hang: Attribution | None = None
+        moved: str | None = None
         decided_at: float | None = None
         next_poll = time.monotonic() + self.opts.poll_interval_s
         seen_running = failed_at is None
@@ -189,9 +193,13 @@ class StepRunner:
                     decided_at = now
                     # The survivors would sit in a collective until it times out: kill at once.
                     self.kill_now(step, f"node(s) {','.join(blamed)} marked bad")
+                elif self.should_move is not None and (moved := self.should_move(launch)) is not None:
+                    decided_at = now
+                    self.reporter.decision("step_move_decided", why=moved, attempt=launch.attempt)
+                    self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
-        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang)
+        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang, moved)
 
     def _note_first_progress(self, launch: AttemptLaunch) -> None:
         """Record the attempt's first step at once (goodput ledger): a job cancelled later may be killed

@@ -24,6 +24,7 @@ VALUE_OPTIONS = {
     "auto-resume-poll-interval": "poll_interval", "auto-resume-shutdown-signal": "shutdown_signal",
     "auto-resume-shutdown-timeout": "shutdown_timeout", "auto-resume-master-port-base": "master_port_base",
     "pre-train-script": "pre_train_script", "post-train-script": "post_train_script",
+    "auto-resume-min-nodes": "min_nodes",
 }
 _VALIDATED_FLOATS = {"shutdown_timeout": "shutdown_timeout_s", "replace_timeout": "replace_timeout_s",
                      "poll_interval": "poll_interval_s"}
@@ -42,6 +43,9 @@ FLAG_OPTIONS = {"auto-resume-grow": ("grow", True), "auto-resume-no-grow": ("gro
 @click.option("--auto-resume-grow/--auto-resume-no-grow", "grow", default=None,
               help="Grow the job back with Slurm's expand dependency when no spare is left (default: on, where "
                    "the cluster permits expansion).")
+@click.option("--auto-resume-min-nodes", "min_nodes", type=click.IntRange(0), default=None,
+              help="After a fault with no spare, relaunch at once on the healthy nodes when at least this many "
+                   "(default: config autoresume.min_nodes, 0: off).")
 @click.option("--auto-resume-fallback", "fallback", type=click.Choice(["requeue", "fail"]), default=None,
               help="No replacement node: requeue the job or fail it.")
 @click.option("--auto-resume-replace-timeout", "replace_timeout", type=click.FloatRange(min=0, min_open=True),
@@ -140,7 +144,8 @@ def _supervise(c: Ctx, parsed: Any, given: dict[str, Any]) -> int:
             replace_timeout_s=settings.replace_timeout_s, state_dir=given["state_dir"],
             metrics_path=given["metrics_file"], poll_interval_s=settings.poll_interval_s,
             master_port_base=_opt_int(given["master_port_base"]),
-            pre_train_script=given["pre_train_script"], post_train_script=given["post_train_script"])
+            pre_train_script=given["pre_train_script"], post_train_script=given["post_train_script"],
+            min_nodes=_opt_int(given["min_nodes"]))
     except ValueError as err:
         raise ConfigError(f"srun --auto-resume: {err}") from None
     supervisor = Supervisor(opts, SlurmClient.from_settings(c.config.slurm))

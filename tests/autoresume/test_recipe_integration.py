@@ -74,7 +74,7 @@ class Recipe:
     """The recipe copied into a submit directory and submitted from there, as a user would."""
 
     def __init__(self, cluster: DevCluster, tmp: Path, steps: int = STEPS, extra_env: dict[str, str] | None = None,
-                 sbatch_args: tuple[str, ...] = (), inject: bool = False) -> None:
+                 sbatch_args: tuple[str, ...] = (), inject: bool = False, srun_args: str = "") -> None:
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         for f in ("batch.sh", "train_auto_resume.sh", "train.py"):
@@ -86,6 +86,9 @@ class Recipe:
             shutil.copy(INJECT, tmp / INJECT.name)
             text = text.replace('/train.py"', f'/{INJECT.name}"')
         script.write_text(text)
+        if srun_args:  # the wrapper's own options on the recipe's srun line, as a user adds them
+            batch = tmp / "batch.sh"
+            batch.write_text(batch.read_text().replace("srun --auto-resume=1", f"srun --auto-resume=1 {srun_args}"))
         env = cluster.env()
         env.update({"PATH": f"{SHIM_DIR}:{VENV_BIN}:{env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),
                     "TRAIN_STEPS": str(steps), "TRAIN_STEP_SLEEP": "0.25", **(extra_env or {})})

@@ -1,0 +1,48 @@
+"""Elastic auto-resume on the devcluster with HyperPod's recipe (torchrun on gloo): `--auto-resume-min-nodes`
+keeps the step training on the healthy nodes after a fault with no spare, and the step moves back to full size
+once the failed node is back in service, all in the same job."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing.devcluster import DevCluster
+from tests.autoresume.test_recipe_integration import STEPS, Recipe, job_notices
+
+pytestmark = pytest.mark.integration
+
+
+def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_returns(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """3 nodes, --auto-resume-min-nodes=2, no spare: Action:Replace on one node relaunches the step on the other
+    two within 3 s (world size 2, from the checkpoint, HPR_NODES_NOW=2); the node resumed, the step moves back
+    to 3 nodes (a planned move, not a restart) and the job completes all its steps, never requeued."""
+    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2",
+                 extra_env={"TRAIN_STEP_SLEEP": "0.4"})
+    run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
+    job = slurm.job(run.job_id)
+    victim = [n for n in job.nodes if n != job.batch_host][-1]
+    with job_notices(slurm):
+        slurm.set_node_state([victim], "fail", "Action:Replace")
+        short = run.wait(lambda: run.named("step_running"), "the step on the healthy nodes")[0]
+        assert short["restart_latency_s"] <= 3.0, short
+        assert run.named("running_short")[0]["nodes_now"] == 2
+        assert victim not in run.named("attempt_started")[-1]["nodes"].split(",")
+        run.wait(lambda: len(re.findall(r"resumed from step", run.out)) >= 1, "the short step's resume")
+        time.sleep(2.0)  # it trains a little on 2 nodes
+        slurm.set_node_state([victim], "resume")
+        moved = run.wait(lambda: run.named("step_moved"), "the move back to 3 nodes")[0]
+    assert moved["nodes_now"] == 3 and victim in moved["nodes"].split(",")
+    assert "back in service" in moved["why"]
+    run.wait_finished()
+    views = re.findall(r"nnodes=(\d+)", run.out)
+    assert views[:3] == ["3"] * 3 and "2" in views and views[-1] == "3", views
+    assert len(re.findall(r"resumed from step", run.out)) == 2, run.out
+    assert len(run.named("policy_decided")) == 1  # the move is not a restart
+    assert not run.named("job_requeue_requested") and slurm.job(run.job_id).restart_count == 0
+    assert STEPS == 30

@@ -11,6 +11,8 @@ left the step's process tracking, e.g. under proctrack/pgid), each reported as `
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +39,7 @@ from hpresilience.slurm.steps import (
     reap_marked_processes,
     run_on_nodes,
     signal_step,
+    write_notice,
 )
 
 log = get_logger("hpresilience.autoresume")
@@ -78,6 +81,8 @@ class StepRunner:
                  should_move: Callable[[AttemptLaunch], str | None] | None = None) -> None:
         self.opts = opts
         self.should_move = should_move
+        self.notice_file = ""  # this attempt's notice file (run_attempt), and whether it was written
+        self.noticed = False
         self.progress = progress or ProgressStream()
         self.on_hang = on_hang
         self.on_straggler = on_straggler
@@ -114,6 +119,12 @@ class StepRunner:
         env["HPR_HEARTBEAT_EVERY_S"] = f"{self.opts.watch.heartbeat_every_s:g}"
         if evidence_dir:
             env["HPR_EVIDENCE_DIR"] = evidence_dir
+        # Where the notice of a planned move appears on every node: a new directory name per attempt, private to
+        # the user (created 0700 only when the notice is written), under the node's TMPDIR.
+        base = self.env.get("TMPDIR", "/tmp").rstrip("/") or "/tmp"
+        self.notice_file = f"{base}/hpr-{os.getuid()}-{secrets.token_hex(8)}/notice"
+        self.noticed = False
+        env["HPR_NOTICE_FILE"] = self.notice_file
         if self.opts.pre_train_script:
             rc = self._script("pre_train", self.opts.pre_train_script, launch, env)
             if rc != 0:
@@ -146,6 +157,8 @@ class StepRunner:
             p.join(timeout=10.0)
         self.current = None
         self._sweep(name)
+        if self.noticed:  # the notice directory goes with the attempt
+            self._notice(launch, "", clear=True)
         if self.opts.post_train_script:
             self._script("post_train", self.opts.post_train_script, launch, env)
         return result
@@ -155,12 +168,19 @@ class StepRunner:
         trip: RuleTripped | None = None
         hang: Attribution | None = None
         moved: str | None = None
+        move_deadline: float | None = None
         decided_at: float | None = None
         next_poll = time.monotonic() + self.opts.poll_interval_s
         seen_running = failed_at is None
         while (rc := step.wait(STEP_POLL_S)) is None:
             now = time.monotonic()
             if self.should_stop():
+                self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
+                continue
+            if move_deadline is not None and now >= move_deadline:
+                move_deadline = None
+                self.reporter.decision("step_move_overdue", grace_s=self.opts.watch.move_grace_s,
+                                       attempt=launch.attempt)
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
                 continue
             if decided_at is not None:
@@ -196,7 +216,9 @@ class StepRunner:
                 elif self.should_move is not None and (moved := self.should_move(launch)) is not None:
                     decided_at = now
                     self.reporter.decision("step_move_decided", why=moved, attempt=launch.attempt)
-                    self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
+                    # The ranks save and exit at their next step (check_alive() turns False); the rest is bounded.
+                    self._notice(launch, moved)
+                    move_deadline = now + self.opts.watch.move_grace_s
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
         return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang, moved)
@@ -313,6 +335,19 @@ class StepRunner:
             self.reporter.decision("stale_task_killed", node=k.node, pid=k.pid, command=k.command)
         self.reporter.decision("old_tasks_checked", nodes=",".join(nodes), killed=len(killed),
                                unchecked=",".join(unchecked) or None, took_s=round(time.monotonic() - started, 3))
+
+    def _notice(self, launch: AttemptLaunch, why: str, clear: bool = False) -> None:
+        started = time.monotonic()
+        env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
+        try:
+            missed = write_notice(self.client, self.opts.job_id, list(launch.nodes), self.notice_file, why, env,
+                                  clear=clear)
+        except HPResilienceError as err:
+            missed = list(launch.nodes)
+            log.warning("step_notice_failed", error=str(err)[:300])
+        self.noticed = True
+        self.reporter.decision("step_notice_cleared" if clear else "step_notice_sent", nodes=",".join(launch.nodes),
+                               missed=",".join(missed) or None, took_s=round(time.monotonic() - started, 3))
 
     def settle(self, nodes: list[str], bound_s: float = SETTLE_S) -> None:
         """Before launching on nodes that left the job and came back (a fast repair): slurmd there is still ending

@@ -139,6 +139,46 @@ def lingering_steps(client: SlurmClient, job_id: int, nodes: list[str], env: dic
     return busy, [n for n in nodes if n not in reported]
 
 
+# The wrapper's notice to the ranks (hpresilience.torch's check_alive() watches $HPR_NOTICE_FILE): written in
+# a directory private to the user (0700, created here; its random name is known only through the step's
+# environment), never over an existing file or link (noclobber is O_EXCL). `clear` removes the directory.
+NOTICE_SCRIPT = r"""
+f=$HPR_NOTICE_FILE; d=${f%/*}
+case "$f" in /*/*) ;; *) exit 2;; esac
+if [ "$1" = clear ]; then
+  [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] && rm -rf -- "$d"
+  echo "hpr-notice ${SLURMD_NODENAME:-?}"; exit 0
+fi
+umask 077
+[ -e "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null
+[ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] || exit 3
+# Nodes that share a kernel (a test cluster) race for the same file: the loser finds it written.
+(set -C; printf '%s\n' "$HPR_NOTICE_REASON" > "$f") 2>/dev/null ||
+  { [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ]; } || exit 4
+echo "hpr-notice ${SLURMD_NODENAME:-?}"
+"""
+
+
+def write_notice(client: SlurmClient, job_id: int, nodes: list[str], path: str, reason: str, env: dict[str, str],
+                 timeout: float = 10.0, clear: bool = False) -> list[str]:
+    """Write (or, with clear, remove) the notice file at `path` on every node, in one step of one task per node;
+    returns the nodes that did not confirm."""
+    if not nodes:
+        return []
+    run_env = {**env, "HPR_NOTICE_FILE": path, "HPR_NOTICE_REASON": reason[:500]}
+    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--ntasks-per-node=1", "--overlap", "--export=ALL",
+            "--job-name=hpr-notice", "--kill-on-bad-exit=0", "sh", "-c", NOTICE_SCRIPT, "hpr-notice",
+            "clear" if clear else "write"]
+    try:
+        res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=run_env)
+    except SlurmTimeout:
+        return list(nodes)
+    done = {parts[1] for line in res.stdout.splitlines() if len(parts := line.split()) >= 2
+            and parts[0] == "hpr-notice"}
+    return [n for n in nodes if n not in done]
+
+
 def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
                     timeout: float = 3.0) -> dict[str, bool]:
     """Whether each node runs a trivial task within `timeout` (one srun per node, all at once). A node

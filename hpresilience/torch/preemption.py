@@ -1,8 +1,9 @@
 """The preemption notice: check_alive() turns False once this job or node is going away.
 
 Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts or cancels a job), a notice
-file the hpresilience agent writes, and the EC2 spot interruption notice from instance metadata. The
-last is polled in a background thread, and only when enabled; the file check is a stat() per call.
+file the hpresilience agent writes, the `srun --auto-resume` wrapper's notice file ($HPR_NOTICE_FILE), and
+the EC2 spot interruption notice from instance metadata. The last is polled in a background thread, and only
+when enabled; a file check is a stat() per call.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class PreemptionWatcher:
         self._stop = threading.Event()
         self._previous: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
+        # `srun --auto-resume` names a per-step notice file in a private directory on each node: it appears when
+        # the wrapper is about to move the step (grow back, drain); save and exit then (docs/auto-resume.md).
+        self._wrapper_notice = os.environ.get("HPR_NOTICE_FILE", "")
 
     def start(self) -> PreemptionWatcher:
         if threading.current_thread() is threading.main_thread():
@@ -64,6 +68,8 @@ class PreemptionWatcher:
     def alive(self) -> bool:
         if self.reason is None and self.cfg.notice_file and os.path.exists(self.cfg.notice_file):
             self._notice(f"notice file {self.cfg.notice_file}")
+        if self.reason is None and self._wrapper_notice and _ours(self._wrapper_notice):
+            self._notice(f"the auto-resume wrapper moves the step ({self._wrapper_notice})")
         return self.reason is None
 
     def _poll_ec2(self) -> None:
@@ -77,6 +83,17 @@ class PreemptionWatcher:
                 self._notice(f"EC2 spot interruption: {action}")
                 return
             self._stop.wait(self.cfg.ec2_poll_s)
+
+
+def _ours(path: str) -> bool:
+    """The wrapper's notice: a regular file (not a link) owned by this user; anything else is not trusted."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    import stat
+
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
 
 
 def spot_interruption(base_url: str, timeout: float = 2.0) -> str | None:

@@ -39,7 +39,17 @@ def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_
         moved = run.wait(lambda: run.named("step_moved"), "the move back to 3 nodes")[0]
     assert moved["nodes_now"] == 3 and victim in moved["nodes"].split(",")
     assert "back in service" in moved["why"]
+    # The ranks got the notice (check_alive() False), saved and left; the step did not wait for the grace period.
+    notice = run.named("step_notice_sent")[0]
+    assert notice.get("missed") is None
+    saved = re.search(r"moving: saved at step (\d+)", run.out)
+    assert saved, run.out
+    ended = run.named("attempt_ended")[1]
+    print(f"fault -> step on 2 nodes: {short['restart_latency_s']:.2f} s; "
+          f"notice -> step ended: {ended['time'] - notice['time']:.2f} s")
+    assert ended["time"] - notice["time"] < 10 and not run.named("step_move_overdue")
     run.wait_finished()
+    assert re.findall(r"resumed from step (\d+)", run.out)[-1] == saved.group(1)  # back at 3 from that checkpoint
     views = re.findall(r"nnodes=(\d+)", run.out)
     assert views[:3] == ["3"] * 3 and "2" in views and views[-1] == "3", views
     assert len(re.findall(r"resumed from step", run.out)) == 2, run.out

@@ -166,7 +166,7 @@ class Capacity:
         if not kept:
             return None
         back = [n.name for n in self.client.known_nodes(kept)
-                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN")]
+                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")]
         if not back:
             return None
         plan = plan_nodes(job.nodes, size, (set(kept) - set(back)), [*previous, *back])

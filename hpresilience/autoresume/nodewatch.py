@@ -17,7 +17,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import leaves_step, read_notice
+from hpresilience.slurm.notice import leaves_step, planned_move, read_notice
 
 log = get_logger("hpresilience.autoresume")
 
@@ -50,4 +50,4 @@ class NodeWatch:
             log.warning("slurm_poll_failed", error=str(err)[:300])
             return []
         self.acted.update(news)
-        return [n for n in nodes if leaves_step(n)]
+        return [n for n in nodes if leaves_step(n) or planned_move(n)]

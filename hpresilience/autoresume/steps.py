@@ -32,6 +32,7 @@ from hpresilience.autoresume.stream import Pump, RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.notice import planned_move
 from hpresilience.slurm.srun import StepProcess
 from hpresilience.slurm.steps import (
     lingering_steps,
@@ -65,6 +66,7 @@ class AttemptResult:
     trip: RuleTripped | None = None
     hang: Attribution | None = None  # the built-in hang detection stopped the step
     moved: str | None = None  # a planned move stopped the step (why): not a fault
+    leaving: list[str] = field(default_factory=list)  # drained nodes the planned move takes the step off
 
 
 def user_labels(passthrough: list[str]) -> bool:
@@ -82,6 +84,8 @@ class StepRunner:
         self.opts = opts
         self.should_move = should_move
         self.notice_file = ""  # this attempt's notice file (run_attempt), and whether it was written
+        self.draining: list[str] = []  # drained nodes of the step (planned move), and why
+        self.drain_reason = ""
         self.noticed = False
         self.progress = progress or ProgressStream()
         self.on_hang = on_hang
@@ -168,6 +172,8 @@ class StepRunner:
         trip: RuleTripped | None = None
         hang: Attribution | None = None
         moved: str | None = None
+        leaving: list[str] = []
+        self.draining = []
         move_deadline: float | None = None
         decided_at: float | None = None
         next_poll = time.monotonic() + self.opts.poll_interval_s
@@ -209,7 +215,14 @@ class StepRunner:
             if now >= next_poll:
                 next_poll = now + self.opts.poll_interval_s
                 blamed = self._bad_nodes(launch)
-                if blamed:
+                if not blamed and self.draining and moved is None:
+                    leaving = list(self.draining)
+                    moved = f"node(s) {','.join(leaving)} drained: {self.drain_reason}"
+                    decided_at = now
+                    self.reporter.decision("step_move_decided", why=moved, attempt=launch.attempt)
+                    self._notice(launch, moved)
+                    move_deadline = now + self.opts.watch.move_grace_s
+                elif blamed:
                     decided_at = now
                     # The survivors would sit in a collective until it times out: kill at once.
                     self.kill_now(step, f"node(s) {','.join(blamed)} marked bad")
@@ -221,7 +234,7 @@ class StepRunner:
                     move_deadline = now + self.opts.watch.move_grace_s
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
-        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang, moved)
+        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang, moved, leaving)
 
     def _note_first_progress(self, launch: AttemptLaunch) -> None:
         """Record the attempt's first step at once (goodput ledger): a job cancelled later may be killed
@@ -258,7 +271,12 @@ class StepRunner:
         return running
 
     def _bad_nodes(self, launch: AttemptLaunch) -> list[str]:
-        bad = [n for n in self.watch.bad_nodes(launch.nodes) if node_is_bad(n)]  # reads the job, not the nodes
+        watched = self.watch.bad_nodes(launch.nodes)  # reads the job, not the nodes
+        bad = [n for n in watched if node_is_bad(n)]
+        drained = [n for n in watched if planned_move(n)]
+        if drained and not self.draining:
+            self.draining = [n.name for n in drained]
+            self.drain_reason = "; ".join(f"{n.name} {n.reason}" for n in drained if n.reason)[:300]
         for n in bad:
             age = time.time() - n.reason_changed_at if n.reason_changed_at else None
             if age is not None and 0 <= age < MAX_DETECTION_AGE_S:

@@ -184,10 +184,16 @@ class Supervisor:
                                        exit_code=result.exit_code)
                 return 128 + self.stop_signal
             failed_at = result.failed_at
-            if result.moved is not None and self.moving_to is not None:
+            if result.moved is not None and (self.moving_to is not None or result.leaving):
                 # A planned move: not a fault, not counted against the restart budget.
-                self.steps.reap(list(plan))
-                previous, plan, self.moving_to = plan, self.moving_to, None
+                self.steps.reap([n for n in plan if n not in result.leaving])
+                target = self.moving_to
+                if target is None:  # off drained nodes: to a spare, a grown job, or short (min_nodes)
+                    try:
+                        target = self.capacity.recover(result.leaving, plan, size)
+                    except NoReplacement as err:
+                        return self._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
+                previous, plan, self.moving_to = plan, target, None
                 self.reporter.decision("step_moved", why=result.moved, nodes=",".join(plan), nodes_now=len(plan),
                                        nodes_requested=size, exit_code=result.exit_code)
                 continue

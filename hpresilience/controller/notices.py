@@ -16,7 +16,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import jobs_on, leaves_step, write_notice
+from hpresilience.slurm.notice import jobs_on, leaves_step, planned_move, write_notice
 
 log = get_logger("hpresilience.controller")
 # How long a told job stays on the requeue release's list: its wrapper requeues it within seconds of the
@@ -41,9 +41,10 @@ class JobNotifier:
         return sorted(self.recent)
 
     def bad_nodes(self, nodes: list[Node]) -> dict[str, int]:
-        """The nodes a step must leave, with the time their reason was set (now, when Slurm gives none)."""
+        """The nodes a step must leave (at once, or planned: drained), with the time their reason was set (now,
+        when Slurm gives none)."""
         now = int(time.time())
-        return {n.name: int(n.reason_changed_at or now) for n in nodes if leaves_step(n)}
+        return {n.name: int(n.reason_changed_at or now) for n in nodes if leaves_step(n) or planned_move(n)}
 
     def notify(self, nodes: list[Node]) -> int:
         """Bring every affected job's notice up to date from this snapshot of the nodes out of service;

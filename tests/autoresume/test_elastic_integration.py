@@ -56,3 +56,28 @@ def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_
     assert len(run.named("policy_decided")) == 1  # the move is not a restart
     assert not run.named("job_requeue_requested") and slurm.job(run.job_id).restart_count == 0
     assert STEPS == 30
+
+
+def test_a_drained_node_is_a_planned_move_the_ranks_save_at_the_notice_and_go_on_without_it(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """A node of the step drained (maintenance, a reclaim notice; not FAIL/DOWN): the ranks are told, save
+    and exit at the same step, and the step goes on on the other nodes from that checkpoint; the move does
+    not count against the restart budget and the job completes."""
+    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2")
+    run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
+    job = slurm.job(run.job_id)
+    victim = [n for n in job.nodes if n != job.batch_host][-1]
+    with job_notices(slurm):
+        slurm.set_node_state([victim], "drain", "[hpr-agent] Planned:spot-interruption by 2026-11-25T23:59:00Z")
+        drained_at = time.time()
+        moved = run.wait(lambda: run.named("step_moved"), "the move off the drained node")[0]
+    notice = run.named("step_notice_sent")[0]
+    assert "drained" in moved["why"] and victim not in moved["nodes"].split(",") and moved["nodes_now"] == 2
+    saved = re.search(r"moving: saved at step (\d+)", run.out)
+    assert saved, run.out
+    print(f"drain -> notice written: {notice['time'] - drained_at:.2f} s; "
+          f"notice -> step ended: {run.named('attempt_ended')[0]['time'] - notice['time']:.2f} s")
+    run.wait_finished()
+    assert re.findall(r"resumed from step (\d+)", run.out)[-1] == saved.group(1)
+    assert not run.named("policy_decided") and not run.named("fault_seen")  # planned, not a fault
+    assert not run.named("job_requeue_requested")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import leaves_step, parse_admin_comment, parse_notice, with_notice
+from hpresilience.slurm.notice import leaves_step, parse_admin_comment, parse_notice, planned_move, with_notice
 
 # `scontrol show job J` on 22.05 (our own job, same shape as the real output): AdminComment has a line of its own,
 # before Comment; the one-line form would run both together.
@@ -55,3 +55,12 @@ def test_a_node_leaves_the_step_when_broken_or_its_reason_asks_for_an_action() -
     assert leaves_step(node("ALLOCATED", "DRAIN", reason="Action:Replace"))
     assert not leaves_step(node("ALLOCATED", "DRAIN", reason="operator: maintenance"))
     assert not leaves_step(node("ALLOCATED"))
+
+
+def test_a_drained_node_without_a_fault_is_a_planned_move_and_a_faulty_one_is_not() -> None:
+    assert planned_move(node("ALLOCATED", "DRAIN", reason="[hpr-agent] Planned:spot-interruption by 2026-11-25T23:59Z"))
+    assert planned_move(node("MIXED", "DRAIN", reason="operator: maintenance"))
+    assert not planned_move(node("ALLOCATED", "DRAIN", reason="Action:Replace"))  # leaves at once instead
+    assert not planned_move(node("ALLOCATED", "DRAIN", "FAIL"))
+    assert not planned_move(node("IDLE", "DRAIN", "DOWN"))
+    assert not planned_move(node("ALLOCATED"))

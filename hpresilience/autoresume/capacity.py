@@ -112,7 +112,7 @@ class Capacity:
             short = self._short_plan(job, unhealthy, previous, size)
             if short is not None:
                 return short
-            if self.settle is not None:  # no spare: the node may come back into this job, so it must leave clean
+            if self.settle is not None and self._may_come_back(job):
                 self.settle([n for n in bad if n in job.nodes and n not in self._unreachable])
         job = self._release(job, unhealthy)
         plan = plan_nodes(job.nodes, size, unhealthy, previous)
@@ -143,6 +143,17 @@ class Capacity:
             raise NoReplacement(f"job grew to {compress(grown.nodes)} but still lacks healthy nodes")
         self._swapped(previous, plan, "grown")
         return plan
+
+    def _may_come_back(self, job: Job) -> bool:
+        """Whether a failed node may be the replacement that joins this job again: the job can grow and no idle
+        node is at hand (then the wait for a repair costs more than letting the old step end; with an idle node
+        the grow takes it at once and nothing is waited for)."""
+        if not self.grow or not self.expansion_permitted():
+            return False
+        try:
+            return not self.client.idle_nodes(job.partition)
+        except HPResilienceError:
+            return True
 
     def _short_plan(self, job: Job, unhealthy: set[str], previous: Sequence[str], size: int) -> list[str] | None:
         """--auto-resume-min-nodes: the healthy nodes of the step (in their slots' order), when at least min_nodes,

@@ -108,11 +108,12 @@ class Capacity:
                 self.state.kept_out.append(n)
         job = self.client.job(self.job_id)
         unhealthy = self.unhealthy(job)
-        if plan_nodes(job.nodes, size, unhealthy, previous) is None:
+        if plan_nodes(job.nodes, size, unhealthy, previous) is None and not self._idle_at_hand(job, unhealthy, size):
+            # No replacement at hand: run short (min_nodes), or wait for one, which may be the failed node itself.
             short = self._short_plan(job, unhealthy, previous, size)
             if short is not None:
                 return short
-            if self.settle is not None and self._may_come_back(job):
+            if self.settle is not None and self.grow and self.expansion_permitted():
                 self.settle([n for n in bad if n in job.nodes and n not in self._unreachable])
         job = self._release(job, unhealthy)
         plan = plan_nodes(job.nodes, size, unhealthy, previous)
@@ -144,16 +145,17 @@ class Capacity:
         self._swapped(previous, plan, "grown")
         return plan
 
-    def _may_come_back(self, job: Job) -> bool:
-        """Whether a failed node may be the replacement that joins this job again: the job can grow and no idle
-        node is at hand (then the wait for a repair costs more than letting the old step end; with an idle node
-        the grow takes it at once and nothing is waited for)."""
+    def _idle_at_hand(self, job: Job, unhealthy: set[str], size: int) -> bool:
+        """Whether growing the job would find its missing nodes idle now (one query of the partition's idle
+        nodes): then the grow takes them at once. Otherwise a failed node released while its slurmstepd still
+        ends the old step may be the replacement that joins again, and it must leave clean (settle)."""
         if not self.grow or not self.expansion_permitted():
             return False
+        missing = size - len([n for n in job.nodes if n not in unhealthy])
         try:
-            return not self.client.idle_nodes(job.partition)
+            return len(self.client.idle_nodes(job.partition)) >= missing
         except HPResilienceError:
-            return True
+            return False
 
     def _short_plan(self, job: Job, unhealthy: set[str], previous: Sequence[str], size: int) -> list[str] | None:
         """--auto-resume-min-nodes: the healthy nodes of the step (in their slots' order), when at least min_nodes,
@@ -170,21 +172,40 @@ class Capacity:
         return plan
 
     def back_in_service(self, size: int, previous: Sequence[str]) -> list[str] | None:
-        """While running short: the full plan once the nodes kept out are healthy again (one read of the job, one
-        of those nodes by name: O(1) Slurm calls), else None."""
+        """While running short: the full plan once the nodes kept out are healthy again, or once idle nodes of
+        the partition can be merged into the job (one read of the job, one of the kept-out nodes by name, one
+        of the partition's idle nodes: O(1) Slurm calls, the replacement wait's queries), else None."""
         job = self.client.job(self.job_id)
         kept = [n for n in self.state.kept_out if n in job.nodes]
-        if not kept:
-            return None
         back = [n.name for n in self.client.known_nodes(kept)
-                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")]
+                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")] if kept else []
         if not back:
-            return None
+            return self._grow_into_idle(job, size, previous, set(kept))
         plan = plan_nodes(job.nodes, size, (set(kept) - set(back)), [*previous, *back])
         if plan is None:
             return None
         self.state.kept_out = [n for n in self.state.kept_out if n not in back]
         self._swapped(previous, plan, "back_in_service")
+        return plan
+
+    def _grow_into_idle(self, job: Job, size: int, previous: Sequence[str], kept: set[str]) -> list[str] | None:
+        missing = size - len(previous)
+        if missing <= 0 or not self.grow or not self.expansion_permitted():
+            return None
+        idle = self.client.idle_nodes(job.partition)
+        if len(idle) < missing:
+            return None
+        chosen = sorted(idle)[:missing]
+        try:
+            grown = self.client.grow_job(self.job_id, missing, nodes=chosen, timeout=30.0)
+        except HPResilienceError as err:  # another job took them first: the next poll looks again
+            self.reporter.decision("grow_attempt_failed", nodes=compress(chosen), error=str(err)[:200])
+            return None
+        self.state.resized = True
+        self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen))
+        plan = plan_nodes(grown.nodes, size, kept, [*previous, *chosen])
+        if plan is not None:
+            self._swapped(previous, plan, "grown")
         return plan
 
     def _release(self, job: Job, unhealthy: set[str]) -> Job:

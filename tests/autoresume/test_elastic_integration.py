@@ -5,6 +5,7 @@ once the failed node is back in service, all in the same job."""
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +18,16 @@ from tests.autoresume.test_recipe_integration import STEPS, Recipe, job_notices
 pytestmark = pytest.mark.integration
 
 
+def fill_the_rest(cluster: DevCluster, slurm: SlurmClient, run: Recipe, used: int) -> int:
+    """Another job on every node the recipe does not hold: no idle node, no replacement at hand."""
+    res = subprocess.run(["sbatch", "--parsable", "-N", str(len(cluster.names()) - used), "--exclusive", "-o",
+                          "/dev/null", "--wrap", "sleep 600"], env=run.env, capture_output=True, text=True, check=True)
+    filler = int(res.stdout.strip().split(";")[0])
+    run.wait(lambda: slurm.job(filler).is_running, "the job that fills the cluster")
+    assert not slurm.idle_nodes()
+    return filler
+
+
 def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_returns(
         cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
     """3 nodes, --auto-resume-min-nodes=2, no spare: Action:Replace on one node relaunches the step on the other
@@ -24,6 +35,8 @@ def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_
     to 3 nodes (a planned move, not a restart) and the job completes all its steps, never requeued."""
     run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2",
                  extra_env={"TRAIN_STEP_SLEEP": "0.4"})
+    run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
+    fill_the_rest(cluster, slurm, run, 3)
     run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
     job = slurm.job(run.job_id)
     victim = [n for n in job.nodes if n != job.batch_host][-1]
@@ -61,9 +74,13 @@ def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_
 def test_a_drained_node_is_a_planned_move_the_ranks_save_at_the_notice_and_go_on_without_it(
         cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
     """A node of the step drained (maintenance, a reclaim notice; not FAIL/DOWN): the ranks are told, save
-    and exit at the same step, and the step goes on on the other nodes from that checkpoint; the move does
-    not count against the restart budget and the job completes."""
-    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2")
+    and exit at the same step, and the step goes on on the other nodes from that checkpoint; once a node of
+    the partition is idle again the job grows into it and the step moves back to 3 nodes; no move counts
+    against the restart budget and the job completes."""
+    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2",
+                 extra_env={"TRAIN_STEP_SLEEP": "0.4"})
+    run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
+    filler = fill_the_rest(cluster, slurm, run, 3)
     run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
     job = slurm.job(run.job_id)
     victim = [n for n in job.nodes if n != job.batch_host][-1]
@@ -77,7 +94,11 @@ def test_a_drained_node_is_a_planned_move_the_ranks_save_at_the_notice_and_go_on
     assert saved, run.out
     print(f"drain -> notice written: {notice['time'] - drained_at:.2f} s; "
           f"notice -> step ended: {run.named('attempt_ended')[0]['time'] - notice['time']:.2f} s")
-    run.wait_finished()
+    run.wait(lambda: "resumed from step" in run.out, "the step on 2 nodes")
     assert re.findall(r"resumed from step (\d+)", run.out)[-1] == saved.group(1)
+    slurm.cancel(filler)  # a node of the partition is idle again
+    back = run.wait(lambda: run.named("step_moved")[1:], "the move into the idle node")[0]
+    assert back["nodes_now"] == 3 and victim not in back["nodes"].split(",") and run.named("allocation_grown")
+    run.wait_finished()
     assert not run.named("policy_decided") and not run.named("fault_seen")  # planned, not a fault
     assert not run.named("job_requeue_requested")

@@ -26,8 +26,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 try:
     from hpresilience.torch import heartbeat
+    from hpresilience.torch.preemption import PreemptionWatcher
+    from hpresilience.torch.settings import PreemptionConfig
 except ImportError:  # the script also runs where hpresilience is not installed
     heartbeat = None  # type: ignore[assignment]
+    PreemptionWatcher = None  # type: ignore[assignment,misc]
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +56,23 @@ def reference(steps: int, world: int) -> float:
     return float(model.weight.detach().flatten()[0])
 
 
+def save(ckpt: Path, model: torch.nn.Linear, opt: torch.optim.SGD, step: int, rank: int) -> None:
+    if rank != 0:
+        return
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, tmp)
+    tmp.replace(ckpt)
+
+
+def moving(alive: bool) -> bool:
+    """Whether any rank got the notice: every rank must stop at the same step, or the others would wait in
+    the next collective for the ones that left."""
+    flag = torch.tensor([0.0 if alive else 1.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
 def main() -> int:
     steps = int(os.environ.get("TRAIN_STEPS", "40"))
     every = int(os.environ.get("CKPT_EVERY", "5"))
@@ -71,7 +91,16 @@ def main() -> int:
         step = int(saved["step"])
         if rank == 0:
             print(f"resumed from step {step}", flush=True)
+    # The wrapper's notice of a planned move (grow back to full size): only the notice file, no signal handler,
+    # so that SIGTERM still ends the script at once as before.
+    notice = PreemptionWatcher(PreemptionConfig(signals=())).start() if PreemptionWatcher is not None else None
     while step < steps:
+        if notice is not None and moving(notice.alive()):
+            save(ckpt, model, opt, step, rank)
+            if rank == 0:
+                print(f"moving: saved at step {step}", flush=True)
+            dist.destroy_process_group()
+            return 0
         step += 1
         x, y = batch(step, rank)
         opt.zero_grad()
@@ -80,10 +109,7 @@ def main() -> int:
         if rank == 0:
             print(f"step={step}", flush=True)
             if step % every == 0:
-                ckpt.parent.mkdir(parents=True, exist_ok=True)
-                tmp = ckpt.with_suffix(".tmp")
-                torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, tmp)
-                tmp.replace(ckpt)
+                save(ckpt, model, opt, step, rank)
         if heartbeat is None:
             time.sleep(pause)
             continue

@@ -45,7 +45,8 @@ class BatchHostLost(NoReplacement):
 
 class Capacity:
     def __init__(self, client: SlurmClient, job_id: int, state: WrapperState, reporter: Reporter, *,
-                 grow: bool, replace_timeout_s: float, progress_every_s: float = 5.0) -> None:
+                 grow: bool, replace_timeout_s: float, progress_every_s: float = 5.0, min_nodes: int = 0,
+                 settle: Callable[[list[str]], None] | None = None) -> None:
         self.client = client
         self.job_id = job_id
         self.state = state
@@ -53,6 +54,8 @@ class Capacity:
         self.grow = grow
         self.replace_timeout_s = replace_timeout_s
         self.progress_every_s = progress_every_s
+        self.min_nodes = min_nodes  # 0: off; else run short on at least this many healthy nodes at once
+        self.settle = settle  # waits until a failed node no longer holds the job's old step (before release)
         self._expansion: bool | None = None
         self._accounting: bool | None = None
         self._unreachable: set[str] = set()
@@ -105,6 +108,13 @@ class Capacity:
                 self.state.kept_out.append(n)
         job = self.client.job(self.job_id)
         unhealthy = self.unhealthy(job)
+        if plan_nodes(job.nodes, size, unhealthy, previous) is None and not self._idle_at_hand(job, unhealthy, size):
+            # No replacement at hand: run short (min_nodes), or wait for one, which may be the failed node itself.
+            short = self._short_plan(job, unhealthy, previous, size)
+            if short is not None:
+                return short
+            if self.settle is not None and self.grow and self.expansion_permitted():
+                self.settle([n for n in bad if n in job.nodes and n not in self._unreachable])
         job = self._release(job, unhealthy)
         plan = plan_nodes(job.nodes, size, unhealthy, previous)
         if plan is not None:
@@ -123,11 +133,79 @@ class Capacity:
             raise NoReplacement(f"{left} healthy node(s) left for a {size}-node step, no hot spare, and this "
                                 "cluster does not permit job expansion (SchedulerParameters lacks "
                                 "permit_job_expansion), so no node can join the running job")
-        grown = self._grow(size - left, job.partition)
+        grown, added = self._grow(size - left, job.partition)
+        # A node that joined was idle, so usable, a moment ago: a blamed node among them is the failed node back
+        # after repair under its own name (HyperPod's replacement, and the only one on a full cluster). It no
+        # longer stays out; the set is read again so that a node marked meanwhile is still left out.
+        self.state.kept_out = [n for n in self.state.kept_out if n not in added]
+        unhealthy = self.unhealthy(grown)
         plan = plan_nodes(grown.nodes, size, unhealthy, previous)
         if plan is None:
             raise NoReplacement(f"job grew to {compress(grown.nodes)} but still lacks healthy nodes")
         self._swapped(previous, plan, "grown")
+        return plan
+
+    def _idle_at_hand(self, job: Job, unhealthy: set[str], size: int) -> bool:
+        """Whether growing the job would find its missing nodes idle now (one query of the partition's idle
+        nodes): then the grow takes them at once. Otherwise a failed node released while its slurmstepd still
+        ends the old step may be the replacement that joins again, and it must leave clean (settle)."""
+        if not self.grow or not self.expansion_permitted():
+            return False
+        missing = size - len([n for n in job.nodes if n not in unhealthy])
+        try:
+            return len(self.client.idle_nodes(job.partition)) >= missing
+        except HPResilienceError:
+            return False
+
+    def _short_plan(self, job: Job, unhealthy: set[str], previous: Sequence[str], size: int) -> list[str] | None:
+        """--auto-resume-min-nodes: the healthy nodes of the step (in their slots' order), when at least min_nodes,
+        for a relaunch at once; the failed nodes stay in the job, out of the step, until they are back."""
+        if not self.min_nodes or (job.batch_host in unhealthy and job.batch_host not in self._unreachable):
+            return None
+        healthy = [n for n in job.nodes if n not in unhealthy]
+        plan = [n for n in previous if n in healthy] + [n for n in healthy if n not in previous]
+        plan = plan[:size]
+        if len(plan) < self.min_nodes:
+            return None
+        self.reporter.decision("running_short", nodes=",".join(plan), nodes_now=len(plan), nodes_requested=size,
+                               min_nodes=self.min_nodes, left_out=",".join(sorted(unhealthy & set(job.nodes))))
+        return plan
+
+    def back_in_service(self, size: int, previous: Sequence[str]) -> list[str] | None:
+        """While running short: the full plan once the nodes kept out are healthy again, or once idle nodes of
+        the partition can be merged into the job (one read of the job, one of the kept-out nodes by name, one
+        of the partition's idle nodes: O(1) Slurm calls, the replacement wait's queries), else None."""
+        job = self.client.job(self.job_id)
+        kept = [n for n in self.state.kept_out if n in job.nodes]
+        back = [n.name for n in self.client.known_nodes(kept)
+                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")] if kept else []
+        if not back:
+            return self._grow_into_idle(job, size, previous, set(kept))
+        plan = plan_nodes(job.nodes, size, (set(kept) - set(back)), [*previous, *back])
+        if plan is None:
+            return None
+        self.state.kept_out = [n for n in self.state.kept_out if n not in back]
+        self._swapped(previous, plan, "back_in_service")
+        return plan
+
+    def _grow_into_idle(self, job: Job, size: int, previous: Sequence[str], kept: set[str]) -> list[str] | None:
+        missing = size - len(previous)
+        if missing <= 0 or not self.grow or not self.expansion_permitted():
+            return None
+        idle = self.client.idle_nodes(job.partition)
+        if len(idle) < missing:
+            return None
+        chosen = sorted(idle)[:missing]
+        try:
+            grown = self.client.grow_job(self.job_id, missing, nodes=chosen, timeout=30.0)
+        except HPResilienceError as err:  # another job took them first: the next poll looks again
+            self.reporter.decision("grow_attempt_failed", nodes=compress(chosen), error=str(err)[:200])
+            return None
+        self.state.resized = True
+        self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen))
+        plan = plan_nodes(grown.nodes, size, kept, [*previous, *chosen])
+        if plan is not None:
+            self._swapped(previous, plan, "grown")
         return plan
 
     def _release(self, job: Job, unhealthy: set[str]) -> Job:
@@ -157,8 +235,9 @@ class Capacity:
         self.reporter.decision("allocation_shrunk", released=compress(release), nodes=compress(job.nodes))
         return job
 
-    def _grow(self, count: int, partition: str) -> Job:
-        """Wait for `count` usable idle nodes and merge them into the job, until replace_timeout_s."""
+    def _grow(self, count: int, partition: str) -> tuple[Job, list[str]]:
+        """Wait for `count` usable idle nodes and merge them into the job, until replace_timeout_s: the job
+        grown, and the nodes added."""
         started = time.monotonic()
         deadline = started + self.replace_timeout_s
         blamed = set(self.state.blamed_nodes)
@@ -208,7 +287,7 @@ class Capacity:
             self.state.resized = True
             self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen),
                                    waited_s=round(time.monotonic() - started, 2))
-            return grown
+            return grown, list(chosen)
 
     def _swapped(self, previous: Sequence[str], plan: Sequence[str], source: str) -> None:
         swaps: list[dict[str, Any]] = [{"slot": i, "old": old, "new": new}

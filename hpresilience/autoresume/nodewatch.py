@@ -27,7 +27,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import leaves_step, nudge, read_notice
+from hpresilience.slurm.notice import leaves_step, nudge, planned_move, read_notice
 
 log = get_logger("hpresilience.autoresume")
 # The safety-net read while watched: a lost nudge costs at most this much detection time, and the read costs
@@ -115,7 +115,7 @@ class NodeWatch:
             log.warning("slurm_poll_failed", error=str(err)[:300])
             return []
         self.acted.update(news)
-        return [n for n in nodes if leaves_step(n)]
+        return [n for n in nodes if leaves_step(n) or planned_move(n)]
 
     def _prove_nudge(self, now: float) -> None:
         """A lease is there: send this job the nudge the controller would, and trust the lease once it comes

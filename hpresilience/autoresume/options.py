@@ -43,6 +43,8 @@ class WrapperOptions:
     post_train_script: str | None = None
     script_timeout_s: float = 600.0
     requeue_wait_s: float = 120.0
+    min_nodes: int = 0
+    grow_back: str = "immediate"
     # The sick-not-dead knobs (hangs, collective failures, stragglers), as the configuration file gives them.
     watch: AutoResumeSettings = field(default_factory=AutoResumeSettings)
 
@@ -70,7 +72,8 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
                  fallback: str | None = None, replace_timeout_s: float | None = None,
                  state_dir: str | None = None, metrics_path: str | None = None,
                  poll_interval_s: float | None = None, master_port_base: int | None = None,
-                 pre_train_script: str | None = None, post_train_script: str | None = None) -> WrapperOptions:
+                 pre_train_script: str | None = None, post_train_script: str | None = None,
+                 min_nodes: int | None = None) -> WrapperOptions:
     """Command-line values win over the configuration file; the rest are the file's (or its defaults)."""
     job_id = job_id_from(env)
     directory = Path(state_dir or settings.state_dir or default_state_dir(dict(env)))
@@ -92,7 +95,8 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
         full_node_check_s=settings.full_node_check_s, metrics_path=metrics_path or None,
         master_port_base=master_port_base or settings.master_port_base,
         script_timeout_s=settings.script_timeout_s, requeue_wait_s=settings.requeue_wait_s,
-        pre_train_script=pre_train_script, post_train_script=post_train_script, watch=settings)
+        pre_train_script=pre_train_script, post_train_script=post_train_script, watch=settings,
+        min_nodes=settings.min_nodes if min_nodes is None else min_nodes, grow_back=settings.grow_back)
 
 
 def resolve(settings: AutoResumeSettings, srun: SrunArgs, given: Mapping[str, Any], srun_bin: str,

@@ -66,6 +66,10 @@ SRUN_OPTIONS: tuple[SrunOption, ...] = (
                "Grow the job back with Slurm's expand dependency when no spare is left (default: on, where "
                "the cluster permits expansion).", Target.SETTINGS, field="grow_by_expansion",
                off="auto-resume-no-grow"),
+    SrunOption("auto-resume-min-nodes", "min_nodes", Kind.INT,
+               "After a fault with no spare, relaunch at once on the healthy nodes when at least this many "
+               "(default: config autoresume.min_nodes, 0: off).", Target.SETTINGS, field="min_nodes", low=0,
+               example="2"),
     SrunOption("auto-resume-fallback", "fallback", Kind.CHOICE, "No replacement node: requeue the job or fail it.",
                Target.SETTINGS, field="fallback_when_no_replacement", choices=("requeue", "fail"), example="fail"),
     SrunOption("auto-resume-replace-timeout", "replace_timeout", Kind.FLOAT, "Seconds to wait for a replacement node.",

@@ -59,6 +59,7 @@ class AttemptLaunch:
     master_port: int
     tasks_per_node: int
     job_marker: str = ""  # the job id
+    requested: int = 0  # the step's full size; more than len(nodes) while running short (min_nodes)
 
     def environment(self, base: Mapping[str, str], restarts: int) -> dict[str, str]:
         env = {k: v for k, v in base.items() if k not in STALE_SHAPE_VARS}
@@ -79,13 +80,19 @@ class AttemptLaunch:
             "SLURM_NODELIST": alloc,
             "SLURM_NNODES": str(len(self.allocation)),
             "SLURM_JOB_NUM_NODES": str(len(self.allocation)),
+            "HPR_NODES_REQUESTED": str(max(self.requested, n)),
+            "HPR_NODES_NOW": str(n),
         })
+        if n < self.requested:
+            # Running short: the failed nodes stay in the job, out of the step; the step's shape is what it runs on.
+            env.update({"SLURM_JOB_NODELIST": compress(self.nodes), "SLURM_NODELIST": compress(self.nodes),
+                        "SLURM_NNODES": str(n), "SLURM_JOB_NUM_NODES": str(n)})
         return env
 
     def exported_names(self) -> list[str]:
         return ["NODE_LIST", "NNODES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NTASKS_PER_NODE",
                 "AUTORESUME_ATTEMPT", "AUTORESUME_RESTARTS", "HPR_AUTORESUME_JOB", "SLURM_JOB_NODELIST",
-                "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"]
+                "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "HPR_NODES_REQUESTED", "HPR_NODES_NOW"]
 
     def srun_argv(self, srun: str, job_id: int, step_name: str, passthrough: Sequence[str],
                   command: Sequence[str], user_export: str | None = None, overlap: bool = False) -> list[str]:

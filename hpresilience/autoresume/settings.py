@@ -117,6 +117,15 @@ class AutoResumeSettings(Section):
     # Grow the allocation back with Slurm's (undocumented) job expansion; used only where the cluster permits
     # it (SchedulerParameters=permit_job_expansion, probed once), else a fault without a spare requeues.
     grow_by_expansion: bool = True
+    # After a fault with no spare: relaunch at once on the healthy nodes when at least this many (0: off, wait for
+    # a replacement at full size); the step gets HPR_NODES_REQUESTED and HPR_NODES_NOW (docs/auto-resume.md).
+    min_nodes: int = Field(default=0, ge=0)
+    # While running short: move the step back to full size as soon as the nodes left out are back in service
+    # (immediate, from its last checkpoint), or never (the step ends on the nodes it has).
+    grow_back: Literal["immediate", "never"] = "immediate"
+    # A planned move first tells the ranks (check_alive() turns False: save and exit); a step still running
+    # this long after the notice is stopped (shutdown_signal) and relaunched from its last checkpoint.
+    move_grace_s: float = Field(default=120.0, ge=0)
     # No replacement node within replace_timeout_s: requeue the whole job, or fail it.
     fallback_when_no_replacement: Literal["requeue", "fail"] = "requeue"
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).

@@ -12,6 +12,7 @@ left the step's process tracking, e.g. under proctrack/pgid), each reported as `
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import threading
 import time
@@ -34,14 +35,17 @@ from hpresilience.autoresume.stream import Pump, RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.notice import planned_move
 from hpresilience.slurm.srun import StepProcess
 from hpresilience.slurm.steps import (
+    lingering_steps,
     named_steps,
     nodes_answering,
     reap_escaped_processes,
     reap_marked_processes,
     run_on_nodes,
     signal_step,
+    write_notice,
 )
 
 log = get_logger("hpresilience.autoresume")
@@ -54,6 +58,8 @@ SRUN_AFTER_CANCEL_S = 0.05
 # A silent node must run a trivial task within this long (as the liveness probe after a step died of a signal).
 SILENT_PROBE_S = 3.0
 REAP_TIMEOUT_S = 15.0
+# Longest wait for a node back in the job to finish ending the job's old step there (settle()).
+SETTLE_S = 10.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
 TASK_MARKER = "HPR_AUTORESUME_JOB"
 MAX_DETECTION_AGE_S = 3600
@@ -90,6 +96,8 @@ class AttemptResult:
     trip: RuleTripped | None = None
     hang: Attribution | None = None  # the built-in hang detection stopped the step
     unanswering: list[str] = field(default_factory=list)  # silent nodes that did not answer a probe (silence.py)
+    moved: str | None = None  # a planned move stopped the step (why): not a fault
+    leaving: list[str] = field(default_factory=list)  # drained nodes the planned move takes the step off
 
 
 def flight_recorder_env(env: dict[str, str], evidence_dir: str, entries: int) -> None:
@@ -115,10 +123,16 @@ class StepRunner:
                  should_stop: Callable[[], bool] = lambda: False, progress: ProgressStream | None = None,
                  on_hang: Callable[[AttemptLaunch, HangDue], Attribution] | None = None,
                  on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None,
-                 tasks_alive: Callable[[AttemptLaunch], bool | None] | None = None) -> None:
+                 tasks_alive: Callable[[AttemptLaunch], bool | None] | None = None,
+                 should_move: Callable[[AttemptLaunch], str | None] | None = None) -> None:
         self.opts = opts
         self.tasks_alive = tasks_alive
         self.task_look: TaskLook | None = None
+        self.should_move = should_move
+        self.notice_file = ""  # this attempt's notice file (run_attempt), and whether it was written
+        self.draining: list[str] = []  # drained nodes of the step (planned move), and why
+        self.drain_reason = ""
+        self.noticed = False
         self.progress = progress or ProgressStream()
         self.on_hang = on_hang
         self.on_straggler = on_straggler
@@ -157,6 +171,12 @@ class StepRunner:
         if evidence_dir:
             env["HPR_EVIDENCE_DIR"] = evidence_dir
             flight_recorder_env(env, evidence_dir, self.opts.watch.flight_recorder_entries)
+        # Where the notice of a planned move appears on every node: a new directory name per attempt, private to
+        # the user (created 0700 only when the notice is written), under the node's TMPDIR.
+        base = self.env.get("TMPDIR", "/tmp").rstrip("/") or "/tmp"
+        self.notice_file = f"{base}/hpr-{os.getuid()}-{secrets.token_hex(8)}/notice"
+        self.noticed = False
+        env["HPR_NOTICE_FILE"] = self.notice_file
         if self.opts.pre_train_script:
             rc = self._script("pre_train", self.opts.pre_train_script, launch, env)
             if rc != 0:
@@ -192,6 +212,8 @@ class StepRunner:
             p.join(timeout=10.0)
         self.current = None
         self._sweep(name)
+        if self.noticed:  # the notice directory goes with the attempt
+            self._notice(launch, "", clear=True)
         if self.opts.post_train_script:
             self._script("post_train", self.opts.post_train_script, launch, env)
         return result
@@ -200,6 +222,10 @@ class StepRunner:
         blamed: list[str] = []
         trip: RuleTripped | None = None
         hang: Attribution | None = None
+        moved: str | None = None
+        leaving: list[str] = []
+        self.draining = []
+        move_deadline: float | None = None
         decided_at: float | None = None
         next_poll = time.monotonic() + self.opts.poll_interval_s
         seen_running = failed_at is None
@@ -209,6 +235,12 @@ class StepRunner:
         while (rc := step.wait(STEP_POLL_S if decided_at is not None else self._until_next_look())) is None:
             now = time.monotonic()
             if self.should_stop():
+                self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
+                continue
+            if move_deadline is not None and now >= move_deadline:
+                move_deadline = None
+                self.reporter.decision("step_move_overdue", grace_s=self.opts.watch.move_grace_s,
+                                       attempt=launch.attempt)
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
                 continue
             if decided_at is not None:
@@ -244,13 +276,26 @@ class StepRunner:
             if now >= next_poll or self.watch.nudged():  # a nudge: the controller just wrote a notice
                 next_poll = now + self.opts.poll_interval_s
                 blamed = self._bad_nodes(launch)
-                if blamed:
+                if not blamed and self.draining and moved is None:
+                    leaving = list(self.draining)
+                    moved = f"node(s) {','.join(leaving)} drained: {self.drain_reason}"
+                    decided_at = now
+                    self.reporter.decision("step_move_decided", why=moved, attempt=launch.attempt)
+                    self._notice(launch, moved)
+                    move_deadline = now + self.opts.watch.move_grace_s
+                elif blamed:
                     decided_at = now
                     # The survivors would sit in a collective until it times out: kill at once.
                     self.kill_now(step, f"node(s) {','.join(blamed)} marked bad")
+                elif self.should_move is not None and (moved := self.should_move(launch)) is not None:
+                    decided_at = now
+                    self.reporter.decision("step_move_decided", why=moved, attempt=launch.attempt)
+                    # The ranks save and exit at their next step (check_alive() turns False); the rest is bounded.
+                    self._notice(launch, moved)
+                    move_deadline = now + self.opts.watch.move_grace_s
         if not seen_running and failed_at is not None and decided_at is None:
             self._check_running(failed_at)
-        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang, unanswering)
+        return AttemptResult(rc, decided_at or time.monotonic(), blamed, trip, hang, unanswering, moved, leaving)
 
     def _silent_and_unanswering(self, launch: AttemptLaunch, now: float) -> list[str]:
         """Probe the nodes gone silent while the others print on (silence.py); those that run no task in time."""
@@ -346,7 +391,12 @@ class StepRunner:
         return running
 
     def _bad_nodes(self, launch: AttemptLaunch) -> list[str]:
-        bad = [n for n in self.watch.bad_nodes(launch.nodes) if node_is_bad(n)]  # reads the job, not the nodes
+        watched = self.watch.bad_nodes(launch.nodes)  # reads the job, not the nodes
+        bad = [n for n in watched if node_is_bad(n)]
+        drained = [n for n in watched if planned_move(n)]
+        if drained and not self.draining:
+            self.draining = [n.name for n in drained]
+            self.drain_reason = "; ".join(f"{n.name} {n.reason}" for n in drained if n.reason)[:300]
         for n in bad:
             age = time.time() - n.reason_changed_at if n.reason_changed_at else None
             if age is not None and 0 <= age < MAX_DETECTION_AGE_S:
@@ -425,6 +475,42 @@ class StepRunner:
             self.reporter.decision("stale_task_killed", node=k.node, pid=k.pid, command=k.command)
         self.reporter.decision("old_tasks_checked", nodes=",".join(nodes), killed=len(killed),
                                unchecked=",".join(unchecked) or None, took_s=round(time.monotonic() - started, 3))
+
+    def _notice(self, launch: AttemptLaunch, why: str, clear: bool = False) -> None:
+        started = time.monotonic()
+        env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
+        try:
+            missed = write_notice(self.client, self.opts.job_id, list(launch.nodes), self.notice_file, why, env,
+                                  clear=clear)
+        except HPResilienceError as err:
+            missed = list(launch.nodes)
+            log.warning("step_notice_failed", error=str(err)[:300])
+        self.noticed = True
+        self.reporter.decision("step_notice_cleared" if clear else "step_notice_sent", nodes=",".join(launch.nodes),
+                               missed=",".join(missed) or None, took_s=round(time.monotonic() - started, 3))
+
+    def settle(self, nodes: list[str], bound_s: float = SETTLE_S) -> None:
+        """Before launching on nodes that left the job and came back (a fast repair): slurmd there is still ending
+        the job's old step, and until its slurmstepd is gone it kills every step of the job it is sent (seen on
+        22.05: the relaunched task `Killed` 1.5 s after its start, as the old step's slurmstepd ended). Old tasks
+        are killed, then the wait lasts until no earlier step of the job is left there, or bound_s."""
+        started = time.monotonic()
+        env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
+        rounds = 0
+        while True:
+            rounds += 1
+            try:
+                busy, unchecked = lingering_steps(self.client, self.opts.job_id, nodes, env)
+            except HPResilienceError as err:
+                busy, unchecked = set(), list(nodes)
+                log.warning("stale_step_check_failed", error=str(err)[:300])
+            waited = time.monotonic() - started
+            if not busy or waited >= bound_s:
+                self.reporter.decision("returned_nodes_settled", nodes=",".join(nodes), rounds=rounds,
+                                       busy=",".join(sorted(busy)) or None, unchecked=",".join(unchecked) or None,
+                                       took_s=round(waited, 3))
+                return
+            time.sleep(0.2)
 
     def _signal_tasks(self, step: StepProcess, sig: str) -> None:
         try:

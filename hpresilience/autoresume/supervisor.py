@@ -80,7 +80,7 @@ class Supervisor:
         self.reporter = Reporter(self.store, opts.job_id, opts.metrics_path)
         self.policy = self._load_policy()
         self.capacity = Capacity(client, opts.job_id, self.state, self.reporter, grow=opts.grow,
-                                 replace_timeout_s=opts.replace_timeout_s)
+                                 replace_timeout_s=opts.replace_timeout_s, min_nodes=opts.min_nodes)
         labels_ours = opts.watch.label_tasks and not user_labels(opts.srun.passthrough)
         self.feed = RuleFeed(RuleSet(opts.run_policy.log_monitoring_configuration, strip_task_label=labels_ours,
                                      max_line_chars=opts.max_line_bytes))
@@ -97,7 +97,12 @@ class Supervisor:
                                 stdout or sys.stdout.buffer, stderr or sys.stderr.buffer,
                                 should_stop=lambda: self.stop_signal is not None, progress=self.progress,
                                 on_hang=self.investigator, on_straggler=self._straggler,
-                                tasks_alive=self.investigator.tasks_alive)
+                                tasks_alive=self.investigator.tasks_alive, should_move=self._should_move)
+        # A failed node released while its slurmstepd still ends the old step, and repaired fast, kills the next
+        # step sent to it once back in the job: it leaves the job only once that step is gone there.
+        self.capacity.settle = self.steps.settle
+        self.moving_to: list[str] | None = None  # the plan a planned move goes to (grow back)
+        self.size = 0
 
     # -- state across requeues -----------------------------------------------------------------------
     def _load_policy(self) -> RestartPolicy:
@@ -162,7 +167,8 @@ class Supervisor:
             if self.stop_signal:
                 return 128 + self.stop_signal
             job = self.client.job(self.job_id)
-            size = self.opts.step_size(len(job.nodes))
+            size = self.size or self.opts.step_size(len(job.nodes))
+            self.size = size
             if plan is None:
                 plan = plan_nodes(job.nodes, size, self.capacity.unhealthy(job), previous)
             if plan is None:
@@ -170,7 +176,7 @@ class Supervisor:
                     plan = self.capacity.recover([], previous or [], size)
                 except NoReplacement as err:
                     return self._no_replacement(str(err))
-            launch = self._launch_for(plan, job.nodes)
+            launch = self._launch_for(plan, job.nodes, size)
             self.state.attempts += 1
             self.state.last_nodes = list(plan)
             self.reporter.set_attempts(self.state.attempts)
@@ -184,6 +190,19 @@ class Supervisor:
                                        exit_code=result.exit_code)
                 return 128 + self.stop_signal
             failed_at = result.failed_at
+            if result.moved is not None and (self.moving_to is not None or result.leaving):
+                # A planned move: not a fault, not counted against the restart budget.
+                self.steps.reap([n for n in plan if n not in result.leaving])
+                target = self.moving_to
+                if target is None:  # off drained nodes: to a spare, a grown job, or short (min_nodes)
+                    try:
+                        target = self.capacity.recover(result.leaving, plan, size)
+                    except NoReplacement as err:
+                        return self._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
+                previous, plan, self.moving_to = plan, target, None
+                self.reporter.decision("step_moved", why=result.moved, nodes=",".join(plan), nodes_now=len(plan),
+                                       nodes_requested=size, exit_code=result.exit_code)
+                continue
             exit_code = result.exit_code
             if result.unanswering:  # kept out of the step, left in the job (capacity.mark_unanswering says why)
                 self.capacity.mark_unanswering(result.unanswering)
@@ -225,14 +244,30 @@ class Supervisor:
             self.reporter.decision("step_relaunching", cause=diagnosis.cause.value, nodes=",".join(plan),
                                    restarts=self.state.restarts)
 
-    def _launch_for(self, plan: list[str], allocation: tuple[str, ...]) -> AttemptLaunch:
+    def _should_move(self, launch: AttemptLaunch) -> str | None:
+        """Polled with the node checks while the step runs: why to move it now (planned), else None."""
+        if len(launch.nodes) >= launch.requested or self.opts.grow_back == "never":
+            return None
+        try:
+            plan = self.capacity.back_in_service(launch.requested, launch.nodes)
+        except HPResilienceError as err:
+            log.warning("slurm_poll_failed", error=str(err)[:300])
+            return None
+        if plan is None:
+            return None
+        self.moving_to = plan
+        back = [n for n in plan if n not in launch.nodes]
+        return f"grow back to {len(plan)} nodes: {','.join(back)} back in service"
+
+    def _launch_for(self, plan: list[str], allocation: tuple[str, ...], size: int = 0) -> AttemptLaunch:
         attempt = self.state.attempts + 1
         first = self.client.node(plan[0])
         return AttemptLaunch(attempt=attempt, nodes=tuple(plan), allocation=tuple(allocation),
                              master_addr=first.address or first.name,
                              master_port=master_port(self.opts.master_port_base, self.opts.master_port_span,
                                                      self.job_id, attempt),
-                             tasks_per_node=self.opts.srun.tasks_per_node(), job_marker=str(self.job_id))
+                             tasks_per_node=self.opts.srun.tasks_per_node(), job_marker=str(self.job_id),
+                             requested=size or len(plan))
 
     def _diagnose(self, exit_code: int, plan: list[str], blamed: list[str], trip: RuleTripped | None,
                   hang: Attribution | None = None) -> Diagnosis:

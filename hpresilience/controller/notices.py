@@ -23,7 +23,15 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import jobs_on, leaves_step, nudge, running_batch_jobs, write_notice, write_watch
+from hpresilience.slurm.notice import (
+    jobs_on,
+    leaves_step,
+    nudge,
+    planned_move,
+    running_batch_jobs,
+    write_notice,
+    write_watch,
+)
 
 log = get_logger("hpresilience.controller")
 # How long a told job stays on the requeue release's list: its wrapper requeues it within seconds of the
@@ -56,9 +64,10 @@ class JobNotifier:
         return sorted(self.recent)
 
     def bad_nodes(self, nodes: list[Node]) -> dict[str, int]:
-        """The nodes a step must leave, with the time their reason was set (now, when Slurm gives none)."""
+        """The nodes a step must leave (at once, or planned: drained), with the time their reason was set (now,
+        when Slurm gives none)."""
         now = int(time.time())
-        return {n.name: int(n.reason_changed_at or now) for n in nodes if leaves_step(n)}
+        return {n.name: int(n.reason_changed_at or now) for n in nodes if leaves_step(n) or planned_move(n)}
 
     def notify(self, nodes: list[Node]) -> int:
         """Bring every affected job's notice up to date from this snapshot of the nodes out of service;

@@ -50,6 +50,12 @@ def leaves_step(node: Node) -> bool:
     return parse_reason(node.reason).action is not None and node.has("DRAIN", "FAIL", "DOWN")
 
 
+def planned_move(node: Node) -> bool:
+    """A node drained without a fault (operator maintenance, a cloud's reclaim or maintenance notice): the step
+    moves off it at a safe point, after telling its ranks, instead of being killed at once."""
+    return node.has("DRAIN") and not node.states & _HARD_STATES and not leaves_step(node)
+
+
 @dataclass(frozen=True)
 class JobNotice:
     """What a job's record says: its bad nodes with their mark times, and its whole AdminComment."""

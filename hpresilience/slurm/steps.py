@@ -102,6 +102,87 @@ def _stale_lines(stdout: str, nodes: list[str]) -> tuple[list[StaleTask], list[s
     return killed, [n for n in nodes if n not in reported]
 
 
+# Prints the job's numbered steps that a slurmstepd still holds on this node, other than the probe's own. Nodes
+# that share a kernel (a test cluster) see each other's: there the answer covers them all.
+STEPD_SCRIPT = r"""
+j=$1
+for f in /proc/[0-9]*/cmdline; do
+  c=$(tr '\0' ' ' < "$f" 2>/dev/null)
+  case "$c" in
+    "slurmstepd: [$j."[0-9]*"]"*)
+      s=${c#*"[$j."}; s=${s%%]*}
+      [ "$s" != "${SLURM_STEP_ID:-}" ] && echo "hpr-stepd ${SLURMD_NODENAME:-?} $s";;
+  esac
+done
+echo "hpr-stepd-checked ${SLURMD_NODENAME:-?}"
+"""
+
+
+def lingering_steps(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
+                    timeout: float = 5.0) -> tuple[set[str], list[str]]:
+    """The nodes where a slurmstepd of an earlier step of the job still runs, and the nodes that did not report
+    back. A node that left the job and came back is still ending the job there until its old steps are gone,
+    and meanwhile slurmd kills every new step of the job it is sent."""
+    if not nodes:
+        return set(), []
+    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--overlap", "--export=ALL", "--job-name=hpr-stepd",
+            "--kill-on-bad-exit=0", "sh", "-c", STEPD_SCRIPT, "hpr-stepd", str(job_id)]
+    try:
+        res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
+    except SlurmTimeout:
+        return set(), list(nodes)
+    busy: set[str] = set()
+    reported: set[str] = set()
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "hpr-stepd-checked":
+            reported.add(parts[1])
+        elif len(parts) >= 3 and parts[0] == "hpr-stepd":
+            busy.add(parts[1])
+    return busy, [n for n in nodes if n not in reported]
+
+
+# The wrapper's notice to the ranks (hpresilience.torch's check_alive() watches $HPR_NOTICE_FILE): written in
+# a directory private to the user (0700, created here; its random name is known only through the step's
+# environment), never over an existing file or link (noclobber is O_EXCL). `clear` removes the directory.
+NOTICE_SCRIPT = r"""
+f=$HPR_NOTICE_FILE; d=${f%/*}
+case "$f" in /*/*) ;; *) exit 2;; esac
+if [ "$1" = clear ]; then
+  [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] && rm -rf -- "$d"
+  echo "hpr-notice ${SLURMD_NODENAME:-?}"; exit 0
+fi
+umask 077
+[ -e "$d" ] || mkdir -m 700 -- "$d" 2>/dev/null
+[ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] || exit 3
+# Nodes that share a kernel (a test cluster) race for the same file: the loser finds it written.
+(set -C; printf '%s\n' "$HPR_NOTICE_REASON" > "$f") 2>/dev/null ||
+  { [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ]; } || exit 4
+echo "hpr-notice ${SLURMD_NODENAME:-?}"
+"""
+
+
+def write_notice(client: SlurmClient, job_id: int, nodes: list[str], path: str, reason: str, env: dict[str, str],
+                 timeout: float = 10.0, clear: bool = False) -> list[str]:
+    """Write (or, with clear, remove) the notice file at `path` on every node, in one step of one task per node;
+    returns the nodes that did not confirm."""
+    if not nodes:
+        return []
+    run_env = {**env, "HPR_NOTICE_FILE": path, "HPR_NOTICE_REASON": reason[:500]}
+    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--ntasks-per-node=1", "--overlap", "--export=ALL",
+            "--job-name=hpr-notice", "--kill-on-bad-exit=0", "sh", "-c", NOTICE_SCRIPT, "hpr-notice",
+            "clear" if clear else "write"]
+    try:
+        res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=run_env)
+    except SlurmTimeout:
+        return list(nodes)
+    done = {parts[1] for line in res.stdout.splitlines() if len(parts := line.split()) >= 2
+            and parts[0] == "hpr-notice"}
+    return [n for n in nodes if n not in done]
+
+
 def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
                     timeout: float = 3.0) -> dict[str, bool]:
     """Whether each node runs a trivial task within `timeout` (one srun per node, all at once). A node

@@ -3,8 +3,9 @@
 Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts or cancels a job), the node
 notice file the hpresilience agent writes on a cloud reclaim or maintenance notice (/run/hpresilience/
 notice.json by default; trusted only when root owns it and its directory, so a user on a shared node cannot
-stop another's job by creating it), and the EC2 spot interruption notice from instance metadata. The last
-is polled in a background thread, and only when enabled; the file check is an lstat() per call.
+stop another's job by creating it), the `srun --auto-resume` wrapper's notice file ($HPR_NOTICE_FILE, trusted
+only when it is this user's own regular file), and the EC2 spot interruption notice from instance metadata.
+The last is polled in a background thread, and only when enabled; a file check is an lstat() per call.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class PreemptionWatcher:
         self._previous: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
         self._ignored = ""
+        # `srun --auto-resume` names a per-step notice file in a private directory on each node: it appears when
+        # the wrapper is about to move the step (grow back, drain); save and exit then (docs/auto-resume.md).
+        self._wrapper_notice = os.environ.get("HPR_NOTICE_FILE", "")
 
     def start(self) -> PreemptionWatcher:
         if threading.current_thread() is threading.main_thread():
@@ -73,6 +77,8 @@ class PreemptionWatcher:
             elif why and why != self._ignored:
                 self._ignored = why  # said once per distinct cause, not every step
                 log.warning("notice_file_ignored", path=self.cfg.notice_file, why=why)
+        if self.reason is None and self._wrapper_notice and _ours(self._wrapper_notice):
+            self._notice(f"the auto-resume wrapper moves the step ({self._wrapper_notice})")
         return self.reason is None
 
     def _poll_ec2(self) -> None:
@@ -111,6 +117,15 @@ def untrusted_notice(path: str, owner: int = 0) -> str | None:
         return f"directory {parent} owned by uid {dst.st_uid} with mode {stat.S_IMODE(dst.st_mode):o} " \
                f"(want uid {owner}, not writable by others)"
     return None
+
+
+def _ours(path: str) -> bool:
+    """The wrapper's notice: a regular file (not a link) owned by this user; anything else is not trusted."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
 
 
 def spot_interruption(base_url: str, timeout: float = 2.0) -> str | None:

@@ -71,3 +71,17 @@ def test_non_numeric_job_id_is_named_not_called_missing() -> None:
     with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):
         job_id_from({})
     assert job_id_from({"SLURM_JOBID": "42"}) == 42
+
+
+def test_min_nodes_and_grow_back_come_from_the_config_and_the_command_line_wins(tmp_path: Path) -> None:
+    settings = AutoResumeSettings(min_nodes=3, grow_back="never", state_dir=str(tmp_path))
+    args = parse_srun_args(["train.sh"], frozenset(), frozenset())
+    opts = options_from(settings, args, "/usr/bin/srun", {"SLURM_JOB_ID": "7"})
+    assert (opts.min_nodes, opts.grow_back) == (3, "never")
+    assert options_from(settings, args, "/usr/bin/srun", {"SLURM_JOB_ID": "7"}, min_nodes=2).min_nodes == 2
+    assert AutoResumeSettings().min_nodes == 0  # off unless asked: a fault waits for full size, as before
+
+
+def test_a_negative_min_nodes_is_refused_with_the_option_named() -> None:
+    res = _srun("--auto-resume=1", "--auto-resume-min-nodes=-1", "true")
+    assert res.returncode == 2 and "--auto-resume-min-nodes" in res.stderr, res.stderr

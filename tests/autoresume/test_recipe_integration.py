@@ -74,7 +74,7 @@ class Recipe:
     """The recipe copied into a submit directory and submitted from there, as a user would."""
 
     def __init__(self, cluster: DevCluster, tmp: Path, steps: int = STEPS, extra_env: dict[str, str] | None = None,
-                 sbatch_args: tuple[str, ...] = (), inject: bool = False) -> None:
+                 sbatch_args: tuple[str, ...] = (), inject: bool = False, srun_args: str = "") -> None:
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         for f in ("batch.sh", "train_auto_resume.sh", "train.py"):
@@ -86,6 +86,9 @@ class Recipe:
             shutil.copy(INJECT, tmp / INJECT.name)
             text = text.replace('/train.py"', f'/{INJECT.name}"')
         script.write_text(text)
+        if srun_args:  # the wrapper's own options on the recipe's srun line, as a user adds them
+            batch = tmp / "batch.sh"
+            batch.write_text(batch.read_text().replace("srun --auto-resume=1", f"srun --auto-resume=1 {srun_args}"))
         env = cluster.env()
         env.update({"PATH": f"{SHIM_DIR}:{VENV_BIN}:{env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),
                     "TRAIN_STEPS": str(steps), "TRAIN_STEP_SLEEP": "0.25", **(extra_env or {})})
@@ -162,6 +165,39 @@ def test_recipe_recovers_in_the_same_job_after_an_operator_replaces_a_node(
                            text=True, check=True).stdout.split()
     assert set(hosts) == set(starts[1]["nodes"].split(",")) and victim not in hosts
     assert slurm.job(run.job_id).job_id == run.job_id
+
+
+def test_recipe_on_a_full_cluster_recovers_in_place_once_the_failed_node_is_repaired(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """No idle node anywhere (another job holds the rest of the partition): Action:Replace on the non-batch
+    node leaves the wrapper waiting; the failed node itself, resumed under its own name (HyperPod's repair),
+    is the replacement: the step runs again in the same job within 3 s of the resume, no requeue."""
+    run = Recipe(cluster, tmp_path / "job")
+    run.wait(lambda: "step=4\n" in run.out, "step 4")
+    filler = subprocess.run(["sbatch", "--parsable", "-N", str(len(cluster.names()) - 2), "--exclusive", "-o",
+                             "/dev/null", "--wrap", "sleep 600"], env=run.env, capture_output=True, text=True,
+                            check=True)
+    filler_id = int(filler.stdout.strip().split(";")[0])
+    run.wait(lambda: slurm.job(filler_id).is_running, "the job that fills the cluster")
+    assert not slurm.idle_nodes()
+    job = slurm.job(run.job_id)
+    victim = next(n for n in job.nodes if n != job.batch_host)
+    with job_notices(slurm):
+        slurm.set_node_state([victim], "fail", "Action:Replace")
+        run.wait(lambda: run.named("waiting_for_replacement"), "the wait for a replacement")
+        time.sleep(1.0)  # the repair takes a while; nothing else can be had meanwhile
+        assert not run.named("no_replacement")
+        slurm.set_node_state([victim], "resume")
+        resumed_at = time.time()
+        running = run.wait(lambda: run.named("step_running"), "the step running again", timeout=30)[0]
+    delay = running["time"] - resumed_at
+    print(f"node back in service -> step running: {delay:.2f} s")
+    assert delay <= 3.0, delay
+    assert run.wait_finished() == pytest.approx(reference_weight(STEPS, 2), abs=1e-5)
+    assert not run.named("job_requeue_requested") and not run.named("no_replacement")
+    assert run.named("allocation_grown")[0]["added"] == victim
+    assert victim in run.named("attempt_started")[-1]["nodes"].split(",")
+    assert slurm.job(run.job_id).restart_count == 0
 
 
 def test_recipe_with_a_failed_batch_host_is_requeued_onto_healthy_nodes_and_released_at_once(

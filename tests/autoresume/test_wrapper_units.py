@@ -91,6 +91,17 @@ def test_environment_refreshes_node_list_master_and_drops_stale_shape() -> None:
     assert env["AUTORESUME_ATTEMPT"] == "2" and "SLURM_NTASKS" not in env and env["KEEP"] == "x"
 
 
+def test_a_short_step_tells_its_size_and_the_requested_one() -> None:
+    """Running short (min_nodes): the step's shape is the nodes it runs on, the job's size stays requested."""
+    launch = AttemptLaunch(3, ("n1", "n2"), ("n1", "n2", "n3"), "127.0.0.11", 30001, 1, requested=3)
+    env = launch.environment({}, restarts=1)
+    assert env["SLURM_NNODES"] == env["SLURM_JOB_NUM_NODES"] == env["HPR_NODES_NOW"] == "2"
+    assert env["HPR_NODES_REQUESTED"] == "3" and env["SLURM_JOB_NODELIST"] == "n[1-2]"
+    assert "HPR_NODES_NOW" in launch.exported_names() and "HPR_NODES_REQUESTED" in launch.exported_names()
+    full = AttemptLaunch(3, ("n1", "n2", "n3"), ("n1", "n2", "n3"), "a", 1, 1, requested=3).environment({}, 0)
+    assert full["HPR_NODES_NOW"] == full["HPR_NODES_REQUESTED"] == full["SLURM_NNODES"] == "3"
+
+
 def test_srun_command_line_is_explicit_and_ordered() -> None:
     launch = AttemptLaunch(1, ("n3", "n2"), ("n2", "n3"), "a", 1, 2)
     argv = launch.srun_argv("/bin/srun", 9, "step", ["-J", "mine"], ["train.sh"], user_export="NONE")

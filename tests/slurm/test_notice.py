@@ -13,6 +13,7 @@ from hpresilience.slurm.notice import (
     parse_notice,
     parse_running_batch,
     parse_watch,
+    planned_move,
     with_notice,
     with_word,
 )
@@ -98,3 +99,12 @@ x.batch|RUNNING
 
 def test_only_jobs_whose_batch_step_runs_are_watched() -> None:
     assert parse_running_batch(SACCT_RUNNING) == {21500001}
+
+
+def test_a_drained_node_without_a_fault_is_a_planned_move_and_a_faulty_one_is_not() -> None:
+    assert planned_move(node("ALLOCATED", "DRAIN", reason="[hpr-agent] Planned:spot-interruption by 2026-11-25T23:59Z"))
+    assert planned_move(node("MIXED", "DRAIN", reason="operator: maintenance"))
+    assert not planned_move(node("ALLOCATED", "DRAIN", reason="Action:Replace"))  # leaves at once instead
+    assert not planned_move(node("ALLOCATED", "DRAIN", "FAIL"))
+    assert not planned_move(node("IDLE", "DRAIN", "DOWN"))
+    assert not planned_move(node("ALLOCATED"))

@@ -66,6 +66,25 @@ def test_notice_file_written_by_agent(watcher_factory: list[PreemptionWatcher], 
     assert "notice file" in (w.reason or "")
 
 
+def test_the_wrapper_notice_file_turns_check_alive_false_and_a_link_there_does_not(
+        watcher_factory: list[PreemptionWatcher], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """srun --auto-resume exports HPR_NOTICE_FILE; the file appearing is its notice of a planned move. A symbolic
+    link planted at that name (another user's trick) is not a notice."""
+    private = tmp_path / "hpr-notice"
+    private.mkdir(mode=0o700)
+    notice = private / "notice"
+    monkeypatch.setenv("HPR_NOTICE_FILE", str(notice))
+    w = _start(watcher_factory, signals=())
+    assert w.alive()
+    notice.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_text("x")
+    assert w.alive()
+    notice.unlink()
+    notice.write_text("grow back to 3 nodes")
+    assert not w.alive()
+    assert "auto-resume wrapper moves the step" in (w.reason or "")
+
+
 def test_unknown_signal_name_is_a_config_error() -> None:
     with pytest.raises(ValidationError, match="unknown signal"):
         PreemptionConfig(signals=("SIGNOPE",))

@@ -1,0 +1,104 @@
+"""Elastic auto-resume on the devcluster with HyperPod's recipe (torchrun on gloo): `--auto-resume-min-nodes`
+keeps the step training on the healthy nodes after a fault with no spare, and the step moves back to full size
+once the failed node is back in service, all in the same job."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing.devcluster import DevCluster
+from tests.autoresume.test_recipe_integration import STEPS, Recipe, job_notices
+
+pytestmark = pytest.mark.integration
+
+
+def fill_the_rest(cluster: DevCluster, slurm: SlurmClient, run: Recipe, used: int) -> int:
+    """Another job on every node the recipe does not hold: no idle node, no replacement at hand."""
+    res = subprocess.run(["sbatch", "--parsable", "-N", str(len(cluster.names()) - used), "--exclusive", "-o",
+                          "/dev/null", "--wrap", "sleep 600"], env=run.env, capture_output=True, text=True, check=True)
+    filler = int(res.stdout.strip().split(";")[0])
+    run.wait(lambda: slurm.job(filler).is_running, "the job that fills the cluster")
+    assert not slurm.idle_nodes()
+    return filler
+
+
+def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_returns(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """3 nodes, --auto-resume-min-nodes=2, no spare: Action:Replace on one node relaunches the step on the other
+    two within 3 s (world size 2, from the checkpoint, HPR_NODES_NOW=2); the node resumed, the step moves back
+    to 3 nodes (a planned move, not a restart) and the job completes all its steps, never requeued."""
+    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2",
+                 extra_env={"TRAIN_STEP_SLEEP": "0.4"})
+    run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
+    fill_the_rest(cluster, slurm, run, 3)
+    run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
+    job = slurm.job(run.job_id)
+    victim = [n for n in job.nodes if n != job.batch_host][-1]
+    with job_notices(slurm):
+        slurm.set_node_state([victim], "fail", "Action:Replace")
+        short = run.wait(lambda: run.named("step_running"), "the step on the healthy nodes")[0]
+        assert short["restart_latency_s"] <= 3.0, short
+        assert run.named("running_short")[0]["nodes_now"] == 2
+        assert victim not in run.named("attempt_started")[-1]["nodes"].split(",")
+        run.wait(lambda: len(re.findall(r"resumed from step", run.out)) >= 1, "the short step's resume")
+        time.sleep(2.0)  # it trains a little on 2 nodes
+        slurm.set_node_state([victim], "resume")
+        moved = run.wait(lambda: run.named("step_moved"), "the move back to 3 nodes")[0]
+    assert moved["nodes_now"] == 3 and victim in moved["nodes"].split(",")
+    assert "back in service" in moved["why"]
+    # The ranks got the notice (check_alive() False), saved and left; the step did not wait for the grace period.
+    notice = run.named("step_notice_sent")[0]
+    assert notice.get("missed") is None
+    saved = re.search(r"moving: saved at step (\d+)", run.out)
+    assert saved, run.out
+    ended = run.named("attempt_ended")[1]
+    print(f"fault -> step on 2 nodes: {short['restart_latency_s']:.2f} s; "
+          f"notice -> step ended: {ended['time'] - notice['time']:.2f} s")
+    assert ended["time"] - notice["time"] < 10 and not run.named("step_move_overdue")
+    run.wait_finished()
+    assert re.findall(r"resumed from step (\d+)", run.out)[-1] == saved.group(1)  # back at 3 from that checkpoint
+    views = re.findall(r"nnodes=(\d+)", run.out)
+    assert views[:3] == ["3"] * 3 and "2" in views and views[-1] == "3", views
+    assert len(re.findall(r"resumed from step", run.out)) == 2, run.out
+    assert len(run.named("policy_decided")) == 1  # the move is not a restart
+    assert not run.named("job_requeue_requested") and slurm.job(run.job_id).restart_count == 0
+    assert STEPS == 30
+
+
+def test_a_drained_node_is_a_planned_move_the_ranks_save_at_the_notice_and_go_on_without_it(
+        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    """A node of the step drained (maintenance, a reclaim notice; not FAIL/DOWN): the ranks are told, save
+    and exit at the same step, and the step goes on on the other nodes from that checkpoint; once a node of
+    the partition is idle again the job grows into it and the step moves back to 3 nodes; no move counts
+    against the restart budget and the job completes."""
+    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2",
+                 extra_env={"TRAIN_STEP_SLEEP": "0.4"})
+    run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
+    filler = fill_the_rest(cluster, slurm, run, 3)
+    run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
+    job = slurm.job(run.job_id)
+    victim = [n for n in job.nodes if n != job.batch_host][-1]
+    with job_notices(slurm):
+        slurm.set_node_state([victim], "drain", "[hpr-agent] Planned:spot-interruption by 2026-11-25T23:59:00Z")
+        drained_at = time.time()
+        moved = run.wait(lambda: run.named("step_moved"), "the move off the drained node")[0]
+    notice = run.named("step_notice_sent")[0]
+    assert "drained" in moved["why"] and victim not in moved["nodes"].split(",") and moved["nodes_now"] == 2
+    saved = re.search(r"moving: saved at step (\d+)", run.out)
+    assert saved, run.out
+    print(f"drain -> notice written: {notice['time'] - drained_at:.2f} s; "
+          f"notice -> step ended: {run.named('attempt_ended')[0]['time'] - notice['time']:.2f} s")
+    run.wait(lambda: "resumed from step" in run.out, "the step on 2 nodes")
+    assert re.findall(r"resumed from step (\d+)", run.out)[-1] == saved.group(1)
+    slurm.cancel(filler)  # a node of the partition is idle again
+    back = run.wait(lambda: run.named("step_moved")[1:], "the move into the idle node")[0]
+    assert back["nodes_now"] == 3 and victim not in back["nodes"].split(",") and run.named("allocation_grown")
+    run.wait_finished()
+    assert not run.named("policy_decided") and not run.named("fault_seen")  # planned, not a fault
+    assert not run.named("job_requeue_requested")

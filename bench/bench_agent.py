@@ -29,11 +29,21 @@ from hpresilience.testing.fakenode import FakeNode
 
 def start_agent(cl: DevCluster, node: FakeNode, name: str, interval: float) -> subprocess.Popen[bytes]:
     cfg = yaml.safe_load((node.root / "config.yaml").read_text())
-    cfg["agent"] = {"node_name": name, "passive_interval_s": interval, "metrics_address": "",
-                    "state_dir": str(node.root / "agent"), "active_checks": False, "required_repeats": 1}
+    cfg["agent"] = {
+        "node_name": name,
+        "passive_interval_s": interval,
+        "metrics_address": "",
+        "state_dir": str(node.root / "agent"),
+        "active_checks": False,
+        "required_repeats": 1,
+    }
     (node.root / "agent.yaml").write_text(yaml.safe_dump(cfg))
-    return subprocess.Popen([sys.executable, "-m", "hpresilience", "--config", str(node.root / "agent.yaml"), "agent"],
-                            env=cl.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpresilience", "--config", str(node.root / "agent.yaml"), "agent"],
+        env=cl.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def time_to_fail(cl: DevCluster, name: str, inject: object, timeout: float = 60.0) -> float:
@@ -92,15 +102,21 @@ def main() -> None:
             cpu, rss, cpu0, rss0 = steady_state(cl, Path(tmp), args.steady_s)
         finally:
             cl.down()
-    print(f"fault detection, event path (XID 79 in the kernel log -> node FAIL in Slurm): "
-          f"median {statistics.median(ev):.2f} s, max {max(ev):.2f} s over {len(ev)} (target <= 2 s); "
-          f"passive interval was 30 s, so the event path is {30 / statistics.median(ev):.0f}x faster than polling")
-    print(f"fault detection, poll path (GPU lost in NVML, {args.poll_interval:g} s interval): "
-          f"median {statistics.median(poll):.2f} s, max {max(poll):.2f} s over {len(poll)} "
-          f"(bounded by the interval: {statistics.median(poll) / args.poll_interval:.2f} intervals)")
-    print(f"steady state over {args.steady_s:g} s at the default 30 s interval: agent CPU {cpu:.3f} % of one core "
-          f"(target <= 0.5 %), RSS {rss:.1f} MB (target <= 60 MB); bare python interpreter: CPU {cpu0:.3f} %, "
-          f"RSS {rss0:.1f} MB; agent/bare RSS = {rss / rss0:.1f}x")
+    print(
+        f"fault detection, event path (XID 79 in the kernel log -> node FAIL in Slurm): "
+        f"median {statistics.median(ev):.2f} s, max {max(ev):.2f} s over {len(ev)} (target <= 2 s); "
+        f"passive interval was 30 s, so the event path is {30 / statistics.median(ev):.0f}x faster than polling"
+    )
+    print(
+        f"fault detection, poll path (GPU lost in NVML, {args.poll_interval:g} s interval): "
+        f"median {statistics.median(poll):.2f} s, max {max(poll):.2f} s over {len(poll)} "
+        f"(bounded by the interval: {statistics.median(poll) / args.poll_interval:.2f} intervals)"
+    )
+    print(
+        f"steady state over {args.steady_s:g} s at the default 30 s interval: agent CPU {cpu:.3f} % of one core "
+        f"(target <= 0.5 %), RSS {rss:.1f} MB (target <= 60 MB); bare python interpreter: CPU {cpu0:.3f} %, "
+        f"RSS {rss0:.1f} MB; agent/bare RSS = {rss / rss0:.1f}x"
+    )
 
 
 if __name__ == "__main__":

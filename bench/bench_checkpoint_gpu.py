@@ -63,12 +63,15 @@ def main() -> int:
     model = model_on_gpu(args.size_gib)
     state = model.state_dict()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    print(f"state: {nbytes / GIB:.2f} GiB in {len(state)} CUDA tensors on {torch.cuda.get_device_name()}; "
-          f"torch {torch.__version__}; tier {work}")
+    print(
+        f"state: {nbytes / GIB:.2f} GiB in {len(state)} CUDA tensors on {torch.cuda.get_device_name()}; "
+        f"torch {torch.__version__}; tier {work}"
+    )
     try:
         pinned = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in state.items()}
-        d2h = statistics.median(synced(lambda: [pinned[k].copy_(v) for k, v in state.items()])
-                                for _ in range(args.repeat + 1))
+        d2h = statistics.median(
+            synced(lambda: [pinned[k].copy_(v) for k, v in state.items()]) for _ in range(args.repeat + 1)
+        )
         fs_times = []
         for i in range(args.repeat):
             d = work / f"fs{i}"
@@ -76,8 +79,9 @@ def main() -> int:
             shutil.rmtree(d)
         fs = statistics.median(fs_times)
         for background in (False, True):
-            cfg = CheckpointConfig(namespace="gpu", memory_dir=str(work / "tier"), keep=1,
-                                   background_staging=background, replicate=False)
+            cfg = CheckpointConfig(
+                namespace="gpu", memory_dir=str(work / "tier"), keep=1, background_staging=background, replicate=False
+            )
             ck = TieredCheckpointer(cfg)
             blocking = []
             for step in range(1, args.repeat + 2):
@@ -92,9 +96,11 @@ def main() -> int:
             shutil.rmtree(work / "tier", ignore_errors=True)
             blk = statistics.median(blocking[1:])
             mode = "background staging (opt-in)" if background else "default (inline copy)"
-            print(f"[1] {mode}: async_save blocking {blk:.3f} s | device-to-host copy into pinned buffers "
-                  f"{d2h:.3f} s ({nbytes / d2h / 1e9:.1f} GB/s): ratio {blk / d2h:.0%} | sync FileSystemWriter "
-                  f"{fs:.3f} s: ratio {blk / fs:.1%}")
+            print(
+                f"[1] {mode}: async_save blocking {blk:.3f} s | device-to-host copy into pinned buffers "
+                f"{d2h:.3f} s ({nbytes / d2h / 1e9:.1f} GB/s): ratio {blk / d2h:.0%} | sync FileSystemWriter "
+                f"{fs:.3f} s: ratio {blk / fs:.1%}"
+            )
 
         # 2. the saved step survives every documented write path on the device.
         cfg = CheckpointConfig(namespace="torn", memory_dir=str(work / "torn"), keep=2, replicate=False)
@@ -115,9 +121,11 @@ def main() -> int:
             target = {k: torch.empty_like(v) for k, v in model.state_dict().items()}
             step = ck.load(target)
             same = sum(torch.equal(target[k].cpu(), expect[k]) for k in expect)
-            print(f"[2] after in-place op, .data, copy_ under no_grad, nn.init and an optimizer step on the GPU: "
-                  f"load() gave step {step} with {same} of {len(expect)} tensors bit-identical to the state at "
-                  f"the save (goal: all)")
+            print(
+                f"[2] after in-place op, .data, copy_ under no_grad, nn.init and an optimizer step on the GPU: "
+                f"load() gave step {step} with {same} of {len(expect)} tensors bit-identical to the state at "
+                f"the save (goal: all)"
+            )
             if same != len(expect):
                 return 1
 
@@ -132,8 +140,10 @@ def main() -> int:
                 loads.append(synced(lambda t=target: ck.load(t)))
                 h2ds.append(synced(lambda t=target: [t[k].copy_(pinned[k]) for k in t]))
             ld, h2d = statistics.median(loads), statistics.median(h2ds)
-            print(f"[3] restore from the memory tier into GPU tensors {ld:.3f} s ({nbytes / ld / 1e9:.1f} GB/s) | "
-                  f"host-to-device copy from pinned buffers {h2d:.3f} s: restore speed {h2d / ld:.0%} of it")
+            print(
+                f"[3] restore from the memory tier into GPU tensors {ld:.3f} s ({nbytes / ld / 1e9:.1f} GB/s) | "
+                f"host-to-device copy from pinned buffers {h2d:.3f} s: restore speed {h2d / ld:.0%} of it"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

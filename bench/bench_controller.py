@@ -62,8 +62,12 @@ def best(fn: Any, repeat: int) -> tuple[float, float]:
 def poll_cost(count: int, repeat: int) -> None:
     text = _generate(count)
     with tempfile.TemporaryDirectory() as tmp:
-        settings = ControllerSettings(state_dir=tmp, gate={"kind": "none"}, metrics_address="",  # type: ignore[arg-type]
-                                      forced_down_after_s=1e9)
+        settings = ControllerSettings(
+            state_dir=tmp,
+            gate={"kind": "none"},
+            metrics_address="",  # type: ignore[arg-type]
+            forced_down_after_s=1e9,
+        )
         ctl = Controller(settings, SlurmClient())
         nodes = parse_nodes_json(text)
         ctl.process(nodes, time.time())  # first cycle: picks the requests up and writes their records
@@ -76,10 +80,14 @@ def poll_cost(count: int, repeat: int) -> None:
     print(f"poll cost, {count} nodes ({len(text) / 1e6:.1f} MB of sinfo --json, {asking} asking for repair):")
     print(f"  json.loads alone      {base * 1000:7.0f} ms (baseline)")
     print(f"  parse to Node objects {parse_b * 1000:7.0f} ms  = {parse_b / base:.2f}x baseline")
-    print(f"  controller decisions  {proc_b * 1000:7.0f} ms  = {proc_b / base:.2f}x baseline (median "
-          f"{proc_m * 1000:.0f} ms)")
-    print(f"  whole cycle           {cycle_b * 1000:7.0f} ms  = {cycle_b / base:.2f}x baseline (median "
-          f"{cycle_m * 1000:.0f} ms); slurmctld's own time to answer is not included")
+    print(
+        f"  controller decisions  {proc_b * 1000:7.0f} ms  = {proc_b / base:.2f}x baseline (median "
+        f"{proc_m * 1000:.0f} ms)"
+    )
+    print(
+        f"  whole cycle           {cycle_b * 1000:7.0f} ms  = {cycle_b / base:.2f}x baseline (median "
+        f"{cycle_m * 1000:.0f} ms); slurmctld's own time to answer is not included"
+    )
 
 
 def _wait(probe: Any, timeout: float = 60.0) -> None:
@@ -108,13 +116,21 @@ def repair_time(base_port: int, repeat: int) -> None:
                 by_hand.append(time.perf_counter() - t)
 
                 provider = Path(tmp) / "provider.sh"
-                provider.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hpresilience devcluster restart-node '
-                                    f'"$1" --state-dir "{cl.state_dir}" >/dev/null 2>&1\n')
+                provider.write_text(
+                    f'#!/bin/sh\nexec "{sys.executable}" -m hpresilience devcluster restart-node '
+                    f'"$1" --state-dir "{cl.state_dir}" >/dev/null 2>&1\n'
+                )
                 provider.chmod(0o755)
-                settings = ControllerSettings.model_validate({
-                    "poll_interval_s": 0.5, "state_dir": f"{tmp}/state{i}", "metrics_address": "",
-                    "default_provider": "script", "default_options": {"command": [str(provider)]},
-                    "gate": {"kind": "none"}})
+                settings = ControllerSettings.model_validate(
+                    {
+                        "poll_interval_s": 0.5,
+                        "state_dir": f"{tmp}/state{i}",
+                        "metrics_address": "",
+                        "default_provider": "script",
+                        "default_options": {"command": [str(provider)]},
+                        "gate": {"kind": "none"},
+                    }
+                )
                 ctl = Controller(settings, client)
                 th = threading.Thread(target=ctl.run, daemon=True)
                 th.start()
@@ -129,8 +145,10 @@ def repair_time(base_port: int, repeat: int) -> None:
     hand, ctl_t = statistics.median(by_hand), statistics.median(controller)
     print(f"repair time on the devcluster (median of {repeat}):")
     print(f"  by hand (restart slurmd, wait registered, resume, wait idle) {hand:6.2f} s (baseline)")
-    print(f"  controller (reason set -> node idle, poll 0.5 s)             {ctl_t:6.2f} s = {ctl_t / hand:.2f}x "
-          f"baseline (best {min(controller):.2f} s)")
+    print(
+        f"  controller (reason set -> node idle, poll 0.5 s)             {ctl_t:6.2f} s = {ctl_t / hand:.2f}x "
+        f"baseline (best {min(controller):.2f} s)"
+    )
 
 
 def main() -> None:

@@ -97,13 +97,23 @@ def node_death(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) -
 
 def requeue(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) -> dict[str, Any]:
     provider = work / "provider.sh"
-    provider.write_text(f"#!/bin/sh\nexec '{sys.executable}' -m hpresilience devcluster restart-node \"$1\" "
-                        f"--state-dir '{cl.state_dir}'\n")
+    provider.write_text(
+        f"#!/bin/sh\nexec '{sys.executable}' -m hpresilience devcluster restart-node \"$1\" "
+        f"--state-dir '{cl.state_dir}'\n"
+    )
     provider.chmod(0o755)
-    settings = ControllerSettings.model_validate({
-        "poll_interval_s": 1.0, "state_dir": str(work / "ctl"), "forced_down_after_s": 60, "metrics_address": "",
-        "default_provider": "script", "default_options": {"command": [str(provider)], "timeout_s": 60},
-        "gate": {"kind": "none"}, "release_requeued_every_s": 1.0})
+    settings = ControllerSettings.model_validate(
+        {
+            "poll_interval_s": 1.0,
+            "state_dir": str(work / "ctl"),
+            "forced_down_after_s": 60,
+            "metrics_address": "",
+            "default_provider": "script",
+            "default_options": {"command": [str(provider)], "timeout_s": 60},
+            "gate": {"kind": "none"},
+            "release_requeued_every_s": 1.0,
+        }
+    )
     ctl = Controller(settings, slurm)
     thread = threading.Thread(target=ctl.run, daemon=True)
     thread.start()

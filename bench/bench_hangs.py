@@ -67,40 +67,58 @@ def main() -> int:
             ok = att.get("node") == node and att.get("unambiguous") is True
             right += ok
             declared.append(det["silent_s"])
-            print(f"hang run {i + 1}: rank {rank} on {node} stopped; declared after {det['silent_s']:.1f} s of "
-                  f"silence (threshold {det['threshold_s']:.0f} s), evidence {att['took_s']:.1f} s, named "
-                  f"{att.get('node')} unambiguous={att.get('unambiguous')}: {'right' if ok else 'WRONG'}", flush=True)
+            print(
+                f"hang run {i + 1}: rank {rank} on {node} stopped; declared after {det['silent_s']:.1f} s of "
+                f"silence (threshold {det['threshold_s']:.0f} s), evidence {att['took_s']:.1f} s, named "
+                f"{att.get('node')} unambiguous={att.get('unambiguous')}: {'right' if ok else 'WRONG'}",
+                flush=True,
+            )
             slurm.cancel(run.job_id)
             with contextlib.suppress(psutil.Error):
                 victim.kill()
         if declared:
-            print(f"hang: declared after {min(declared):.1f}-{max(declared):.1f} s (target <= 61 s), attribution "
-                  f"right in {right} of {len(declared)} runs", flush=True)
+            print(
+                f"hang: declared after {min(declared):.1f}-{max(declared):.1f} s (target <= 61 s), attribution "
+                f"right in {right} of {len(declared)} runs",
+                flush=True,
+            )
 
         reset_cluster(cl)
-        run = Recipe(cl, work / "collective", inject=True, extra_env={"INJECT_ABORT_RANK": "1",
-                                                                      "INJECT_ABORT_STEP": "8"})
+        run = Recipe(
+            cl, work / "collective", inject=True, extra_env={"INJECT_ABORT_RANK": "1", "INJECT_ABORT_STEP": "8"}
+        )
         jobs.append(run.job_id)
         seen = run.wait(lambda: run.named("collective_failure_seen"), "collective_failure_seen", timeout=120)[0]
         running = run.wait(lambda: run.named("step_running"), "the relaunched step", timeout=120)[0]
         starts = run.named("attempt_started")
         same = len(starts) == 2 and starts[0]["nodes"] == starts[1]["nodes"]
-        print(f"collective: {seen['kind']} -> step running again {running['time'] - seen['time']:.1f} s after the "
-              f"failure was seen (settle window {seen['settle_s']:.0f} s), same nodes: {same}", flush=True)
+        print(
+            f"collective: {seen['kind']} -> step running again {running['time'] - seen['time']:.1f} s after the "
+            f"failure was seen (settle window {seen['settle_s']:.0f} s), same nodes: {same}",
+            flush=True,
+        )
         run.wait(lambda: run.named("job_step_succeeded") or run.named("job_step_given_up"), "the end", timeout=120)
         print(f"collective: job {'completed' if run.named('job_step_succeeded') else 'FAILED'}", flush=True)
 
         reset_cluster(cl)
-        run = Recipe(cl, work / "straggler", steps=400, inject=True,
-                     extra_env={"INJECT_SLOW_RANK": "1", "INJECT_SLOW_FACTOR": "1.3"})
+        run = Recipe(
+            cl,
+            work / "straggler",
+            steps=400,
+            inject=True,
+            extra_env={"INJECT_SLOW_RANK": "1", "INJECT_SLOW_FACTOR": "1.3"},
+        )
         jobs.append(run.job_id)
         run.wait(lambda: "step=1\n" in run.out, "step 1", timeout=120)
         began = time.time()
         flagged = run.wait(lambda: run.named("straggler_detected"), "straggler_detected", timeout=120)[0]
         slow = rank_process(run.job_id, 1)
         node = slow.environ()["SLURMD_NODENAME"] if slow else "?"
-        print(f"straggler: flagged {flagged['node']} (slow rank on {node}) {flagged['time'] - began:.1f} s after "
-              f"the first step (target < 60 s), ratio {flagged['ratio']}", flush=True)
+        print(
+            f"straggler: flagged {flagged['node']} (slow rank on {node}) {flagged['time'] - began:.1f} s after "
+            f"the first step (target < 60 s), ratio {flagged['ratio']}",
+            flush=True,
+        )
     finally:
         for p in psutil.process_iter():
             with contextlib.suppress(psutil.Error):

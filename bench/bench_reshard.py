@@ -75,12 +75,9 @@ def _rank(rank: int, world: int, port: int, work: str, task: str, kw: dict[str, 
         step = ck.load(target)
         took = time.perf_counter() - t0
         ok = step == 1 and all(
-            bool((t == float(int(k[1 : k.index(".")]) * 10 + int(k[-1]))).all())
-            for k, t in target.items()
+            bool((t == float(int(k[1 : k.index(".")]) * 10 + int(k[-1]))).all()) for k, t in target.items()
         )
-        (Path(work) / f"{task}_{rank}.json").write_text(
-            json.dumps({"s": took, "ok": ok, "source": ck.last_source})
-        )
+        (Path(work) / f"{task}_{rank}.json").write_text(json.dumps({"s": took, "ok": ok, "source": ck.last_source}))
     ck.close(keep_tier=True)  # the next phase loads from these tiers
     dist.destroy_process_group()
 
@@ -89,9 +86,7 @@ def _run(world: int, work: Path, task: str, **kw: Any) -> list[dict[str, Any]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(
-        _rank, args=(world, port, str(work), task, kw), nprocs=world, start_method="spawn", join=True
-    )
+    mp.start_processes(_rank, args=(world, port, str(work), task, kw), nprocs=world, start_method="spawn", join=True)
     if task == "save":
         return []
     return [json.loads((work / f"{task}_{r}.json").read_text()) for r in range(world)]

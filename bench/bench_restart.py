@@ -64,14 +64,27 @@ def submit(cl: DevCluster, slurm: SlurmClient, work: Path, nodes: int, body: str
     script = work / "job.sh"
     script.write_text("#!/bin/bash\n" + body + "\n")
     env = cl.env()
-    env.update({"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "CKPT_DIR": str(work),
-                "TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"})
-    return slurm.sbatch(f"--nodes={nodes}", f"--output={work}/out", f"--error={work}/err", "--open-mode=append",
-                        *flags, str(script), env=env)
+    env.update(
+        {
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+            "CKPT_DIR": str(work),
+            "TRAIN_STEPS": "100000",
+            "STEP_SLEEP": "0.2",
+        }
+    )
+    return slurm.sbatch(
+        f"--nodes={nodes}",
+        f"--output={work}/out",
+        f"--error={work}/err",
+        "--open-mode=append",
+        *flags,
+        str(script),
+        env=env,
+    )
 
 
 def wrapper(work: Path, options: str) -> str:
-    return (f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={work}/state {options} {TRAINER}")
+    return f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={work}/state {options} {TRAINER}"
 
 
 def fail_non_batch_node(slurm: SlurmClient, job: int) -> tuple[float, str]:
@@ -129,13 +142,23 @@ def dead_node(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) ->
 
 def requeue_released(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) -> float:
     provider = work / "provider.sh"
-    provider.write_text(f"#!/bin/sh\nexec '{sys.executable}' -m hpresilience devcluster restart-node \"$1\" "
-                        f"--state-dir '{cl.state_dir}'\n")
+    provider.write_text(
+        f"#!/bin/sh\nexec '{sys.executable}' -m hpresilience devcluster restart-node \"$1\" "
+        f"--state-dir '{cl.state_dir}'\n"
+    )
     provider.chmod(0o755)
-    settings = ControllerSettings.model_validate({
-        "poll_interval_s": 1.0, "state_dir": str(work / "ctl"), "forced_down_after_s": 60, "metrics_address": "",
-        "default_provider": "script", "default_options": {"command": [str(provider)], "timeout_s": 60},
-        "gate": {"kind": "none"}, "release_requeued_every_s": 1.0})
+    settings = ControllerSettings.model_validate(
+        {
+            "poll_interval_s": 1.0,
+            "state_dir": str(work / "ctl"),
+            "forced_down_after_s": 60,
+            "metrics_address": "",
+            "default_provider": "script",
+            "default_options": {"command": [str(provider)], "timeout_s": 60},
+            "gate": {"kind": "none"},
+            "release_requeued_every_s": 1.0,
+        }
+    )
     ctl = Controller(settings, slurm)
     thread = threading.Thread(target=ctl.run, daemon=True)
     thread.start()
@@ -180,8 +203,11 @@ def settle(slurm: SlurmClient) -> None:
                 slurm.set_node_state([n.name], "resume")
             except Exception:  # noqa: BLE001 - a node resuming by itself races with us
                 pass
-    wait_for(lambda: all(n.is_idle for n in slurm.nodes()) and all(j.is_finished for j in slurm.jobs()),
-             "an idle cluster", 60)
+    wait_for(
+        lambda: all(n.is_idle for n in slurm.nodes()) and all(j.is_finished for j in slurm.jobs()),
+        "an idle cluster",
+        60,
+    )
 
 
 def main() -> int:
@@ -189,9 +215,13 @@ def main() -> int:
     ap.add_argument("--base-port", type=int, default=21817)
     ap.add_argument("--timeout", type=float, default=300.0)
     args = ap.parse_args()
-    scenarios = (("hot_spare", hot_spare), ("grown", grown), ("dead_node", dead_node),
-                 ("requeue_released", requeue_released),
-                 ("slurm_requeue", slurm_requeue))
+    scenarios = (
+        ("hot_spare", hot_spare),
+        ("grown", grown),
+        ("dead_node", dead_node),
+        ("requeue_released", requeue_released),
+        ("slurm_requeue", slurm_requeue),
+    )
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="hpr-bench-restart-") as tmp:
         cl = DevCluster(Path(tmp) / "cluster", nodes=4, base_port=args.base_port, overrides={"SlurmdTimeout": "5"})
@@ -204,8 +234,10 @@ def main() -> int:
                 notices = None
                 if name in ("hot_spare", "grown", "dead_node"):
                     # The controller's job thread alone (no repairs): the wrapper learns of faults from its job.
-                    notices = Controller(ControllerSettings.model_validate(
-                        {"state_dir": str(work / "ctl"), "metrics_address": ""}), slurm)
+                    notices = Controller(
+                        ControllerSettings.model_validate({"state_dir": str(work / "ctl"), "metrics_address": ""}),
+                        slurm,
+                    )
                     notices.start_jobs_thread()
                 try:
                     results[name] = fn(cl, slurm, work, args.timeout)
@@ -217,11 +249,13 @@ def main() -> int:
             cl.down()
     base = results["slurm_requeue"]
     print("fault (node marked bad) -> relaunched step running, same devcluster, same run:")
-    rows = (("srun --auto-resume, hot spare", "hot_spare", "goal <= 2 s"),
-            ("srun --auto-resume, no spare, job grown into an idle node", "grown", "goal <= 2 s"),
-            ("srun --auto-resume, dead node (slurmd + tasks killed), grown", "dead_node", "goal <= 10 s"),
-            ("srun --auto-resume, requeue released by the controller", "requeue_released", "goal <= 15 s"),
-            ("Slurm's own requeue of the same job", "slurm_requeue", "baseline"))
+    rows = (
+        ("srun --auto-resume, hot spare", "hot_spare", "goal <= 2 s"),
+        ("srun --auto-resume, no spare, job grown into an idle node", "grown", "goal <= 2 s"),
+        ("srun --auto-resume, dead node (slurmd + tasks killed), grown", "dead_node", "goal <= 10 s"),
+        ("srun --auto-resume, requeue released by the controller", "requeue_released", "goal <= 15 s"),
+        ("Slurm's own requeue of the same job", "slurm_requeue", "baseline"),
+    )
     for label, key, goal in rows:
         speedup = "" if key == "slurm_requeue" else f"  {base / results[key]:6.1f}x faster"
         print(f"  {label:<58}: {results[key]:7.2f} s{speedup}  ({goal})")

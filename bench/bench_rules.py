@@ -51,13 +51,15 @@ CHATTER = [
     "ip-10-1-2-3:1234:5678 [3] NCCL INFO Connected all rings, use ring PXN 0 GDR 1",
     "2025-01-01 12:00:00,123 [INFO] torch.distributed: rank 17 reached barrier 'after_load'",
     "2025-01-01 12:00:00,124 [WARNING] dataloader: worker 3 slow to prefetch, queue depth 1",
-    "  warnings.warn(\"TypedStorage is deprecated\", UserWarning)",
+    '  warnings.warn("TypedStorage is deprecated", UserWarning)',
 ]
 
 
 def progress(i: int, rnd: random.Random) -> str:
-    return (f"2025-01-01 12:00:00,125 [INFO] [Epoch 0 Batch {i} Global step {i}] {{'training_loss_step': "
-            f"{rnd.uniform(1, 3):.4f}, 'samples/sec': {rnd.uniform(90, 120):.2f}, 'lr': 0.0003}}")
+    return (
+        f"2025-01-01 12:00:00,125 [INFO] [Epoch 0 Batch {i} Global step {i}] {{'training_loss_step': "
+        f"{rnd.uniform(1, 3):.4f}, 'samples/sec': {rnd.uniform(90, 120):.2f}, 'lr': 0.0003}}"
+    )
 
 
 def make_log(n: int, share: float, seed: int = 1) -> bytes:
@@ -68,7 +70,7 @@ def make_log(n: int, share: float, seed: int = 1) -> bytes:
 
 
 def chunks(data: bytes, size: int = 65536) -> list[bytes]:
-    return [data[i:i + size] for i in range(0, len(data), size)]
+    return [data[i : i + size] for i in range(0, len(data), size)]
 
 
 def engine(pieces: list[bytes], rules: RunPolicySettings) -> int:
@@ -121,8 +123,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     rules = RunPolicySettings.model_validate({"logMonitoringConfiguration": yaml.safe_load(RULES)})
-    print(f"{len(rules.log_monitoring_configuration)} rules (AWS example set), {args.lines} lines, "
-          f"best of {args.repeat}")
+    print(
+        f"{len(rules.log_monitoring_configuration)} rules (AWS example set), {args.lines} lines, best of {args.repeat}"
+    )
     for label, share in (("mixed (5% progress lines)", 0.05), ("all progress lines", 1.0)):
         data = make_log(args.lines, share)
         pieces = chunks(data)
@@ -132,9 +135,11 @@ def main() -> None:
         t_floor = best(functools.partial(floor, pieces, rules), args.repeat)
         rate = n / t_engine
         verdict = "OK" if rate >= 500_000 else "UNDER TARGET"
-        print(f"{label:28s} engine {rate / 1e3:8.0f}k lines/s [{verdict}, target 500k]; "
-              f"naive re.match {n / t_naive / 1e3:6.0f}k lines/s (engine {t_naive / t_engine:4.1f}x faster); "
-              f"split-only floor {n / t_floor / 1e3:6.0f}k lines/s (engine at {t_floor / t_engine:4.0%} of it)")
+        print(
+            f"{label:28s} engine {rate / 1e3:8.0f}k lines/s [{verdict}, target 500k]; "
+            f"naive re.match {n / t_naive / 1e3:6.0f}k lines/s (engine {t_naive / t_engine:4.1f}x faster); "
+            f"split-only floor {n / t_floor / 1e3:6.0f}k lines/s (engine at {t_floor / t_engine:4.0%} of it)"
+        )
     hostile()
 
 
@@ -146,15 +151,19 @@ def hostile() -> None:
     for n in (16, 20, 22):
         t = time.perf_counter()
         rx.match("a" * n + "!")
-        print(f"hostile (a+)+$  re.match on {n + 1:2d} chars {time.perf_counter() - t:9.4f} s "
-              "(doubles with each character: 40 chars would take days)")
+        print(
+            f"hostile (a+)+$  re.match on {n + 1:2d} chars {time.perf_counter() - t:9.4f} s "
+            "(doubles with each character: 40 chars would take days)"
+        )
     for n in (40, 65535):
         rs = RuleSet([evil])
         t = time.perf_counter()
         events = rs.feed("a" * n + "!", 1.0)
         took = time.perf_counter() - t
-        print(f"hostile (a+)+$  engine   on {n + 1:5d} chars {took:9.6f} s, {len(events)} trips "
-              f"[{'OK' if took < 1 else 'TOO SLOW'}, target < 1 s]")
+        print(
+            f"hostile (a+)+$  engine   on {n + 1:5d} chars {took:9.6f} s, {len(events)} trips "
+            f"[{'OK' if took < 1 else 'TOO SLOW'}, target < 1 s]"
+        )
 
 
 if __name__ == "__main__":

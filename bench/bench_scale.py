@@ -77,13 +77,29 @@ def scenario(name: str, conf: str, ctld: int, repeat: int, work: str) -> dict[st
     for _ in range(repeat):
         op()
     wall, c1, s1 = time.perf_counter() - t0, os.times(), ctld_cpu(ctld)
-    cpu = (c1.user + c1.system + c1.children_user + c1.children_system
-           - c0.user - c0.system - c0.children_user - c0.children_system)
-    rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-           + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
-    return {"commands": len(runner.calls) / repeat, "bytes": runner.bytes_read / repeat, "wall": wall / repeat,
-            "cpu": cpu / repeat, "rss_mb": rss, "ctld": (s1 - s0) / repeat, "elapsed": wall,
-            "argv": sorted(set(runner.commands()))[:4]}
+    cpu = (
+        c1.user
+        + c1.system
+        + c1.children_user
+        + c1.children_system
+        - c0.user
+        - c0.system
+        - c0.children_user
+        - c0.children_system
+    )
+    rss = (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    ) / 1024
+    return {
+        "commands": len(runner.calls) / repeat,
+        "bytes": runner.bytes_read / repeat,
+        "wall": wall / repeat,
+        "cpu": cpu / repeat,
+        "rss_mb": rss,
+        "ctld": (s1 - s0) / repeat,
+        "elapsed": wall,
+        "argv": sorted(set(runner.commands()))[:4],
+    }
 
 
 def prepare(name: str, client: Any, work: str) -> Any:
@@ -98,8 +114,11 @@ def prepare(name: str, client: Any, work: str) -> Any:
 
         node = FakeNode.make(Path(work) / f"fake-{name}", "p5.48xlarge")
         collector = HealthCollector(load_config(node.root / "config.yaml").health, sources=[])
-        agent = Agent(AgentSettings(node_name="n1", state_dir=str(Path(work) / name), metrics_address="",
-                                    active_checks=False), client, collector)
+        agent = Agent(
+            AgentSettings(node_name="n1", state_dir=str(Path(work) / name), metrics_address="", active_checks=False),
+            client,
+            collector,
+        )
         agent.cycle()  # learns that no mark of its own is out
         if name == "agent_cycle":
             return agent.cycle
@@ -123,14 +142,21 @@ def prepare(name: str, client: Any, work: str) -> Any:
         from hpresilience.controller.loop import Controller
         from hpresilience.controller.settings import ControllerSettings
 
-        ctl = Controller(ControllerSettings.model_validate(
-            {"state_dir": str(Path(work) / "ctl"), "dry_run": True, "metrics_address": "",
-             "max_concurrent": REPAIRS}), client)
+        ctl = Controller(
+            ControllerSettings.model_validate(
+                {
+                    "state_dir": str(Path(work) / "ctl"),
+                    "dry_run": True,
+                    "metrics_address": "",
+                    "max_concurrent": REPAIRS,
+                }
+            ),
+            client,
+        )
         ctl.cycle()
         assert len(ctl.records) == REPAIRS, len(ctl.records)
         return ctl.cycle
     raise SystemExit(f"unknown scenario {name}")
-
 
 
 # -- issue 27: what a running job costs, detection, the controller with a long queue, the agent process ------
@@ -166,8 +192,13 @@ def simulated_pollers(client: Any, ctld: int, idle: float, job: int, pollers: in
                 pool.submit(poll, watches[i % pollers])
 
     cpu, wall = measure_ctld(ctld, idle, run)
-    return {"calls": done[0], "ctld_s": cpu, "wall": wall, "per_call_ms": cpu * 1000 / max(1, done[0]),
-            "rate": done[0] / wall}
+    return {
+        "calls": done[0],
+        "ctld_s": cpu,
+        "wall": wall,
+        "per_call_ms": cpu * 1000 / max(1, done[0]),
+        "rate": done[0] / wall,
+    }
 
 
 def watcher(conf: str, job: int, out: str) -> None:
@@ -215,8 +246,9 @@ def detection(client: Any, work: str, job: int, trials: int) -> tuple[list[float
     from hpresilience.slurm.notice import read_notice
 
     out = Path(work, "watcher.jsonl")
-    ctl = Controller(ControllerSettings.model_validate({"state_dir": str(Path(work) / "ctl-notices"),
-                                                        "metrics_address": ""}), client)
+    ctl = Controller(
+        ControllerSettings.model_validate({"state_dir": str(Path(work) / "ctl-notices"), "metrics_address": ""}), client
+    )
     ctl.start_jobs_thread()
     got: list[float] = []
     try:
@@ -270,9 +302,18 @@ def controller_pass(client: Any, ctld: int, idle: float, work: str, repeat: int)
     from hpresilience.controller.settings import ControllerSettings
     from hpresilience.slurm.jobs import requeued_jobs_held
 
-    ctl = Controller(ControllerSettings.model_validate(
-        {"state_dir": str(Path(work) / f"ctl-pass-{time.time_ns()}"), "dry_run": True, "metrics_address": "",
-         "max_concurrent": REPAIRS, "release_scan_every_s": 0}), client)
+    ctl = Controller(
+        ControllerSettings.model_validate(
+            {
+                "state_dir": str(Path(work) / f"ctl-pass-{time.time_ns()}"),
+                "dry_run": True,
+                "metrics_address": "",
+                "max_concurrent": REPAIRS,
+                "release_scan_every_s": 0,
+            }
+        ),
+        client,
+    )
     ctl.cycle()
     ctl.jobs_tick(0.0)
     clock = [10.0]
@@ -295,8 +336,9 @@ def submit_pending(env: dict[str, str], count: int) -> float:
     t0 = time.monotonic()
 
     def one(_: int) -> None:
-        subprocess.run(["sbatch", "-H", "-o", "/dev/null", "--wrap", "true"], env=env, check=True,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            ["sbatch", "-H", "-o", "/dev/null", "--wrap", "true"], env=env, check=True, capture_output=True, timeout=120
+        )
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         for i, _ in enumerate(pool.map(one, range(count)), 1):
@@ -331,10 +373,24 @@ def agent_process(cl: Any, work: str, seconds: float, interval: float) -> dict[s
             peak_tree = max(peak_tree, (proc.memory_info().rss + kids) / 2**20)
             time.sleep(0.02)
         c1 = proc.cpu_times()
-        hwm = next(int(line.split()[1]) for line in Path(f"/proc/{p.pid}/status").read_text().splitlines()
-                   if line.startswith("VmHWM")) / 1024
-        cpu = (c1.user + c1.system + c1.children_user + c1.children_system
-               - c0.user - c0.system - c0.children_user - c0.children_system)
+        hwm = (
+            next(
+                int(line.split()[1])
+                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM")
+            )
+            / 1024
+        )
+        cpu = (
+            c1.user
+            + c1.system
+            + c1.children_user
+            + c1.children_system
+            - c0.user
+            - c0.system
+            - c0.children_user
+            - c0.children_system
+        )
     finally:
         p.terminate()
         p.wait(10)
@@ -342,20 +398,39 @@ def agent_process(cl: Any, work: str, seconds: float, interval: float) -> dict[s
 
 
 # -- the driver ---------------------------------------------------------------------------------------
-ROWS = [("full", "full table: SlurmClient.nodes() (before)", 3),
-        ("agent_cycle", "agent: healthy cycle", 0),
-        ("agent_own_node", "agent: own node (active check due / finding)", 0),
-        ("agent_mark_reads", "agent: own node + ceiling view (mark about to be made)", 0),
-        ("wrapper_poll_2", "wrapper poll before: 2-node step's nodes", 0),
-        ("wrapper_poll_64", "wrapper poll before: 64-node step's nodes", 0),
-        ("wrapper_notice", "wrapper poll now: its own job (notice)", 0),
-        ("wrapper_job", "wrapper: job read (per attempt)", 0),
-        ("controller_cycle", f"controller cycle, {REPAIRS} nodes to repair", 5)]
+ROWS = [
+    ("full", "full table: SlurmClient.nodes() (before)", 3),
+    ("agent_cycle", "agent: healthy cycle", 0),
+    ("agent_own_node", "agent: own node (active check due / finding)", 0),
+    ("agent_mark_reads", "agent: own node + ceiling view (mark about to be made)", 0),
+    ("wrapper_poll_2", "wrapper poll before: 2-node step's nodes", 0),
+    ("wrapper_poll_64", "wrapper poll before: 64-node step's nodes", 0),
+    ("wrapper_notice", "wrapper poll now: its own job (notice)", 0),
+    ("wrapper_job", "wrapper: job read (per attempt)", 0),
+    ("controller_cycle", f"controller cycle, {REPAIRS} nodes to repair", 5),
+]
 
 
 def run_child(name: str, conf: str, ctld: int, repeat: int, work: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--child", name, "--conf", conf, "--ctld", str(ctld),
-                          "--repeat", str(repeat), "--work", work], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            name,
+            "--conf",
+            conf,
+            "--ctld",
+            str(ctld),
+            "--repeat",
+            str(repeat),
+            "--work",
+            work,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -397,17 +472,31 @@ def main() -> None:
     setup_logging("error", json=True)
     with tempfile.TemporaryDirectory(prefix="hpr-bench-scale-") as tmp:
         # With slurmdbd, as production clusters: the controller learns the running batch jobs from it.
-        cl = DevCluster(state_dir=Path(tmp) / "cluster", nodes=4, base_port=args.base_port, accounting=True,
-                        extra_nodes=args.extra_nodes, overrides={"MaxJobCount": str(args.pending + 1000)})
+        cl = DevCluster(
+            state_dir=Path(tmp) / "cluster",
+            nodes=4,
+            base_port=args.base_port,
+            accounting=True,
+            extra_nodes=args.extra_nodes,
+            overrides={"MaxJobCount": str(args.pending + 1000)},
+        )
         t = time.monotonic()
         cl.up(timeout=120)
         print(f"devcluster: 4 real + {args.extra_nodes} powered-down p5 nodes, up in {time.monotonic() - t:.1f} s")
         try:
             client = cl.client(timeout=60)
             # The job's batch step runs the wrapper's NodeWatch on itself (`watcher`), to be leased and nudged.
-            job = client.sbatch("-N2", "-w", "n1,n2", "-o", str(Path(tmp, "watcher.out")), "--wrap",
-                                f"exec {sys.executable} {Path(__file__).resolve()} --watcher $SLURM_JOB_ID "
-                                f"--conf {cl.conf_path} --work {tmp}", env={**cl.env(), "PYTHONPATH": str(REPO)})
+            job = client.sbatch(
+                "-N2",
+                "-w",
+                "n1,n2",
+                "-o",
+                str(Path(tmp, "watcher.out")),
+                "--wrap",
+                f"exec {sys.executable} {Path(__file__).resolve()} --watcher $SLURM_JOB_ID "
+                f"--conf {cl.conf_path} --work {tmp}",
+                env={**cl.env(), "PYTHONPATH": str(REPO)},
+            )
             client.wait_running(job)
             Path(tmp, "job").write_text(str(job))
             bad = [f"gpu-st-p5-{i}" for i in range(101, 101 + REPAIRS)]
@@ -446,20 +535,25 @@ def main() -> None:
         finally:
             cl.down()
     full = rows["full"]
-    hdr = (f"{'what':50} {'cmds':>5} {'bytes':>11} {'wall ms':>9} {'cpu ms':>8} {'peak MB':>8} {'ctld ms':>8}"
-           f"   ratios vs full (bytes, wall, cpu, rss, ctld)")
+    hdr = (
+        f"{'what':50} {'cmds':>5} {'bytes':>11} {'wall ms':>9} {'cpu ms':>8} {'peak MB':>8} {'ctld ms':>8}"
+        f"   ratios vs full (bytes, wall, cpu, rss, ctld)"
+    )
     print(hdr)
     for name, label, _ in ROWS:
         r = rows[name]
-        print(f"{label:50} {r['commands']:5.1f} {r['bytes']:11,.0f} {r['wall'] * 1000:9.1f} {r['cpu'] * 1000:8.1f} "
-              f"{r['rss_mb']:8.1f} {r['ctld'] * 1000:8.2f}   "
-              f"{ratio(r['bytes'], full['bytes'])}, {ratio(r['wall'], full['wall'])}, {ratio(r['cpu'], full['cpu'])}, "
-              f"{ratio(r['rss_mb'], full['rss_mb'])}, {ratio(r['ctld'], full['ctld'])}")
+        print(
+            f"{label:50} {r['commands']:5.1f} {r['bytes']:11,.0f} {r['wall'] * 1000:9.1f} {r['cpu'] * 1000:8.1f} "
+            f"{r['rss_mb']:8.1f} {r['ctld'] * 1000:8.2f}   "
+            f"{ratio(r['bytes'], full['bytes'])}, {ratio(r['wall'], full['wall'])}, {ratio(r['cpu'], full['cpu'])}, "
+            f"{ratio(r['rss_mb'], full['rss_mb'])}, {ratio(r['ctld'], full['ctld'])}"
+        )
     a, w = AgentSettings(), AutoResumeSettings()
     agents, jobs = 10_000, 200
     # Healthy agents ask nothing each cycle; each looks at its own node once per active-check interval.
-    agent_now = agents * (rows["agent_cycle"]["ctld"] / a.passive_interval_s
-                          + rows["agent_own_node"]["ctld"] / a.active_interval_s)
+    agent_now = agents * (
+        rows["agent_cycle"]["ctld"] / a.passive_interval_s + rows["agent_own_node"]["ctld"] / a.active_interval_s
+    )
     agent_before = agents * full["ctld"] / a.passive_interval_s
     wrap_before = rows["wrapper_poll_2"]["ctld"] / w.poll_interval_s  # per job-second
     full_check = rows["wrapper_poll_2"]["ctld"] / w.full_node_check_s if w.full_node_check_s else 0.0
@@ -468,45 +562,70 @@ def main() -> None:
     wrap_polling = read_s / w.poll_interval_s + full_check
     # Watched: its job every WATCHED_READ_S (and once per nudge, per event), the controller's lease every
     # RENEW_EVERY_S, and its share of the controller's listing (slurmdbd's: ~0 here).
-    wrap_now = (read_s / WATCHED_READ_S + costs["lease_ms"] / 1000 / RENEW_EVERY_S
-                + costs["sacct_ms"] / 1000 / ControllerSettings().watch_jobs_every_s / jobs)
+    wrap_now = (
+        read_s / WATCHED_READ_S
+        + costs["lease_ms"] / 1000 / RENEW_EVERY_S
+        + costs["sacct_ms"] / 1000 / ControllerSettings().watch_jobs_every_s / jobs
+    )
     print("\nprojected slurmctld load (CPU s per s), measured per-query costs above:")
-    print(f"  {agents} agents, passive {a.passive_interval_s:g} s / active {a.active_interval_s:g} s: "
-          f"{agent_now:.4f} now vs {agent_before:.2f} with a full-table read per cycle "
-          f"(ratio {ratio(agent_now, agent_before)})")
-    print(f"\n{args.pollers} simulated auto-resume pollers (own-job read each second), {polled['calls']} reads in "
-          f"{polled['wall']:.1f} s ({polled['rate']:.0f}/s achieved):"
-          f" slurmctld {polled['per_call_ms']:.3f} ms per read")
-    print(f"  controller, per watched job: lease write (read + update) {costs['lease_ms']:.3f} ms every "
-          f"{RENEW_EVERY_S} s; nudge {costs['nudge_ms']:.3f} ms per notice; running-batch listing (sacct, "
-          f"every {ControllerSettings().watch_jobs_every_s:g} s) {costs['sacct_ms']:.3f} ms of slurmctld")
-    print(f"  watched wrapper, quiet: {idle_reads['reads']} own-job reads in {idle_reads['seconds']:.1f} s "
-          f"(safety read every {WATCHED_READ_S:g} s)")
-    print(f"  per auto-resume job-second, watched (a controller runs): {wrap_now * 1000:.4f} ms (own job every "
-          f"{WATCHED_READ_S:g} s + lease every {RENEW_EVERY_S} s)")
-    print(f"  per auto-resume job-second, not watched (no controller; salloc): {wrap_polling * 1000:.3f} ms (own job "
-          f"each {w.poll_interval_s:g} s + the step's nodes every full_node_check_s={w.full_node_check_s:g} s: "
-          f"{full_check * 1000:.3f} ms)")
+    print(
+        f"  {agents} agents, passive {a.passive_interval_s:g} s / active {a.active_interval_s:g} s: "
+        f"{agent_now:.4f} now vs {agent_before:.2f} with a full-table read per cycle "
+        f"(ratio {ratio(agent_now, agent_before)})"
+    )
+    print(
+        f"\n{args.pollers} simulated auto-resume pollers (own-job read each second), {polled['calls']} reads in "
+        f"{polled['wall']:.1f} s ({polled['rate']:.0f}/s achieved):"
+        f" slurmctld {polled['per_call_ms']:.3f} ms per read"
+    )
+    print(
+        f"  controller, per watched job: lease write (read + update) {costs['lease_ms']:.3f} ms every "
+        f"{RENEW_EVERY_S} s; nudge {costs['nudge_ms']:.3f} ms per notice; running-batch listing (sacct, "
+        f"every {ControllerSettings().watch_jobs_every_s:g} s) {costs['sacct_ms']:.3f} ms of slurmctld"
+    )
+    print(
+        f"  watched wrapper, quiet: {idle_reads['reads']} own-job reads in {idle_reads['seconds']:.1f} s "
+        f"(safety read every {WATCHED_READ_S:g} s)"
+    )
+    print(
+        f"  per auto-resume job-second, watched (a controller runs): {wrap_now * 1000:.4f} ms (own job every "
+        f"{WATCHED_READ_S:g} s + lease every {RENEW_EVERY_S} s)"
+    )
+    print(
+        f"  per auto-resume job-second, not watched (no controller; salloc): {wrap_polling * 1000:.3f} ms (own job "
+        f"each {w.poll_interval_s:g} s + the step's nodes every full_node_check_s={w.full_node_check_s:g} s: "
+        f"{full_check * 1000:.3f} ms)"
+    )
     print(f"  vs {wrap_before * 1000:.2f} ms before (the step's nodes each poll): {ratio(wrap_before, wrap_now)}x less")
     print(f"  {jobs} jobs: {jobs * wrap_now:.4f} CPU s per s now vs {jobs * wrap_before:.2f} before")
-    print(f"detection (controller job thread every {ControllerSettings().notify_jobs_every_s:g} s, notice + nudge; "
-          f"the watched wrapper in the job's batch step), {len(detected)} trials: "
-          + ", ".join(f"{d:.2f} s" for d in detected))
-    print(f"controller cycle + job-thread pass: {ctl_empty['pass_ms']:.2f} ms slurmctld with 0 pending jobs, "
-          f"{ctl_full['pass_ms']:.2f} ms with {queued} (ratio {ratio(ctl_full['pass_ms'], ctl_empty['pass_ms'])}); "
-          f"the whole-queue scan (every release_scan_every_s={ControllerSettings().release_scan_every_s:g} s): "
-          f"{ctl_empty['scan_ms']:.2f} -> {ctl_full['scan_ms']:.2f} ms")
-    print(f"agent process (healthy, passive every 5 s, {args.agent_s:g} s): VmHWM {agent['hwm_mb']:.1f} MB, peak with "
-          f"children {agent['peak_tree_mb']:.1f} MB, CPU {agent['cpu_pct']:.2f} % of a core")
+    print(
+        f"detection (controller job thread every {ControllerSettings().notify_jobs_every_s:g} s, notice + nudge; "
+        f"the watched wrapper in the job's batch step), {len(detected)} trials: "
+        + ", ".join(f"{d:.2f} s" for d in detected)
+    )
+    print(
+        f"controller cycle + job-thread pass: {ctl_empty['pass_ms']:.2f} ms slurmctld with 0 pending jobs, "
+        f"{ctl_full['pass_ms']:.2f} ms with {queued} (ratio {ratio(ctl_full['pass_ms'], ctl_empty['pass_ms'])}); "
+        f"the whole-queue scan (every release_scan_every_s={ControllerSettings().release_scan_every_s:g} s): "
+        f"{ctl_empty['scan_ms']:.2f} -> {ctl_full['scan_ms']:.2f} ms"
+    )
+    print(
+        f"agent process (healthy, passive every 5 s, {args.agent_s:g} s): VmHWM {agent['hwm_mb']:.1f} MB, peak with "
+        f"children {agent['peak_tree_mb']:.1f} MB, CPU {agent['cpu_pct']:.2f} % of a core"
+    )
     poll = rows["wrapper_notice"]
-    print(f"\ntargets: agent healthy cycle 0 commands -> {rows['agent_cycle']['commands']:g}; wrapper poll <= 16 KB "
-          f"-> {poll['bytes'] / 1000:.1f} KB, <= 50 ms CPU -> {poll['cpu'] * 1000:.1f} ms; "
-          f"controller cycle ({REPAIRS} to repair) <= 300 ms CPU -> {rows['controller_cycle']['cpu'] * 1000:.0f} ms")
-    print(f"issue 27: <= 0.5 ms slurmctld per job-second -> {wrap_now * 1000:.4f} ms watched "
-          f"({wrap_polling * 1000:.3f} ms without a controller); detection <= 2 s -> "
-          f"max {max(detected):.2f} s; controller with {queued} pending ~ with none -> "
-          f"{ctl_full['pass_ms']:.2f} vs {ctl_empty['pass_ms']:.2f} ms; agent <= 60 MB -> "
-          f"{agent['peak_tree_mb']:.1f} MB")
+    print(
+        f"\ntargets: agent healthy cycle 0 commands -> {rows['agent_cycle']['commands']:g}; wrapper poll <= 16 KB "
+        f"-> {poll['bytes'] / 1000:.1f} KB, <= 50 ms CPU -> {poll['cpu'] * 1000:.1f} ms; "
+        f"controller cycle ({REPAIRS} to repair) <= 300 ms CPU -> {rows['controller_cycle']['cpu'] * 1000:.0f} ms"
+    )
+    print(
+        f"issue 27: <= 0.5 ms slurmctld per job-second -> {wrap_now * 1000:.4f} ms watched "
+        f"({wrap_polling * 1000:.3f} ms without a controller); detection <= 2 s -> "
+        f"max {max(detected):.2f} s; controller with {queued} pending ~ with none -> "
+        f"{ctl_full['pass_ms']:.2f} vs {ctl_empty['pass_ms']:.2f} ms; agent <= 60 MB -> "
+        f"{agent['peak_tree_mb']:.1f} MB"
+    )
 
 
 if __name__ == "__main__":

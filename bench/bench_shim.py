@@ -50,15 +50,17 @@ def main() -> None:
         fillers = [str(root / f"empty{i}") for i in range(8)]
         for f in fillers:
             Path(f).mkdir()
-        env = {"PATH": ":".join([str(root / "shim"), *fillers, str(root / "slurm"), str(root / "hp"),
-                                 "/usr/bin", "/bin"])}
+        env = {
+            "PATH": ":".join([str(root / "shim"), *fillers, str(root / "slurm"), str(root / "hp"), "/usr/bin", "/bin"])
+        }
         shim = str(root / "shim" / "srun")
         target = str(root / "slurm" / "srun")
         cases = {
             "plain srun (pass-through)": ([shim, *ARGS], [target, *ARGS]),
             "srun --auto-resume=1 (to the exec of hpresilience)": (
-                [shim, "-N", "2", "--auto-resume=1", *ARGS[2:]], [str(root / "hp" / "hpresilience"), "srun", "--",
-                                                                 *ARGS]),
+                [shim, "-N", "2", "--auto-resume=1", *ARGS[2:]],
+                [str(root / "hp" / "hpresilience"), "srun", "--", *ARGS],
+            ),
         }
         print(f"{args.samples} samples each, interleaved; target: a link to {true}")
         for label, (with_shim, direct) in cases.items():
@@ -72,8 +74,10 @@ def main() -> None:
             ma, mb = statistics.median(a), statistics.median(b)
             added = (ma - mb) * 1e3
             verdict = "OK" if added <= 5.0 else "OVER TARGET"
-            print(f"{label:52s} direct {mb * 1e3:6.2f} ms, via shim {ma * 1e3:6.2f} ms median: "
-                  f"added {added:5.2f} ms [{verdict}, target <= 5 ms] ({ma / mb:4.2f}x the direct exec)")
+            print(
+                f"{label:52s} direct {mb * 1e3:6.2f} ms, via shim {ma * 1e3:6.2f} ms median: "
+                f"added {added:5.2f} ms [{verdict}, target <= 5 ms] ({ma / mb:4.2f}x the direct exec)"
+            )
 
 
 if __name__ == "__main__":

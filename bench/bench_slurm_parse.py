@@ -60,29 +60,37 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    for label, fixture in (("scontrol --json show node (v0.0.41)", "node_p5_v0.0.41.json"),
-                           ("sinfo --json (v0.0.38, Slurm 22.05)", "sinfo_v0.0.38.json")):
+    for label, fixture in (
+        ("scontrol --json show node (v0.0.41)", "node_p5_v0.0.41.json"),
+        ("sinfo --json (v0.0.38, Slurm 22.05)", "sinfo_v0.0.38.json"),
+    ):
         text = generate(fixture, args.nodes)
         n = len(parse_nodes_json(text))
         assert n == args.nodes
         best, med = best_of(lambda text=text: parse_nodes_json(text), args.repeat)
         base, _ = best_of(lambda text=text: json.loads(text), args.repeat)
         verdict = "OK" if med < 1.0 else "OVER TARGET"
-        print(f"{label}: {n} nodes, {len(text) / 1e6:.1f} MB: parse best {best * 1000:.0f} ms, "
-              f"median {med * 1000:.0f} ms (target < 1000 ms: {verdict}); json.loads alone {base * 1000:.0f} ms, "
-              f"parse/json.loads = {best / base:.2f}x; {len(text) / n / 1000:.1f} KB per node")
+        print(
+            f"{label}: {n} nodes, {len(text) / 1e6:.1f} MB: parse best {best * 1000:.0f} ms, "
+            f"median {med * 1000:.0f} ms (target < 1000 ms: {verdict}); json.loads alone {base * 1000:.0f} ms, "
+            f"parse/json.loads = {best / base:.2f}x; {len(text) / n / 1000:.1f} KB per node"
+        )
     # What one wrapper poll of a 2-node step parses now, against the 10,000-node JSON of the same run.
     full = generate("node_p5_v0.0.41.json", args.nodes)
     full_t, _ = best_of(lambda: parse_nodes_json(full), max(1, args.repeat // 2))
     two_json = generate("node_p5_v0.0.41.json", 2)
     lines = (FIXTURES / "show_node_oneliner_22.05.txt").read_text().splitlines()[:2]
     two_text = "\n".join(lines) + "\n"
-    cases = (("2 nodes, scontrol --json show node (23.02+)", lambda: parse_nodes_json(two_json), len(two_json)),
-             ("2 nodes, scontrol show node -o (22.05)", lambda: parse_nodes_oneliner(two_text), len(two_text)))
+    cases = (
+        ("2 nodes, scontrol --json show node (23.02+)", lambda: parse_nodes_json(two_json), len(two_json)),
+        ("2 nodes, scontrol show node -o (22.05)", lambda: parse_nodes_oneliner(two_text), len(two_text)),
+    )
     for label, fn, size in cases:
         t, _ = best_of(lambda fn=fn: [fn() for _ in range(100)], args.repeat)
-        print(f"{label}: {size / 1000:.1f} KB, parse {t * 10:.3f} ms; ratio to the {args.nodes}-node parse "
-              f"{t / 100 / full_t:.6f}")
+        print(
+            f"{label}: {size / 1000:.1f} KB, parse {t * 10:.3f} ms; ratio to the {args.nodes}-node parse "
+            f"{t / 100 / full_t:.6f}"
+        )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def _set_global(name: str) -> Any:
         c = ctx.find_object(Ctx)
         if c is not None and value not in (None, False):
             setattr(c, name, value)
+
     return callback
 
 
@@ -69,37 +70,44 @@ def accept_global_options(cmd: click.Command) -> None:
     for opts, kwargs, attr in extra:
         free = [o for o in opts if o not in taken]
         if free:
-            cmd.params.append(click.Option(free, expose_value=False, hidden=True, callback=_set_global(attr),
-                                           **kwargs))
+            cmd.params.append(click.Option(free, expose_value=False, hidden=True, callback=_set_global(attr), **kwargs))
     _WITH_GLOBAL_OPTIONS.add(cmd)
     if isinstance(cmd, click.Group):
         for sub in cmd.commands.values():
             accept_global_options(sub)
 
 
-LAZY_COMMANDS: Registry[click.Command] = Registry("command", {
-    "devcluster": "hpresilience.commands.devcluster:devcluster",
-    "demo": "hpresilience.commands.demo:demo",
-    "nodes": "hpresilience.commands.nodes:nodes",
-    "check": "hpresilience.commands.check:check",
-    "agent": "hpresilience.commands.agent:agent",
-    "controller": "hpresilience.commands.controller:controller",
-    "replace": "hpresilience.commands.controller:replace",
-    "status": "hpresilience.commands.controller:status",
-    "events": "hpresilience.commands.events:events",
-    "srun": "hpresilience.commands.srun:srun",
-    "install": "hpresilience.commands.install:install",
-    "uninstall": "hpresilience.commands.install:uninstall",
-    "epilog": "hpresilience.commands.epilog:epilog",
-    "job": "hpresilience.commands.goodput:job",
-    "goodput": "hpresilience.commands.goodput:goodput",
-})
+LAZY_COMMANDS: Registry[click.Command] = Registry(
+    "command",
+    {
+        "devcluster": "hpresilience.commands.devcluster:devcluster",
+        "demo": "hpresilience.commands.demo:demo",
+        "nodes": "hpresilience.commands.nodes:nodes",
+        "check": "hpresilience.commands.check:check",
+        "agent": "hpresilience.commands.agent:agent",
+        "controller": "hpresilience.commands.controller:controller",
+        "replace": "hpresilience.commands.controller:replace",
+        "status": "hpresilience.commands.controller:status",
+        "events": "hpresilience.commands.events:events",
+        "srun": "hpresilience.commands.srun:srun",
+        "install": "hpresilience.commands.install:install",
+        "uninstall": "hpresilience.commands.install:uninstall",
+        "epilog": "hpresilience.commands.epilog:epilog",
+        "job": "hpresilience.commands.goodput:job",
+        "goodput": "hpresilience.commands.goodput:goodput",
+    },
+)
 
 
 @click.group(cls=LazyGroup, lazy=LAZY_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpresilience")
-@click.option("--config", "config_path", envvar="HPRESILIENCE_CONFIG", type=click.Path(dir_okay=False),
-              help="Configuration file (YAML). Default: $HPRESILIENCE_CONFIG or /etc/hpresilience/config.yaml.")
+@click.option(
+    "--config",
+    "config_path",
+    envvar="HPRESILIENCE_CONFIG",
+    type=click.Path(dir_okay=False),
+    help="Configuration file (YAML). Default: $HPRESILIENCE_CONFIG or /etc/hpresilience/config.yaml.",
+)
 @click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON output for commands that report.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging, and tracebacks on errors.")
 @click.pass_context

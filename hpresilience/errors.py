@@ -41,8 +41,9 @@ class ExternalError(HPResilienceError):
 class SlurmError(ExternalError):
     """A Slurm command failed; carries the command, its exit code and its stderr."""
 
-    def __init__(self, argv: list[str] | tuple[str, ...], returncode: int | None, stderr: str,
-                 message: str | None = None) -> None:
+    def __init__(
+        self, argv: list[str] | tuple[str, ...], returncode: int | None, stderr: str, message: str | None = None
+    ) -> None:
         self.argv = tuple(argv)
         self.returncode = returncode
         self.stderr = stderr.strip()

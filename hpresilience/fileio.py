@@ -21,8 +21,9 @@ from hpresilience.log import get_logger
 log = get_logger("hpresilience")
 
 
-def atomic_write(path: Path | str, data: bytes | str, *, mode: int | None = None, fsync: bool = False,
-                 make_parents: bool = True) -> None:
+def atomic_write(
+    path: Path | str, data: bytes | str, *, mode: int | None = None, fsync: bool = False, make_parents: bool = True
+) -> None:
     """Write a whole file so that readers see the old file or the new one, never half of it: the one atomic
     write of the package (every state file, marker, metrics file and checkpoint index goes through it).
 
@@ -126,8 +127,10 @@ def require_writable_dir(path: Path | str, what: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise ConfigError(f"cannot write {what} {p} ({err.strerror or err}): set it to a writable directory, or "
-                          "under systemd list it in the unit's StateDirectory= or ReadWritePaths=") from None
+        raise ConfigError(
+            f"cannot write {what} {p} ({err.strerror or err}): set it to a writable directory, or "
+            "under systemd list it in the unit's StateDirectory= or ReadWritePaths="
+        ) from None
 
 
 # Limits on what a YAML file may hold. Configuration, rules and profiles are a few KiB; these are far above
@@ -249,7 +252,7 @@ def _decode(p: Path, raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
+        line = raw[: err.start].count(b"\n") + 1
         raise ConfigError(f"{p}: {what} is not UTF-8 text (byte 0x{raw[err.start]:02x} at line {line})") from None
 
 

@@ -71,8 +71,9 @@ class MetricsServer:
         self.httpd.server_close()
 
 
-def start_metrics_server(registry: CollectorRegistry, address: str, healthy: Callable[[], bool],
-                         daemon: str) -> MetricsServer | None:
+def start_metrics_server(
+    registry: CollectorRegistry, address: str, healthy: Callable[[], bool], daemon: str
+) -> MetricsServer | None:
     """Start the server, or log `metrics_server_not_started` and return None when the address cannot be
     bound (port taken, an address this host lacks): the daemon's checks and repairs matter more than its
     metrics, and a crash here would become a restart loop under systemd's Restart=on-failure."""

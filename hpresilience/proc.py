@@ -121,13 +121,20 @@ def resolve(tool: str) -> str | None:
     return shutil.which(tool)
 
 
-def _popen(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None, stdin: int,
-           stdout: int | IO[bytes], stderr: int) -> subprocess.Popen[bytes]:
+def _popen(
+    argv: list[str],
+    env: dict[str, str] | None,
+    cwd: str | Path | None,
+    stdin: int,
+    stdout: int | IO[bytes],
+    stderr: int,
+) -> subprocess.Popen[bytes]:
     if not argv:
         raise ExternalError("cannot run an empty command")
     try:
-        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, start_new_session=True
+        )
     except FileNotFoundError as err:
         if cwd is not None and str(err.filename) == str(cwd):
             raise ExternalError(f"cannot run {argv[0]!r}: no directory {str(cwd)!r}") from None
@@ -142,10 +149,17 @@ def _env(env: Mapping[str, str] | None, extra_env: Mapping[str, str] | None) -> 
     return {**(env if env is not None else os.environ), **(extra_env or {})}
 
 
-def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = None,
-        extra_env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-        input_text: str | None = None, output: Path | IO[bytes] | None = None,
-        kill_leftovers: bool = True) -> Result:
+def run(
+    argv: Sequence[str],
+    timeout: float,
+    *,
+    env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    input_text: str | None = None,
+    output: Path | IO[bytes] | None = None,
+    kill_leftovers: bool = True,
+) -> Result:
     """Run `argv` to completion, or kill its process group `timeout` seconds after it started.
 
     `env` replaces the environment (None: this process's), `extra_env` is laid over it. Output is captured
@@ -162,14 +176,26 @@ def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = 
     return _run(args, timeout, _env(env, extra_env), cwd, input_text, output, kill_leftovers, tracker)
 
 
-def _run(argv: list[str], timeout: float, env: dict[str, str] | None, cwd: str | Path | None,
-         input_text: str | None, output: IO[bytes] | None, kill_leftovers: bool,
-         tracker: ProcessTracker | None) -> Result:
+def _run(
+    argv: list[str],
+    timeout: float,
+    env: dict[str, str] | None,
+    cwd: str | Path | None,
+    input_text: str | None,
+    output: IO[bytes] | None,
+    kill_leftovers: bool,
+    tracker: ProcessTracker | None,
+) -> Result:
     start_offset = output.seek(0, os.SEEK_END) if output is not None else 0
     started = time.monotonic()
-    proc = _popen(argv, env, cwd, subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                  output if output is not None else subprocess.PIPE,
-                  subprocess.STDOUT if output is not None else subprocess.PIPE)
+    proc = _popen(
+        argv,
+        env,
+        cwd,
+        subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+        output if output is not None else subprocess.PIPE,
+        subprocess.STDOUT if output is not None else subprocess.PIPE,
+    )
     _register(tracker, proc.pid)
     data = input_text.encode() if input_text is not None else None
     timed_out = False
@@ -215,8 +241,9 @@ def _tail(f: IO[bytes], start: int) -> str:
 def background(argv: Sequence[str], *, extra_env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """A command running beside the caller's work (a loopback test's server), its output discarded; its whole
     group is killed and reaped when the block ends, however it ends."""
-    proc = _popen([str(a) for a in argv], _env(None, extra_env), None, subprocess.DEVNULL, subprocess.DEVNULL,
-                  subprocess.DEVNULL)
+    proc = _popen(
+        [str(a) for a in argv], _env(None, extra_env), None, subprocess.DEVNULL, subprocess.DEVNULL, subprocess.DEVNULL
+    )
     tracker = current_tracker()
     _register(tracker, proc.pid)
     try:

@@ -59,8 +59,7 @@ PERSON_PREFIX = "hpr: needs a person"
 _ACTION = re.compile(r"^\s*Action\s*:\s*(Replace|Reboot)\b", re.IGNORECASE)
 # Where agent_reason/controller_reason put the tag: first, or right after the action word. A tag anywhere
 # else is someone's text (an operator quoting ours), and must not hand the node to one of our parts.
-_OWNER = re.compile(r"^\s*(?:Action\s*:\s*(?:Replace|Reboot)\b\s*)?(\[hpr-agent\]|\[hpr-controller\])",
-                    re.IGNORECASE)
+_OWNER = re.compile(r"^\s*(?:Action\s*:\s*(?:Replace|Reboot)\b\s*)?(\[hpr-agent\]|\[hpr-controller\])", re.IGNORECASE)
 _PERSON = re.compile(r"^\s*(hpr:)(?=\s*needs a person)", re.IGNORECASE)
 
 
@@ -79,7 +78,7 @@ def parse_reason(reason: str) -> ParsedReason:
     action = Action(m.group(1).lower()) if m else None
     tag = _OWNER.match(text) or _PERSON.match(text)
     owner = None if tag is None else "agent" if tag.group(1).lower() == AGENT_TAG else "controller"
-    detail = text[tag.end():] if tag else text[m.end():] if m else text
+    detail = text[tag.end() :] if tag else text[m.end() :] if m else text
     detail = detail.strip(" :-")
     return ParsedReason(action, owner, detail)
 
@@ -95,8 +94,10 @@ class PlannedKind(str, Enum):
 # hpresilience.torch's PreemptionConfig.notice_file defaults to it, and trusts it only when root owns both.
 NODE_NOTICE_FILE = "/run/hpresilience/notice.json"
 
-_PLANNED = re.compile(r"^\s*\[hpr-agent\]\s*Planned\s*:\s*(\w+)\s+by\s+(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\s*(.*)$",
-                      re.IGNORECASE | re.DOTALL)
+_PLANNED = re.compile(
+    r"^\s*\[hpr-agent\]\s*Planned\s*:\s*(\w+)\s+by\s+(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\s*(.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,14 @@ class Registry(Generic[T]):
     Entries given here win over entry points of the same name.
     """
 
-    def __init__(self, kind: str, entries: Mapping[str, T | str] | None = None, *,
-                 validate: Callable[[Any], None] | None = None, entry_point_group: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        entries: Mapping[str, T | str] | None = None,
+        *,
+        validate: Callable[[Any], None] | None = None,
+        entry_point_group: str | None = None,
+    ) -> None:
         self.kind = kind
         self._entries: dict[str, T | str] = dict(entries or {})
         self._validate = validate
@@ -58,14 +64,17 @@ class Registry(Generic[T]):
     @overload
     def register(self, name: str, target: T | str, *, replace: bool = False) -> T | str: ...
 
-    def register(self, name: str, target: T | str | None = None, *,
-                 replace: bool = False) -> Callable[[T], T] | T | str:
+    def register(
+        self, name: str, target: T | str | None = None, *, replace: bool = False
+    ) -> Callable[[T], T] | T | str:
         """Add `target` under `name`; without a target, a decorator. A second, different entry for a name
         is a programming error unless `replace` says it is meant."""
         if target is None:
+
             def decorator(obj: T) -> T:
                 self.register(name, obj)
                 return obj
+
             return decorator
         if not name:
             raise TypeError(f"a {self.kind} needs a name")

@@ -29,9 +29,9 @@ def _accepts_bool(annotation: Any) -> bool:
         return True
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType, typing.Literal):
-        return any(a is bool or (origin is not typing.Literal and _accepts_bool(a))
-                   for a in typing.get_args(annotation)) or (
-            origin is typing.Literal and any(isinstance(a, bool) for a in typing.get_args(annotation)))
+        return any(
+            a is bool or (origin is not typing.Literal and _accepts_bool(a)) for a in typing.get_args(annotation)
+        ) or (origin is typing.Literal and any(isinstance(a, bool) for a in typing.get_args(annotation)))
     return False
 
 
@@ -68,8 +68,12 @@ class Section(BaseModel):
     @field_validator("*", mode="after")
     @classmethod
     def _durations_bounded(cls, value: Any, info: ValidationInfo) -> Any:
-        if ((info.field_name or "").endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool)
-                and (not math.isfinite(value) or value > MAX_SECONDS)):
+        if (
+            (info.field_name or "").endswith("_s")
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and (not math.isfinite(value) or value > MAX_SECONDS)
+        ):
             raise ValueError(f"must be a finite number of seconds, at most {MAX_SECONDS:.0f} (ten years)")
         return value
 
@@ -124,8 +128,9 @@ class Problems:
         for e in err.errors():
             if e["type"] in ignore:
                 continue
-            self.errors.append(InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"]),
-                                                loc=(*loc, *e["loc"]), input=e["input"]))
+            self.errors.append(
+                InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"]), loc=(*loc, *e["loc"]), input=e["input"])
+            )
 
     def raise_if_any(self) -> None:
         if self.errors:

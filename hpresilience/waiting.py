@@ -17,8 +17,14 @@ class WaitTimeout(HPResilienceError):
     """A condition did not come true in time; the message says what was awaited."""
 
 
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float, interval: float = 0.2,
-             progress_every: float = 5.0, on_progress: Callable[[str, float], None] | None = None) -> T:
+def wait_for(
+    probe: Callable[[], T | None],
+    what: str,
+    timeout: float,
+    interval: float = 0.2,
+    progress_every: float = 5.0,
+    on_progress: Callable[[str, float], None] | None = None,
+) -> T:
     """Call `probe` until it returns something truthy; log progress every `progress_every` seconds."""
     started = time.monotonic()
     next_report = started + progress_every

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set-up and run, on a fresh Debian 12 machine as root (idempotent; fast when already set up).
 #   bash scripts/dev.sh demo   install, then run the main job on the embedded local Slurm cluster
-#   bash scripts/dev.sh test   install, then run the whole test suite (ruff, mypy strict, pytest), then the
+#   bash scripts/dev.sh test   install, then run the whole test suite (ruff check and format, mypy strict, pytest), then the
 #                              Slurm-facing integration tests again on Slurm 24.11 and 26.05, each inside its Debian
 #                              root (built on first use with debootstrap, cached in /var/cache/hpresilience/roots);
 #                              HPRESILIENCE_TEST_RELEASES="24.11" picks the releases, "" runs only the host's 22.05
@@ -67,8 +67,9 @@ case "$cmd" in
   test)
     setup
     shift
-    say "ruff"
+    say "ruff (lint, then format: --check only, \`ruff format\` fixes it)"
     "$VENV/bin/ruff" check hpresilience tests bench examples
+    "$VENV/bin/ruff" format --check hpresilience tests bench examples
     say "mypy --strict (package)"
     "$VENV/bin/mypy"
     say "mypy --strict (tests)"

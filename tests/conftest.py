@@ -53,8 +53,11 @@ def session_release(config: pytest.Config) -> SlurmRelease:
     test's sbatch, srun shim and controller find that release's commands."""
     release = SlurmRelease.parse(str(config.getoption("--slurm")))
     if release.suite is not None and not slurmroot.inside_root():
-        pytest.fail(f"--slurm {release.value} runs inside its Debian root: hpresilience devcluster exec --slurm "
-                    f"{release.value} -- python -m pytest --slurm {release.value} ...", pytrace=False)
+        pytest.fail(
+            f"--slurm {release.value} runs inside its Debian root: hpresilience devcluster exec --slurm "
+            f"{release.value} -- python -m pytest --slurm {release.value} ...",
+            pytrace=False,
+        )
     return release
 
 
@@ -63,8 +66,13 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Co
     """A real 4-node cluster, shared by every integration test of the session."""
     release = session_release(pytestconfig)
     require_slurm()
-    cl = DevCluster(state_dir=tmp_path_factory.mktemp("devcluster") / "cluster", nodes=4,
-                    base_port=TEST_BASE_PORT, overrides={"SlurmdTimeout": "5"}, slurm=release)
+    cl = DevCluster(
+        state_dir=tmp_path_factory.mktemp("devcluster") / "cluster",
+        nodes=4,
+        base_port=TEST_BASE_PORT,
+        overrides={"SlurmdTimeout": "5"},
+        slurm=release,
+    )
     cl.up(timeout=60)
     yield cl
     cl.down()
@@ -108,12 +116,19 @@ def reset_cluster(cl: DevCluster) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--long", action="store_true", default=False,
-                     help="fuzz tests run 100,000 inputs per target (also: HPRESILIENCE_FUZZ_LONG=1)")
-    parser.addoption("--slurm", choices=[r.value for r in SlurmRelease],
-                     default=os.environ.get(SLURM_ENV) or SlurmRelease.HOST.value,
-                     help=f"Slurm release of the session cluster (also: {SLURM_ENV}); 24.11 and 26.05 run inside "
-                          "their root: hpresilience devcluster exec --slurm V -- python -m pytest --slurm V")
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="fuzz tests run 100,000 inputs per target (also: HPRESILIENCE_FUZZ_LONG=1)",
+    )
+    parser.addoption(
+        "--slurm",
+        choices=[r.value for r in SlurmRelease],
+        default=os.environ.get(SLURM_ENV) or SlurmRelease.HOST.value,
+        help=f"Slurm release of the session cluster (also: {SLURM_ENV}); 24.11 and 26.05 run inside "
+        "their root: hpresilience devcluster exec --slurm V -- python -m pytest --slurm V",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -136,7 +151,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         inputs = c["accepted"] + c["clear_error"]
         terminalreporter.write_line(
             f"{target:32s} inputs {inputs:7d}  accepted {c['accepted']:7d}  clear errors {c['clear_error']:7d}  "
-            f"records skipped {c['skipped']:7d}  crashes {c['crash']}")
+            f"records skipped {c['skipped']:7d}  crashes {c['crash']}"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

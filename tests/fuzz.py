@@ -42,8 +42,13 @@ def examples() -> int:
 
 def fuzz_settings() -> settings:
     """Read at test-definition time: conftest sets the mode before the test modules are imported."""
-    return settings(max_examples=examples(), deadline=None, database=None, derandomize=not _long[0],
-                    suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=examples(),
+        deadline=None,
+        database=None,
+        derandomize=not _long[0],
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def scratch_dir() -> Path:
@@ -62,17 +67,23 @@ def count(target: str, outcome: str, n: int = 1) -> None:
 
 HOSTILE_FLOATS = st.sampled_from([math.inf, -math.inf, math.nan, 1e308, -0.0, 9.3e9, 5e-324, 1e10])
 SCALARS = st.one_of(
-    st.none(), st.booleans(),
-    st.integers(), st.integers(min_value=-10, max_value=10**5),
-    st.floats(allow_nan=True, allow_infinity=True), HOSTILE_FLOATS,
-    st.text(max_size=40), st.sampled_from(["", "-", "1", "1.5", "²", "yes", "\x00", "9" * 5000, "gpu-[1-"]),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-10, max_value=10**5),
+    st.floats(allow_nan=True, allow_infinity=True),
+    HOSTILE_FLOATS,
+    st.text(max_size=40),
+    st.sampled_from(["", "-", "1", "1.5", "²", "yes", "\x00", "9" * 5000, "gpu-[1-"]),
 )
 
 
 def json_like(max_leaves: int = 12) -> st.SearchStrategy[Any]:
-    return st.recursive(SCALARS, lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
-        max_leaves=max_leaves)
+    return st.recursive(
+        SCALARS,
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+        max_leaves=max_leaves,
+    )
 
 
 def mutate_bytes(data: bytes, draw: Any) -> bytes:
@@ -88,7 +99,7 @@ def mutate_bytes(data: bytes, draw: Any) -> bytes:
     if kind == "dupline" and b"\n" in data:
         lines = data.split(b"\n")
         i = draw(st.integers(0, len(lines) - 1))
-        return b"\n".join([*lines[:i + 1], lines[i], *lines[i + 1:]])
+        return b"\n".join([*lines[: i + 1], lines[i], *lines[i + 1 :]])
     if kind == "bom16":
         return data.decode("utf-8", "replace").encode("utf-16")
     if kind == "deep":

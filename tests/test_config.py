@@ -77,15 +77,18 @@ def test_missing_file_is_an_error_not_defaults(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize(("section", "key", "value"), [
-    ("slurm", "command_timeout_s", float("inf")),
-    ("slurm", "command_timeout_s", 1e10),  # every Slurm call raised OverflowError past ~9.2e9
-    ("agent", "passive_interval_s", float("inf")),  # one cycle, then none, while /healthz said healthy
-    ("agent", "passive_interval_s", float("nan")),
-    ("controller", "poll_interval_s", 1e300),
-    ("autoresume", "replace_timeout_s", float("nan")),
-    ("health", "escalation_window_s", float("-inf")),
-])
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("slurm", "command_timeout_s", float("inf")),
+        ("slurm", "command_timeout_s", 1e10),  # every Slurm call raised OverflowError past ~9.2e9
+        ("agent", "passive_interval_s", float("inf")),  # one cycle, then none, while /healthz said healthy
+        ("agent", "passive_interval_s", float("nan")),
+        ("controller", "poll_interval_s", 1e300),
+        ("autoresume", "replace_timeout_s", float("nan")),
+        ("health", "escalation_window_s", float("-inf")),
+    ],
+)
 def test_infinite_nan_and_huge_durations_are_refused(section: str, key: str, value: float) -> None:
     """Issue 14 item 8: accepted, then silently wrong (a sleep that never ends, an OverflowError per call)."""
     with pytest.raises(ConfigError, match=rf"c.yaml: {section}\.{key}: "):
@@ -107,12 +110,15 @@ def test_ten_years_is_the_longest_duration() -> None:
         config_from_mapping({"health": {"escalation_window_s": MAX_SECONDS + 1}})
 
 
-@pytest.mark.parametrize(("data", "where"), [
-    ({"slurm": {"retries": True}}, "slurm.retries"),  # was read as 1
-    ({"agent": {"max_out_fraction": False}}, "agent.max_out_fraction"),
-    ({"agent": {"passive_interval_s": True}}, "agent.passive_interval_s"),
-    ({"autoresume": {"runPolicy": {"noRetryExitCodes": [3, True]}}}, "autoresume.runPolicy.noRetryExitCodes"),
-])
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"slurm": {"retries": True}}, "slurm.retries"),  # was read as 1
+        ({"agent": {"max_out_fraction": False}}, "agent.max_out_fraction"),
+        ({"agent": {"passive_interval_s": True}}, "agent.passive_interval_s"),
+        ({"autoresume": {"runPolicy": {"noRetryExitCodes": [3, True]}}}, "autoresume.runPolicy.noRetryExitCodes"),
+    ],
+)
 def test_true_false_where_a_number_is_expected_is_refused(data: dict[str, object], where: str) -> None:
     """Issue 14 item 10: `retries: true` silently became 1."""
     with pytest.raises(ConfigError, match=rf"{where}: Value error, must be a number, not true/false"):
@@ -120,8 +126,9 @@ def test_true_false_where_a_number_is_expected_is_refused(data: dict[str, object
 
 
 def test_fields_that_take_a_bool_still_take_one() -> None:
-    cfg = config_from_mapping({"autoresume": {"runPolicy": {"retryOnApplicationError": True}},
-                               "agent": {"dry_run": True}})
+    cfg = config_from_mapping(
+        {"autoresume": {"runPolicy": {"retryOnApplicationError": True}}, "agent": {"dry_run": True}}
+    )
     assert cfg.autoresume.run_policy.retry_on_application_error is True and cfg.agent.dry_run is True
 
 
@@ -129,20 +136,28 @@ def test_fields_that_take_a_bool_still_take_one() -> None:
 
 ISSUE_MISTAKES = [
     ("health:\n  checks:\n    gpu.memory: {max_remaps: 3}\n", "health.checks.gpu.memory.max_remaps: unknown key"),
-    ("controller:\n  groups:\n    - {name: gpu, nodes: ['gpu-*'], provider: ipmi}\n",
-     "controller.groups[0].provider: unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script"),
+    (
+        "controller:\n  groups:\n    - {name: gpu, nodes: ['gpu-*'], provider: ipmi}\n",
+        "controller.groups[0].provider: unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script",
+    ),
     ("controller:\n  gate: {kind: nonee}\n", "controller.gate.kind: unknown gate 'nonee'; known: command, none, slurm"),
-    ("controller:\n  groups:\n    - {name: aws, nodes: ['aws-*'], provider: ec2, options: {launch_tmplate_id: lt-1}}\n",
-     "controller.groups[0].options.launch_tmplate_id: unknown key"),
-    ("controller:\n  default_provider: script\n  default_options: {comand: [x]}\n",
-     "controller.default_options.comand: unknown key"),
+    (
+        "controller:\n  groups:\n    - {name: aws, nodes: ['aws-*'], provider: ec2, "
+        "options: {launch_tmplate_id: lt-1}}\n",
+        "controller.groups[0].options.launch_tmplate_id: unknown key",
+    ),
+    (
+        "controller:\n  default_provider: script\n  default_options: {comand: [x]}\n",
+        "controller.default_options.comand: unknown key",
+    ),
     ("controller:\n  default_provider: nope\n", "controller.default_provider: unknown provider 'nope'"),
 ]
 
 
 @pytest.mark.parametrize(("text", "line"), ISSUE_MISTAKES)
 def test_config_show_refuses_what_only_a_daemon_start_caught(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: str
+) -> None:
     p = tmp_path / "c.yaml"
     p.write_text(text)
     rc = main(["--config", str(p), "config", "show"])
@@ -152,26 +167,31 @@ def test_config_show_refuses_what_only_a_daemon_start_caught(
 
 def test_every_mistake_of_a_section_is_told_at_once(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
-    p.write_text("controller:\n  groups:\n    - {name: a, nodes: ['a-*'], provider: ipmi}\n"
-                 "    - {name: b, nodes: ['b-*'], provider: script, options: {timeout_s: 5}}\n")
+    p.write_text(
+        "controller:\n  groups:\n    - {name: a, nodes: ['a-*'], provider: ipmi}\n"
+        "    - {name: b, nodes: ['b-*'], provider: script, options: {timeout_s: 5}}\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(p)
     assert str(err.value).splitlines() == [
         f"{p}: controller.groups[0].provider: unknown provider 'ipmi'; known: ec2, hyperpod, reboot, script",
-        f"{p}: controller.groups[1].options.command: Field required"]
+        f"{p}: controller.groups[1].options.command: Field required",
+    ]
 
 
 def test_validating_aws_provider_options_does_not_import_boto3() -> None:
     """boto3 costs a second of start-up: it is imported when an AWS provider acts, not when a file names one."""
-    code = ("import sys\nfrom hpresilience.config import config_from_mapping\n"
-            "config_from_mapping({'controller': {'groups': [{'name': 'a', 'nodes': ['a-*'], 'provider': 'ec2'},"
-            " {'name': 'h', 'nodes': ['h-*'], 'provider': 'hyperpod', 'options': {'cluster_name': 'c'}}]}})\n"
-            "print('boto3' in sys.modules)\n")
+    code = (
+        "import sys\nfrom hpresilience.config import config_from_mapping\n"
+        "config_from_mapping({'controller': {'groups': [{'name': 'a', 'nodes': ['a-*'], 'provider': 'ec2'},"
+        " {'name': 'h', 'nodes': ['h-*'], 'provider': 'hyperpod', 'options': {'cluster_name': 'c'}}]}})\n"
+        "print('boto3' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
 
-SITE_PROVIDER = '''
+SITE_PROVIDER = """
 from hpresilience.settings_base import Section
 
 
@@ -201,7 +221,7 @@ def untyped(options, context):
 
 
 NOT_A_FACTORY = 42
-'''
+"""
 
 
 @pytest.fixture()
@@ -215,34 +235,65 @@ def site_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 
 def test_a_site_provider_declared_in_the_config_is_accepted_and_used(tmp_path: Path, site_module: str) -> None:
-    cfg = config_from_mapping({"controller": {
-        "state_dir": str(tmp_path / "state"),
-        "providers": {"ipmi": f"{site_module}:IpmiProvider", "plain": f"{site_module}:untyped"},
-        "groups": [{"name": "gpu", "nodes": ["gpu-*"], "provider": "ipmi", "options": {"bmc_user": "admin"}},
-                   {"name": "cpu", "nodes": ["cpu-*"], "provider": "plain", "options": {"anything": 1}}]}}, "c.yaml")
+    cfg = config_from_mapping(
+        {
+            "controller": {
+                "state_dir": str(tmp_path / "state"),
+                "providers": {"ipmi": f"{site_module}:IpmiProvider", "plain": f"{site_module}:untyped"},
+                "groups": [
+                    {"name": "gpu", "nodes": ["gpu-*"], "provider": "ipmi", "options": {"bmc_user": "admin"}},
+                    {"name": "cpu", "nodes": ["cpu-*"], "provider": "plain", "options": {"anything": 1}},
+                ],
+            }
+        },
+        "c.yaml",
+    )
     controller = Controller(cfg.controller, SlurmClient())
     node = Node(name="gpu-3", address="10.0.0.3", hostname="gpu-3", states=frozenset({"DOWN"}))
     assert controller.providers["gpu"].act(node, Action.REBOOT) == "ipmi reboot of gpu-3 as admin for group gpu"
     assert controller.providers["cpu"].act(node, Action.REPLACE) == "replace gpu-3 with ['anything']"
 
 
-@pytest.mark.parametrize(("providers", "group", "line"), [
-    ({"ipmi": "{mod}:IpmiProvider"}, {"provider": "ipmi", "options": {"bmc_usr": "x"}},
-     "controller.groups[0].options.bmc_usr: unknown key"),
-    ({"ipmi": "{mod}:IpmiProvider"}, {"provider": "ipmi"}, "controller.groups[0].options.bmc_user: Field required"),
-    ({"ipmi": "{mod}:IpmiProvider"}, {"provider": "ipmx"},
-     "controller.groups[0].provider: unknown provider 'ipmx'; known: ec2, hyperpod, ipmi, reboot, script"),
-    ({"ipmi": "{mod}:IpmiProvidr"}, {"provider": "ipmi"},
-     "controller.providers.ipmi: provider 'ipmi': module '{mod}' has no attribute 'IpmiProvidr'"),
-    ({"ipmi": "{mod}:NOT_A_FACTORY"}, {"provider": "ipmi"},
-     "controller.providers.ipmi: provider 'ipmi': {mod}:NOT_A_FACTORY is not callable"),
-    ({"ipmi": "{mod}.IpmiProvider"}, {"provider": "reboot"},
-     "controller.providers.ipmi: provider 'ipmi': '{mod}.IpmiProvider' is not 'module:attribute'"),
-])
+@pytest.mark.parametrize(
+    ("providers", "group", "line"),
+    [
+        (
+            {"ipmi": "{mod}:IpmiProvider"},
+            {"provider": "ipmi", "options": {"bmc_usr": "x"}},
+            "controller.groups[0].options.bmc_usr: unknown key",
+        ),
+        ({"ipmi": "{mod}:IpmiProvider"}, {"provider": "ipmi"}, "controller.groups[0].options.bmc_user: Field required"),
+        (
+            {"ipmi": "{mod}:IpmiProvider"},
+            {"provider": "ipmx"},
+            "controller.groups[0].provider: unknown provider 'ipmx'; known: ec2, hyperpod, ipmi, reboot, script",
+        ),
+        (
+            {"ipmi": "{mod}:IpmiProvidr"},
+            {"provider": "ipmi"},
+            "controller.providers.ipmi: provider 'ipmi': module '{mod}' has no attribute 'IpmiProvidr'",
+        ),
+        (
+            {"ipmi": "{mod}:NOT_A_FACTORY"},
+            {"provider": "ipmi"},
+            "controller.providers.ipmi: provider 'ipmi': {mod}:NOT_A_FACTORY is not callable",
+        ),
+        (
+            {"ipmi": "{mod}.IpmiProvider"},
+            {"provider": "reboot"},
+            "controller.providers.ipmi: provider 'ipmi': '{mod}.IpmiProvider' is not 'module:attribute'",
+        ),
+    ],
+)
 def test_a_bad_site_provider_or_its_options_name_the_key_path(
-        site_module: str, providers: dict[str, str], group: dict[str, object], line: str) -> None:
-    data = {"controller": {"providers": {k: v.format(mod=site_module) for k, v in providers.items()},
-                           "groups": [{"name": "gpu", "nodes": ["gpu-*"], **group}]}}
+    site_module: str, providers: dict[str, str], group: dict[str, object], line: str
+) -> None:
+    data = {
+        "controller": {
+            "providers": {k: v.format(mod=site_module) for k, v in providers.items()},
+            "groups": [{"name": "gpu", "nodes": ["gpu-*"], **group}],
+        }
+    }
     with pytest.raises(ConfigError) as err:
         config_from_mapping(data, "c.yaml")
     assert any(ln.startswith(f"c.yaml: {line.format(mod=site_module)}") for ln in str(err.value).splitlines()), err
@@ -265,10 +316,14 @@ def test_every_validation_error_has_one_shape(tmp_path: Path) -> None:
     cases: list[tuple[Callable[[], object], str]] = [
         (lambda: config_from_mapping({"slurm": {"bogus": 1}}, "c.yaml"), "c.yaml: slurm.bogus: unknown key"),
         (lambda: load_rules_file(rules), f"{rules}: [0].bogusKey: unknown key"),
-        (lambda: load_profile(HealthSettings(profile_dirs=[str(profiles)]), "x"),
-         f"{profiles / 'x.yaml'}: checks.gpu.memory.max_remaps: unknown key"),
-        (lambda: create_provider("script", {"command": ["x"], "bogus": 1}, ProviderContext(SlurmClient(), "gpu")),
-         "controller node group 'gpu', provider 'script': bogus: unknown key"),
+        (
+            lambda: load_profile(HealthSettings(profile_dirs=[str(profiles)]), "x"),
+            f"{profiles / 'x.yaml'}: checks.gpu.memory.max_remaps: unknown key",
+        ),
+        (
+            lambda: create_provider("script", {"command": ["x"], "bogus": 1}, ProviderContext(SlurmClient(), "gpu")),
+            "controller node group 'gpu', provider 'script': bogus: unknown key",
+        ),
     ]
     for call, line in cases:
         with pytest.raises(ConfigError) as err:
@@ -282,15 +337,20 @@ def test_only_the_one_formatter_reads_validation_errors() -> None:
     import hpresilience
 
     package = Path(hpresilience.__file__).parent
-    readers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
-                     if ".errors()" in p.read_text() and p.name != "settings_base.py")
+    readers = sorted(
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if ".errors()" in p.read_text() and p.name != "settings_base.py"
+    )
     assert readers == []
 
 
-
-CONTROLLER_ONLY = {"controller": {
-    "providers": {"ipmi": "hpr_site_ipmi_not_installed_here:IpmiProvider"},
-    "groups": [{"name": "gpu", "nodes": ["n*"], "provider": "ipmi", "options": {"bmc_user": "admin"}}]}}
+CONTROLLER_ONLY = {
+    "controller": {
+        "providers": {"ipmi": "hpr_site_ipmi_not_installed_here:IpmiProvider"},
+        "groups": [{"name": "gpu", "nodes": ["n*"], "provider": "ipmi", "options": {"bmc_user": "admin"}}],
+    }
+}
 
 
 def test_a_provider_not_installed_on_this_node_loads_and_stops_only_the_controller(tmp_path: Path) -> None:
@@ -303,12 +363,20 @@ def test_a_provider_not_installed_on_this_node_loads_and_stops_only_the_controll
 
 @pytest.mark.integration
 def test_agents_and_the_wrapper_run_with_a_provider_declared_for_the_controller_only(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.autoresume.test_wrapper_integration import Run
 
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({**CONTROLLER_ONLY, "agent": {"state_dir": str(tmp_path / "agent")},
-                                   "health": {"state_dir": str(tmp_path / "health"), "profile": "generic"}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                **CONTROLLER_ONLY,
+                "agent": {"state_dir": str(tmp_path / "agent")},
+                "health": {"state_dir": str(tmp_path / "health"), "profile": "generic"},
+            }
+        )
+    )
     env = {"SLURM_CONF": str(cluster.conf_path)}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():

@@ -32,8 +32,12 @@ ALIAS_BOMB = """health:
 
 
 def config_show(path: Path | str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpresilience", "--config", str(path), "config", "show"],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hpresilience", "--config", str(path), "config", "show"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def assert_one_line_exit_2(res: subprocess.CompletedProcess[str], path: Path | str, words: str) -> None:
@@ -47,10 +51,13 @@ def nested(depth: int) -> str:
     return "health:\n  checks:\n    x: " + "[" * depth + "]" * depth + "\n"
 
 
-@pytest.mark.parametrize(("data", "words"), [
-    (b"agent:\n  node_name: \xff\xfe\n", "is not UTF-8 text (byte 0xff at line 2)"),
-    ("agent:\n  node_name: x\n".encode("utf-16"), "is UTF-16; save it as UTF-8"),
-])
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"agent:\n  node_name: \xff\xfe\n", "is not UTF-8 text (byte 0xff at line 2)"),
+        ("agent:\n  node_name: x\n".encode("utf-16"), "is UTF-16; save it as UTF-8"),
+    ],
+)
 def test_non_utf8_config_is_one_line_and_exit_2(tmp_path: Path, data: bytes, words: str) -> None:
     """Item 1: was a UnicodeDecodeError traceback with exit 1."""
     p = tmp_path / "c.yaml"
@@ -124,11 +131,14 @@ def test_oversized_file_is_refused(tmp_path: Path) -> None:
         read_yaml(p)
 
 
-@pytest.mark.parametrize("text", [
-    "slurm:\n  retries: 1\n  retries: 2\n",
-    "slurm: {retries: 1}\nslurm: {retries: 2}\n",
-    "- name: A\n  logPattern: x\n  logPattern: y\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "slurm:\n  retries: 1\n  retries: 2\n",
+        "slurm: {retries: 1}\nslurm: {retries: 2}\n",
+        "- name: A\n  logPattern: x\n  logPattern: y\n",
+    ],
+)
 def test_duplicate_keys_are_refused_with_their_line(tmp_path: Path, text: str) -> None:
     """Item 10: the last value silently won."""
     p = tmp_path / "dup.yaml"
@@ -143,11 +153,14 @@ def test_merge_key_override_is_not_a_duplicate(tmp_path: Path) -> None:
     assert read_yaml(p)["over"] == {"x": 1, "y": 3}
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ('"\\x1F\\U0A0010000": null\n', "chr() arg not in range"),       # found by the long fuzz run
-    ('"\\UA00010000": null\n', "too large to convert"),
-    ("slurm: {bin_dir: 2020-13-45}\n", "month must be in 1..12"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('"\\x1F\\U0A0010000": null\n', "chr() arg not in range"),  # found by the long fuzz run
+        ('"\\UA00010000": null\n', "too large to convert"),
+        ("slurm: {bin_dir: 2020-13-45}\n", "month must be in 1..12"),
+    ],
+)
 def test_yaml_conversions_pyyaml_lets_escape_are_config_errors(tmp_path: Path, text: str, words: str) -> None:
     """PyYAML raises ValueError/OverflowError (not YAMLError) for these; they must not escape as tracebacks."""
     p = tmp_path / "c.yaml"
@@ -156,8 +169,9 @@ def test_yaml_conversions_pyyaml_lets_escape_are_config_errors(tmp_path: Path, t
         read_yaml(p)
 
 
-@pytest.mark.parametrize(("text", "error"), [("{not json", "Expecting property name"),
-                                              ("[1, 2]", "not a JSON object but list")])
+@pytest.mark.parametrize(
+    ("text", "error"), [("{not json", "Expecting property name"), ("[1, 2]", "not a JSON object but list")]
+)
 def test_corrupt_json_state_reads_as_none_with_the_callers_warning(tmp_path: Path, text: str, error: str) -> None:
     path = tmp_path / "state.json"
     path.write_text(text)

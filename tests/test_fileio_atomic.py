@@ -23,8 +23,9 @@ def test_bytes_and_text_replace_the_whole_file(tmp_path: Path) -> None:
     assert p.read_text(encoding="utf-8") == "caf\u00e9\n" and leftovers(tmp_path) == []
 
 
-def test_default_mode_is_private_and_mode_is_set_before_the_rename(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_mode_is_private_and_mode_is_set_before_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A reader must never see the file with the wrong permissions, even for an instant: the mode is on the
     temporary file when it is renamed."""
     p = tmp_path / "a"
@@ -63,8 +64,9 @@ def test_fsync_happens_before_the_rename(tmp_path: Path, monkeypatch: pytest.Mon
     assert order == ["replace"]
 
 
-def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     p = tmp_path / "state"
     atomic_write(p, b"old")
 

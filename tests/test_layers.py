@@ -98,7 +98,7 @@ def find_cycle(graph: dict[str, dict[str, list[str]]]) -> list[str] | None:
         stack.append(u)
         for v in sorted(graph.get(u, {})):
             if state.get(v) == 1:
-                return [*stack[stack.index(v):], v]
+                return [*stack[stack.index(v) :], v]
             if v not in state and (found := visit(v)) is not None:
                 return found
         stack.pop()
@@ -116,14 +116,17 @@ def upward_imports(graph: dict[str, dict[str, list[str]]]) -> list[str]:
     for src, targets in sorted(graph.items()):
         for dst, modules in sorted(targets.items()):
             if LAYER_OF[dst] > LAYER_OF[src]:
-                out.append(f"{', '.join(sorted(set(modules)))} imports hpresilience.{dst} "
-                           f"(layer {LAYER_OF[dst]}) from layer {LAYER_OF[src]}")
+                out.append(
+                    f"{', '.join(sorted(set(modules)))} imports hpresilience.{dst} "
+                    f"(layer {LAYER_OF[dst]}) from layer {LAYER_OF[src]}"
+                )
     return out
 
 
 def _units() -> set[str]:
     return {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"} | {
-        p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+        p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    }
 
 
 def test_every_unit_of_the_package_has_a_layer() -> None:
@@ -148,14 +151,17 @@ def test_the_checker_sees_upward_imports_cycles_and_imports_inside_functions(tmp
     (pkg / "__init__.py").write_text("")
     (pkg / "slurm" / "__init__.py").write_text("")
     (pkg / "slurm" / "client.py").write_text("def f():\n    from hpresilience.config import Config\n")
-    (pkg / "config.py").write_text("from .slurm import client\nfrom typing import TYPE_CHECKING\n"
-                                    "if TYPE_CHECKING:\n    from hpresilience.cli import x\n")
+    (pkg / "config.py").write_text(
+        "from .slurm import client\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from hpresilience.cli import x\n"
+    )
     graph = import_graph(pkg)
     assert set(graph["slurm"]) == {"config"}
     assert set(graph["config"]) == {"slurm"}  # the TYPE_CHECKING import of cli is not counted
     assert upward_imports(graph) == [
         f"hpresilience.slurm.client imports hpresilience.config (layer {LAYER_OF['config']}) "
-        f"from layer {LAYER_OF['slurm']}"]
+        f"from layer {LAYER_OF['slurm']}"
+    ]
     assert find_cycle(graph) in (["config", "slurm", "config"], ["slurm", "config", "slurm"])
 
 
@@ -167,8 +173,10 @@ KNOWN_MODULE_CYCLES: list[frozenset[str]] = []
 
 
 def _modules(root: Path) -> dict[str, Path]:
-    return {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
-            for p in sorted(root.rglob("*.py"))}
+    return {
+        ".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted(root.rglob("*.py"))
+    }
 
 
 def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
@@ -224,7 +232,8 @@ def module_cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_no_import_cycle_between_the_modules_of_a_unit() -> None:
     new = [c for c in module_cycles(module_graph()) if not any(c <= known for known in KNOWN_MODULE_CYCLES)]
     assert not new, "import cycles inside a unit (TYPE_CHECKING imports count):\n" + "\n".join(
-        " <-> ".join(sorted(c)) for c in new)
+        " <-> ".join(sorted(c)) for c in new
+    )
 
 
 def test_the_module_cycle_check_finds_a_planted_cycle_through_a_function_and_type_checking(tmp_path: Path) -> None:
@@ -238,16 +247,19 @@ def test_the_module_cycle_check_finds_a_planted_cycle_through_a_function_and_typ
     (pkg / "controller" / "gates.py").write_text("def f():\n    from hpresilience.controller.settings import S\n")
     (pkg / "controller" / "settings.py").write_text("from hpresilience.controller import gates\n")
     # a -> b only for the type checker, b -> a relatively: still a cycle.
-    (pkg / "controller" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                             "    from hpresilience.controller.b import B\n")
+    (pkg / "controller" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hpresilience.controller.b import B\n"
+    )
     (pkg / "controller" / "b.py").write_text("from .a import A\n")
     # One way only, and across units: no cycle.
-    (pkg / "controller" / "loop.py").write_text("from hpresilience.controller.gates import f\n"
-                                                "from hpresilience.slurm import client\n")
+    (pkg / "controller" / "loop.py").write_text(
+        "from hpresilience.controller.gates import f\nfrom hpresilience.slurm import client\n"
+    )
     (pkg / "slurm" / "client.py").write_text("import hpresilience.slurm\n")
     assert module_cycles(module_graph(pkg)) == [
         frozenset({"hpresilience.controller.a", "hpresilience.controller.b"}),
-        frozenset({"hpresilience.controller.gates", "hpresilience.controller.settings"})]
+        frozenset({"hpresilience.controller.gates", "hpresilience.controller.settings"}),
+    ]
     assert module_graph(pkg)["hpresilience.controller.loop"] == {"hpresilience.controller.gates"}
 
 
@@ -261,8 +273,21 @@ SLURM_TOOLS = frozenset({"scontrol", "sinfo", "squeue", "scancel", "sbatch", "sa
 
 
 # What starts a process: the package's seams, the standard library's and os.exec*.
-RUNNERS = frozenset({"run", "run_once", "execute", "background", "Popen", "check_output", "check_call", "call",
-                     "execv", "execvp", "execvpe"})
+RUNNERS = frozenset(
+    {
+        "run",
+        "run_once",
+        "execute",
+        "background",
+        "Popen",
+        "check_output",
+        "check_call",
+        "call",
+        "execv",
+        "execvp",
+        "execvpe",
+    }
+)
 
 
 def _callee(call: ast.Call) -> str:
@@ -307,10 +332,13 @@ def test_the_slurm_command_scan_finds_a_planted_call(tmp_path: Path) -> None:
     (pkg / "autoresume").mkdir(parents=True)
     (pkg / "autoresume" / "x.py").write_text(
         "def f(client, run, proc):\n    run('scontrol', 'show', 'job')\n    client.runner.run('x')\n"
-        "    proc.run(['squeue', '-h'], 5)\n    template('srun')\n")
-    assert slurm_command_sites(pkg) == ["autoresume/x.py:2 runs scontrol",
-                                        "autoresume/x.py:3 reaches into a client's runner",
-                                        "autoresume/x.py:4 runs squeue"]
+        "    proc.run(['squeue', '-h'], 5)\n    template('srun')\n"
+    )
+    assert slurm_command_sites(pkg) == [
+        "autoresume/x.py:2 runs scontrol",
+        "autoresume/x.py:3 reaches into a client's runner",
+        "autoresume/x.py:4 runs squeue",
+    ]
 
 
 # Long-lived processes that stream or outlive a call (an srun step, the devcluster's and the demo's daemons)
@@ -323,8 +351,13 @@ def mechanism_sites(root: Path = PACKAGE) -> list[str]:
     outside proc.py (the one validation-error reader is pinned in tests/test_config.py)."""
     out = []
     for rel, node in _statements(root):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
         if "subprocess" in names and rel not in SUBPROCESS_ALLOWED:
             out.append(f"{rel}:{node.lineno} imports subprocess (use hpresilience.proc)")
         if isinstance(node, ast.Attribute) and node.attr == "killpg" and rel != "proc.py":
@@ -341,5 +374,7 @@ def test_the_mechanism_scan_finds_planted_copies(tmp_path: Path) -> None:
     pkg = tmp_path / "hpresilience"
     (pkg / "health").mkdir(parents=True)
     (pkg / "health" / "x.py").write_text("import os\nimport subprocess\n\ndef f(p):\n    os.killpg(p, 9)\n")
-    assert mechanism_sites(pkg) == ["health/x.py:2 imports subprocess (use hpresilience.proc)",
-                                    "health/x.py:5 kills a process group (use proc.kill_group)"]
+    assert mechanism_sites(pkg) == [
+        "health/x.py:2 imports subprocess (use hpresilience.proc)",
+        "health/x.py:5 kills a process group (use proc.kill_group)",
+    ]

@@ -80,4 +80,5 @@ def test_metrics_bind_failure_is_logged_not_raised(taken: str) -> None:
         with capture_logs() as logs:
             assert start_metrics_server(CollectorRegistry(), address, lambda: True, "agent") is None
     assert [(e["event"], e["log_level"], e["address"]) for e in logs] == [
-        ("metrics_server_not_started", "error", address)]
+        ("metrics_server_not_started", "error", address)
+    ]

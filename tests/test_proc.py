@@ -97,8 +97,14 @@ def test_a_timed_out_command_writing_to_a_file_keeps_its_output(tmp_path: Path) 
 
 
 def test_env_extra_env_cwd_and_stdin(tmp_path: Path) -> None:
-    res = proc.run(["sh", "-c", 'echo "$A-$B"; pwd; cat'], timeout=10, env={"PATH": os.environ["PATH"], "A": "a"},
-                   extra_env={"B": "b"}, cwd=tmp_path, input_text="piped\n")
+    res = proc.run(
+        ["sh", "-c", 'echo "$A-$B"; pwd; cat'],
+        timeout=10,
+        env={"PATH": os.environ["PATH"], "A": "a"},
+        extra_env={"B": "b"},
+        cwd=tmp_path,
+        input_text="piped\n",
+    )
     assert res.stdout.splitlines() == ["a-b", str(tmp_path), "piped"]
     inherited = proc.run(["sh", "-c", "echo $HOME"], timeout=10, extra_env={"X": "1"})
     assert inherited.stdout.strip() == os.environ["HOME"]

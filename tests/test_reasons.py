@@ -17,20 +17,23 @@ from hpresilience.reasons import (
 )
 
 
-@pytest.mark.parametrize("reason,action,owner", [
-    ("Action:Replace", Action.REPLACE, None),
-    ("action:reboot please", Action.REBOOT, None),
-    ("Action:Replace [hpr-agent] xid=79", Action.REPLACE, "agent"),
-    ("[hpr-controller] repairing: reboot", None, "controller"),
-    ("Not responding", None, None),
-    ("", None, None),
-    ("Action:Replaced", None, None),
-    # Issue 14 item 14: the tag counts only where our parts write it (first, or right after the action).
-    ("drained by ops; not [hpr-agent]", None, None),
-    ("Action:Replace per ticket [hpr-controller]", Action.REPLACE, None),
-    ("Action:Reboot [hpr-controller] repairing", Action.REBOOT, "controller"),
-    ("  [hpr-agent] x", None, "agent"),
-])
+@pytest.mark.parametrize(
+    "reason,action,owner",
+    [
+        ("Action:Replace", Action.REPLACE, None),
+        ("action:reboot please", Action.REBOOT, None),
+        ("Action:Replace [hpr-agent] xid=79", Action.REPLACE, "agent"),
+        ("[hpr-controller] repairing: reboot", None, "controller"),
+        ("Not responding", None, None),
+        ("", None, None),
+        ("Action:Replaced", None, None),
+        # Issue 14 item 14: the tag counts only where our parts write it (first, or right after the action).
+        ("drained by ops; not [hpr-agent]", None, None),
+        ("Action:Replace per ticket [hpr-controller]", Action.REPLACE, None),
+        ("Action:Reboot [hpr-controller] repairing", Action.REBOOT, "controller"),
+        ("  [hpr-agent] x", None, "agent"),
+    ],
+)
 def test_parse_reason(reason: str, action: Action | None, owner: str | None) -> None:
     p = parse_reason(reason)
     assert p.action == action and p.owner == owner
@@ -106,14 +109,17 @@ def test_planned_reason_reads_back_kind_deadline_and_detail_and_asks_no_action()
     assert parse_reason(reason).owner == "agent" and parse_reason(reason).action is None
 
 
-@pytest.mark.parametrize("reason", [
-    "Planned:Reclaim by 2026-11-18T08:26:40Z ec2",  # no tag: an operator's text
-    "ops: [hpr-agent] Planned:Reclaim by 2026-11-18T08:26:40Z",  # the tag not first
-    "[hpr-agent] Planned:Upgrade by 2026-11-18T08:26:40Z x",  # not a kind of ours
-    "[hpr-agent] Planned:Reclaim by 2026-13-45T08:26:40Z x",  # no such date
-    "[hpr-agent] Planned:Reclaim soon",
-    "Action:Replace [hpr-agent] xid=79",
-    "",
-])
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "Planned:Reclaim by 2026-11-18T08:26:40Z ec2",  # no tag: an operator's text
+        "ops: [hpr-agent] Planned:Reclaim by 2026-11-18T08:26:40Z",  # the tag not first
+        "[hpr-agent] Planned:Upgrade by 2026-11-18T08:26:40Z x",  # not a kind of ours
+        "[hpr-agent] Planned:Reclaim by 2026-13-45T08:26:40Z x",  # no such date
+        "[hpr-agent] Planned:Reclaim soon",
+        "Action:Replace [hpr-agent] xid=79",
+        "",
+    ],
+)
 def test_only_the_agents_own_planned_reasons_parse_as_planned(reason: str) -> None:
     assert parse_planned(reason) is None

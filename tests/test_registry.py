@@ -18,8 +18,10 @@ from hpresilience.registry import Registry, import_target
 def site_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A throwaway module on sys.path, counting how often it is imported."""
     name = f"site_ext_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text("IMPORTS = []\nIMPORTS.append(1)\n\ndef thing():\n    return 'made'\n\n"
-                                         "class Holder:\n    class Inner:\n        value = 7\n\nNOT_CALLABLE = 3\n")
+    (tmp_path / f"{name}.py").write_text(
+        "IMPORTS = []\nIMPORTS.append(1)\n\ndef thing():\n    return 'made'\n\n"
+        "class Holder:\n    class Inner:\n        value = 7\n\nNOT_CALLABLE = 3\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
@@ -62,12 +64,15 @@ def test_string_entries_are_imported_on_first_use_only(site_module: str) -> None
     assert reg.get("t") is reg.get("t") and sys.modules[site_module].IMPORTS == [1]
 
 
-@pytest.mark.parametrize(("target", "words"), [
-    ("no_such_module_xyz:thing", "thing 'x': cannot import 'no_such_module_xyz' (ModuleNotFoundError"),
-    ("{mod}:missing", "thing 'x': module '{mod}' has no attribute 'missing'"),
-    ("{mod}", "thing 'x': '{mod}' is not 'module:attribute'"),
-    ("{mod}:NOT_CALLABLE", "thing 'x': {mod}:NOT_CALLABLE is not callable"),
-])
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        ("no_such_module_xyz:thing", "thing 'x': cannot import 'no_such_module_xyz' (ModuleNotFoundError"),
+        ("{mod}:missing", "thing 'x': module '{mod}' has no attribute 'missing'"),
+        ("{mod}", "thing 'x': '{mod}' is not 'module:attribute'"),
+        ("{mod}:NOT_CALLABLE", "thing 'x': {mod}:NOT_CALLABLE is not callable"),
+    ],
+)
 def test_a_bad_target_is_a_config_error_naming_the_entry(site_module: str, target: str, words: str) -> None:
     def must_call(obj: object) -> None:
         if not callable(obj):
@@ -101,11 +106,18 @@ def test_entry_points_of_installed_packages_are_known(tmp_path: Path) -> None:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sitepkg\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[hpresilience.providers]\nipmi = sitepkg_ipmi:make\n")
     (tmp_path / "sitepkg_ipmi.py").write_text("def make(options, context):\n    return 'ipmi provider'\n")
-    code = ("from hpresilience.registry import Registry\n"
-            "r = Registry('provider', {'reboot': 'x:y'}, entry_point_group='hpresilience.providers')\n"
-            "print(r.names(), r.get('ipmi')(None, None))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    code = (
+        "from hpresilience.registry import Registry\n"
+        "r = Registry('provider', {'reboot': 'x:y'}, entry_point_group='hpresilience.providers')\n"
+        "print(r.names(), r.get('ipmi')(None, None))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert out.stdout.strip() == "['ipmi', 'reboot'] ipmi provider", out.stderr
 
 
@@ -125,7 +137,8 @@ def test_every_extension_point_uses_the_one_registry() -> None:
 
 def test_health_base_does_not_import_the_checks_it_registers() -> None:
     """The checks build on health/base.py; base importing them back made a cycle inside the package."""
-    code = ("import sys, hpresilience.health.base as b\n"
-            "print('hpresilience.health.checks' in sys.modules, len(b.CHECKS))")
+    code = (
+        "import sys, hpresilience.health.base as b\nprint('hpresilience.health.checks' in sys.modules, len(b.CHECKS))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False 0", out.stderr

@@ -42,7 +42,8 @@ def test_one_line_per_problem_and_unknown_key_for_extra_keys() -> None:
     assert format_validation_error("c.yaml", err.value, "top").splitlines() == [
         "c.yaml: top.items[0].size: Input should be a valid integer, unable to parse string as an integer",
         "c.yaml: top.items[1].sixe: unknown key",
-        "c.yaml: top.nmae: unknown key"]
+        "c.yaml: top.nmae: unknown key",
+    ]
 
 
 def test_problems_keep_their_key_path_and_their_words() -> None:
@@ -51,7 +52,8 @@ def test_problems_keep_their_key_path_and_their_words() -> None:
     with pytest.raises(ValidationError) as err:
         Outer.model_validate({"name": "bad"})
     assert format_validation_error("c.yaml", err.value) == (
-        "c.yaml: name: unknown thing 'bad' {not a template}; known: a, b")
+        "c.yaml: name: unknown thing 'bad' {not a template}; known: a, b"
+    )
     with pytest.raises(ValidationError) as err:
         Outer.model_validate({"name": "nested"})
     assert format_validation_error("c.yaml", err.value) == "c.yaml: extra[0].sise: unknown key"

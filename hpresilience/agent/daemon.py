@@ -95,31 +95,56 @@ def action_label(d: Decision) -> str:
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.checks = Counter("hpr_agent_check_results_total", "Check results by check and status",
-                              ["check", "status"], registry=registry)
-        self.duration = Histogram("hpr_agent_check_duration_seconds", "Check run time", ["check"], registry=registry,
-                                  buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300))
-        self.decisions = Counter("hpr_agent_decisions_total", "Guard-rail decisions", ["decision", "action"],
-                                 registry=registry)
-        self.latency = Histogram("hpr_agent_fault_detection_latency_seconds",
-                                 "From a fault being observed to the node marked in Slurm", registry=registry,
-                                 buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
-        self.last_cycle = Gauge("hpr_agent_last_cycle_timestamp_seconds", "End of the last check cycle",
-                                registry=registry)
-        self.cycle_errors = Counter("hpr_agent_cycle_errors_total", "Cycles that failed (Slurm unreachable, ...)",
-                                    registry=registry)
-        self.planned = Counter("hpr_agent_planned_drains_total",
-                               "Nodes drained (or, observing, that would have been) for a cloud notice",
-                               ["kind", "decision"], registry=registry)
-        self.ceiling_holds = Counter("hpr_agent_ceiling_holds_total",
-                                     "Marks held (or rolled back) because the fleet ceiling of nodes out of service "
-                                     "for hpresilience was reached", ["action"], registry=registry)
+        self.checks = Counter(
+            "hpr_agent_check_results_total", "Check results by check and status", ["check", "status"], registry=registry
+        )
+        self.duration = Histogram(
+            "hpr_agent_check_duration_seconds",
+            "Check run time",
+            ["check"],
+            registry=registry,
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
+        )
+        self.decisions = Counter(
+            "hpr_agent_decisions_total", "Guard-rail decisions", ["decision", "action"], registry=registry
+        )
+        self.latency = Histogram(
+            "hpr_agent_fault_detection_latency_seconds",
+            "From a fault being observed to the node marked in Slurm",
+            registry=registry,
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+        )
+        self.last_cycle = Gauge(
+            "hpr_agent_last_cycle_timestamp_seconds", "End of the last check cycle", registry=registry
+        )
+        self.cycle_errors = Counter(
+            "hpr_agent_cycle_errors_total", "Cycles that failed (Slurm unreachable, ...)", registry=registry
+        )
+        self.planned = Counter(
+            "hpr_agent_planned_drains_total",
+            "Nodes drained (or, observing, that would have been) for a cloud notice",
+            ["kind", "decision"],
+            registry=registry,
+        )
+        self.ceiling_holds = Counter(
+            "hpr_agent_ceiling_holds_total",
+            "Marks held (or rolled back) because the fleet ceiling of nodes out of service "
+            "for hpresilience was reached",
+            ["action"],
+            registry=registry,
+        )
 
 
 class Agent:
-    def __init__(self, settings: AgentSettings, client: SlurmClient, collector: Collector,
-                 node_name: str = "", registry: CollectorRegistry | None = None,
-                 lock_wait_s: float | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        client: SlurmClient,
+        collector: Collector,
+        node_name: str = "",
+        registry: CollectorRegistry | None = None,
+        lock_wait_s: float | None = None,
+    ) -> None:
         self.settings = settings
         self.client = client
         self.collector = collector
@@ -140,8 +165,9 @@ class Agent:
         self.lock_wait_s = settings.cycle_timeout_s if lock_wait_s is None else lock_wait_s
         self._state_stamp: tuple[int, int, int] | None = None
         # Checks whose faults are only observed while the agent enforces (health.checks.NAME.mode: observe).
-        self.observe_only = (frozenset(collector.observe_only) if isinstance(collector, ObservingSome)
-                             else frozenset[str]())
+        self.observe_only = (
+            frozenset(collector.observe_only) if isinstance(collector, ObservingSome) else frozenset[str]()
+        )
         # The node is (or may still be) drained by this agent for its active checks: kept in the state file, so
         # the run after one killed mid-check (HealthCheckTimeout) looks at the node and gives it back.
         self.holding = False
@@ -186,11 +212,18 @@ class Agent:
 
     def _save_memory(self) -> None:
         try:
-            atomic_write_text(self.state_path, json.dumps({"streaks": self.memory.streaks,
-                                                           "marked": self.memory.marked,
-                                                           "last_active_at": self.last_active,
-                                                           "holding": self.holding,
-                                                           "planned": self.planned}))
+            atomic_write_text(
+                self.state_path,
+                json.dumps(
+                    {
+                        "streaks": self.memory.streaks,
+                        "marked": self.memory.marked,
+                        "last_active_at": self.last_active,
+                        "holding": self.holding,
+                        "planned": self.planned,
+                    }
+                ),
+            )
             self._state_stamp = self._stamp()
         except OSError as err:
             log.warning("agent_state_not_saved", path=str(self.state_path), error=str(err))
@@ -218,8 +251,9 @@ class Agent:
         """This node as Slurm sees it: one query naming it, whatever the cluster's size."""
         me = self.client.node(self.node_name)
         # A planned drain is not a mark to lift when checks pass: the notice decides (act_on_notice).
-        self.memory.marked = (parse_reason(me.reason).owner == "agent" and me.is_unavailable
-                              and parse_planned(me.reason) is None)
+        self.memory.marked = (
+            parse_reason(me.reason).owner == "agent" and me.is_unavailable and parse_planned(me.reason) is None
+        )
         return me
 
     def fleet_view(self, me: Node) -> FleetView:
@@ -235,8 +269,9 @@ class Agent:
         self.state_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with locked(self.lock_path, self.lock_wait_s) as got:
             if not got:
-                log.warning("agent_cycle_skipped_busy", node=self.node_name, lock=str(self.lock_path),
-                            waited_s=self.lock_wait_s)
+                log.warning(
+                    "agent_cycle_skipped_busy", node=self.node_name, lock=str(self.lock_path), waited_s=self.lock_wait_s
+                )
                 return Decision(DecisionKind.NONE, "another agent cycle holds this node's state; skipped")
             if self._stamp() != self._state_stamp:
                 self._load_memory()  # the other process (daemon or --once) wrote since we last did
@@ -319,15 +354,30 @@ class Agent:
         """Faults of observed checks: at the cycle where the guard would have marked (a certain fault at once,
         another at its `required_repeats`-th run in a row) log it and count decision="would_mark" - never a
         mark. The worst such fault is returned as the cycle's decision when nothing else is decided."""
-        due = [r for r in results if r.asks_action
-               and self.memory.streaks.get(fault_key(r), 0) == (1 if r.certain else self.settings.required_repeats)]
+        due = [
+            r
+            for r in results
+            if r.asks_action
+            and self.memory.streaks.get(fault_key(r), 0) == (1 if r.certain else self.settings.required_repeats)
+        ]
         out: Decision | None = None
         for r in sorted(due, key=lambda r: -r.action.rank):
-            d = Decision(DecisionKind.WOULD_MARK, "observe mode: fault confirmed, node not marked", r.action,
-                         agent_reason(r.action, fault_reason(r)), r)
+            d = Decision(
+                DecisionKind.WOULD_MARK,
+                "observe mode: fault confirmed, node not marked",
+                r.action,
+                agent_reason(r.action, fault_reason(r)),
+                r,
+            )
             self.metrics.decisions.labels(d.kind.value, action_label(d)).inc()
-            log.warning("node_would_be_marked_fail", node=self.node_name, reason=d.reason, check=r.check,
-                        finding=fault_reason(r), mode="observe")
+            log.warning(
+                "node_would_be_marked_fail",
+                node=self.node_name,
+                reason=d.reason,
+                check=r.check,
+                finding=fault_reason(r),
+                mode="observe",
+            )
             out = out or d
         return out
 
@@ -349,9 +399,11 @@ class Agent:
     def apply(self, node: Node, d: Decision, results: Sequence[CheckResult]) -> None:
         action = action_label(d)
         self.metrics.decisions.labels(d.kind.value, action).inc()
-        evidence = {"checks": {r.check: r.status.value for r in results},
-                    "finding": fault_reason(d.finding) if d.finding else None,
-                    "check": d.finding.check if d.finding else None}
+        evidence = {
+            "checks": {r.check: r.status.value for r in results},
+            "finding": fault_reason(d.finding) if d.finding else None,
+            "check": d.finding.check if d.finding else None,
+        }
         if d.kind is DecisionKind.MARK:
             self.client.set_node_state([node.name], "fail", d.reason)
             self.memory.marked = True
@@ -374,9 +426,13 @@ class Agent:
         return time.monotonic() - self.last_ok_cycle < 3 * self.settings.passive_interval_s + 30
 
     def run(self) -> None:
-        log.info("agent_started", node=self.node_name, mode="observe" if self.observing else "enforce",
-                 observe_only=sorted(self.observe_only) or None,
-                 interval_s=self.settings.passive_interval_s)
+        log.info(
+            "agent_started",
+            node=self.node_name,
+            mode="observe" if self.observing else "enforce",
+            observe_only=sorted(self.observe_only) or None,
+            interval_s=self.settings.passive_interval_s,
+        )
         notify("READY=1", f"STATUS=checking node {self.node_name}")
         watchdog = WatchdogPinger(self.settings.cycle_timeout_s).start()
         next_cycle = 0.0

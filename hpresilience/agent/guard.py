@@ -84,8 +84,13 @@ class FleetView:
     @classmethod
     def of(cls, nodes: Sequence[Node]) -> FleetView:
         """From whole node records (tests, tools that already hold the table): one group per node."""
-        return cls([ReasonGroup(p, 1, (n.name,), n.reason if n.is_unavailable else "", n.reason_changed_at)
-                    for n in nodes for p in (n.partitions or ("",))])
+        return cls(
+            [
+                ReasonGroup(p, 1, (n.name,), n.reason if n.is_unavailable else "", n.reason_changed_at)
+                for n in nodes
+                for p in (n.partitions or ("",))
+            ]
+        )
 
     def partitions(self) -> dict[str, tuple[int, list[tuple[int, str, str]]]]:
         """partition -> (size, [(reason time, node, owner)] of the nodes out for hpresilience's reasons)."""
@@ -120,13 +125,21 @@ def over_ceiling(view: FleetView, node: str, settings: AgentSettings, after_mark
         if len(ahead) + 1 > limit:
             where = f"partition {part}" if part else "the cluster"
             shown = ", ".join(sorted(ahead)[:5]) + (", ..." if len(ahead) > 5 else "")
-            return (f"fleet ceiling reached in {where}: {len(ahead)} node(s) already out of service for hpresilience "
-                    f"({shown}), ceiling {limit} of {size}")
+            return (
+                f"fleet ceiling reached in {where}: {len(ahead)} node(s) already out of service for hpresilience "
+                f"({shown}), ceiling {limit} of {size}"
+            )
     return None
 
 
-def decide(node: Node, cluster: Sequence[Node] | Callable[[], FleetView], results: Sequence[CheckResult],
-           memory: Memory, settings: AgentSettings, now: float) -> Decision:
+def decide(
+    node: Node,
+    cluster: Sequence[Node] | Callable[[], FleetView],
+    results: Sequence[CheckResult],
+    memory: Memory,
+    settings: AgentSettings,
+    now: float,
+) -> Decision:
     """`results`: this cycle's check results; only those that ask for an action (a failure with action reboot
     or replace) count. `cluster`: every node, or a function returning the FleetView, called only for a new mark."""
     current = parse_reason(node.reason) if node.reason else None
@@ -141,20 +154,33 @@ def decide(node: Node, cluster: Sequence[Node] | Callable[[], FleetView], result
             return Decision(DecisionKind.RESUME, "faults the agent reported have cleared")
         return Decision(DecisionKind.NONE, "healthy")
     if foreign:
-        return Decision(DecisionKind.HOLD, f"node already out of service with a reason the agent does not own: "
-                                           f"{node.reason!r}", top.action, finding=top)
+        return Decision(
+            DecisionKind.HOLD,
+            f"node already out of service with a reason the agent does not own: {node.reason!r}",
+            top.action,
+            finding=top,
+        )
     marked_as = current.action if current is not None and current.action is not None else Action.NONE
     if ours and marked_as.rank >= top.action.rank:
         word = marked_as.reason_word if marked_as is not Action.NONE else ""
         return Decision(DecisionKind.NONE, f"already marked {word} by the agent", top.action, finding=top)
     streak = memory.streaks.get(fault_key(top), 0)
     if not top.certain and streak < settings.required_repeats:
-        return Decision(DecisionKind.HOLD, f"seen {streak} of {settings.required_repeats} runs in a row; waiting "
-                                           f"for a repeat", top.action, finding=top)
+        return Decision(
+            DecisionKind.HOLD,
+            f"seen {streak} of {settings.required_repeats} runs in a row; waiting for a repeat",
+            top.action,
+            finding=top,
+        )
     if not ours:
         view = cluster() if callable(cluster) else FleetView.of(cluster)
         why = over_ceiling(view, node.name, settings)
         if why is not None:
             return Decision(DecisionKind.HOLD, why, top.action, finding=top, held_by_ceiling=True)
-    return Decision(DecisionKind.MARK, "escalating" if ours else "fault confirmed", top.action,
-                    agent_reason(top.action, fault_reason(top)), top)
+    return Decision(
+        DecisionKind.MARK,
+        "escalating" if ours else "fault confirmed",
+        top.action,
+        agent_reason(top.action, fault_reason(top)),
+        top,
+    )

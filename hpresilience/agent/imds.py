@@ -68,8 +68,13 @@ def _json(body: bytes | str, what: str) -> Any:
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        log.warning("notice_unreadable", source="ec2", what=what, error=str(err)[:120],
-                    body=_clean(body[:200] if isinstance(body, str) else body[:200].decode("latin-1"), 200))
+        log.warning(
+            "notice_unreadable",
+            source="ec2",
+            what=what,
+            error=str(err)[:120],
+            body=_clean(body[:200] if isinstance(body, str) else body[:200].decode("latin-1"), 200),
+        )
         return None
 
 
@@ -81,8 +86,13 @@ def parse_instance_action(body: bytes | str) -> list[Notice]:
     action = doc.get("action") if isinstance(doc, dict) else None
     at = _date(doc.get("time")) if isinstance(doc, dict) else None
     if action not in SPOT_ACTIONS or at is None:
-        log.warning("notice_skipped", source="ec2", what="spot/instance-action",
-                    why="expected {action: terminate|stop|hibernate, time: ISO 8601 UTC}", doc=_clean(str(doc), 200))
+        log.warning(
+            "notice_skipped",
+            source="ec2",
+            what="spot/instance-action",
+            why="expected {action: terminate|stop|hibernate, time: ISO 8601 UTC}",
+            doc=_clean(str(doc), 200),
+        )
         return []
     return [Notice(PlannedKind.RECLAIM, at, f"ec2 spot {action}", "ec2", f"spot:{action}:{int(at)}")]
 
@@ -103,15 +113,20 @@ def parse_scheduled_events(body: bytes | str) -> list[Notice]:
             continue
         state = ev.get("State")
         desc = _clean(ev.get("Description"))
-        if (isinstance(state, str) and state.strip().lower() in DONE_STATES) or \
-                desc.lower().startswith(("[completed]", "[canceled]", "[cancelled]")):
+        if (isinstance(state, str) and state.strip().lower() in DONE_STATES) or desc.lower().startswith(
+            ("[completed]", "[canceled]", "[cancelled]")
+        ):
             continue
         code = ev.get("Code")
         at = _date(ev.get("NotBefore"))
         if not isinstance(code, str) or not _CODE.match(code) or at is None:
-            log.warning("notice_skipped", source="ec2", what="scheduled event",
-                        why="expected Code (e.g. system-reboot) and NotBefore ('21 Jan 2019 09:00:43 GMT')",
-                        entry=_clean(str(ev), 200))
+            log.warning(
+                "notice_skipped",
+                source="ec2",
+                what="scheduled event",
+                why="expected Code (e.g. system-reboot) and NotBefore ('21 Jan 2019 09:00:43 GMT')",
+                entry=_clean(str(ev), 200),
+            )
             continue
         key = _clean(ev.get("EventId"), 64) or f"{code}:{int(at)}"
         detail = f"ec2 {code}: {desc}" if desc else f"ec2 {code}"

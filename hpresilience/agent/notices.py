@@ -65,8 +65,11 @@ def _is_factory(obj: Any) -> None:
 
 # name -> a factory taking the agent's notice settings.
 NOTICE_SOURCES: Registry[Callable[[NoticeSettings], NoticeSource]] = Registry(
-    "notice source", {"ec2": "hpresilience.agent.imds:Ec2NoticeSource"}, validate=_is_factory,
-    entry_point_group="hpresilience.notice_sources")
+    "notice source",
+    {"ec2": "hpresilience.agent.imds:Ec2NoticeSource"},
+    validate=_is_factory,
+    entry_point_group="hpresilience.notice_sources",
+)
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,16 @@ class NoticeWatcher:
                     log.warning("notice_poll_failed", source=st.source.name, error=str(err)[:200])
                 else:
                     st.off_until = mono + self.settings.reprobe_s
-                    log.info("notice_source_off", source=st.source.name, error=str(err)[:200],
-                             retry_in_s=self.settings.reprobe_s)
+                    log.info(
+                        "notice_source_off",
+                        source=st.source.name,
+                        error=str(err)[:200],
+                        retry_in_s=self.settings.reprobe_s,
+                    )
                 continue
             except Exception as err:  # noqa: BLE001 - a site's source must not end the agent's cycle
                 complete = False
-                log.error("notice_source_failed", source=st.source.name, error=str(err)[:200],
-                          kind=type(err).__name__)
+                log.error("notice_source_failed", source=st.source.name, error=str(err)[:200], kind=type(err).__name__)
                 continue
             if not st.answered:
                 log.info("notice_source_on", source=st.source.name)
@@ -127,8 +133,14 @@ class NoticeWatcher:
                 if n.kind is PlannedKind.MAINTENANCE and n.deadline - now > self.settings.maintenance_lead_s:
                     if n.key not in st.seen:  # said once, not every cycle until it is due
                         st.seen.add(n.key)
-                        log.info("notice_not_yet_due", source=n.source, kind=n.kind.value, detail=n.detail,
-                                 deadline=iso_utc(n.deadline), lead_s=self.settings.maintenance_lead_s)
+                        log.info(
+                            "notice_not_yet_due",
+                            source=n.source,
+                            kind=n.kind.value,
+                            detail=n.detail,
+                            deadline=iso_utc(n.deadline),
+                            lead_s=self.settings.maintenance_lead_s,
+                        )
                     continue
                 due.append(n)
         due.sort(key=lambda n: (n.deadline, n.kind.value, n.detail))
@@ -137,8 +149,21 @@ class NoticeWatcher:
 
 def notice_document(n: Notice, node: str, now: float) -> str:
     """The notice file's content (JSON, one object): what, by when, where from. Readers need only its presence."""
-    return json.dumps({"node": node, "kind": n.kind.value, "deadline": iso_utc(n.deadline), "detail": n.detail,
-                       "source": n.source, "reason": n.reason, "written_at": iso_utc(now)}, sort_keys=True) + "\n"
+    return (
+        json.dumps(
+            {
+                "node": node,
+                "kind": n.kind.value,
+                "deadline": iso_utc(n.deadline),
+                "detail": n.detail,
+                "source": n.source,
+                "reason": n.reason,
+                "written_at": iso_utc(now),
+            },
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
 
 def _safe_dir(d: Path) -> None:
@@ -177,4 +202,3 @@ def remove_notice_file(path: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-

@@ -87,8 +87,12 @@ def act_on_notice(agent: Agent, poll: cloud.Poll, me: Node | None, now: float) -
             was = parse_planned(me.reason)
             if was is not None and me.is_unavailable:
                 agent.client.set_node_state([agent.node_name], "resume")
-                log.warning("node_resumed", node=agent.node_name, why="the cloud notice was withdrawn",
-                            previous_reason=me.reason)
+                log.warning(
+                    "node_resumed",
+                    node=agent.node_name,
+                    why="the cloud notice was withdrawn",
+                    previous_reason=me.reason,
+                )
                 agent.metrics.planned.labels(was.kind.value, "withdrawn").inc()
         agent.planned = None
         return
@@ -112,11 +116,22 @@ def act_on_notice(agent: Agent, poll: cloud.Poll, me: Node | None, now: float) -
     if current is None or (parse_planned(me.reason) is not None and me.reason != reason):
         agent.client.set_node_state([agent.node_name], "drain", reason)
         agent.metrics.planned.labels(n.kind.value, "drained").inc()
-        log.warning("node_drained_planned", node=agent.node_name, reason=reason, source=n.source, key=n.key,
-                    previous_reason=me.reason or None)
+        log.warning(
+            "node_drained_planned",
+            node=agent.node_name,
+            reason=reason,
+            source=n.source,
+            key=n.key,
+            previous_reason=me.reason or None,
+        )
     elif me.reason != reason:
         # A person's reason, or the agent's own fault mark: the node is out already; left as it is.
         agent.metrics.planned.labels(n.kind.value, "left").inc()
-        log.warning("planned_drain_left", node=agent.node_name, reason=reason, current_reason=me.reason,
-                    why="the node already carries a reason the notice must not overwrite")
+        log.warning(
+            "planned_drain_left",
+            node=agent.node_name,
+            reason=reason,
+            current_reason=me.reason,
+            why="the node already carries a reason the notice must not overwrite",
+        )
     agent.planned = reason

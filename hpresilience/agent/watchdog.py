@@ -21,8 +21,9 @@ log = get_logger("hpresilience.agent")
 
 
 class WatchdogPinger:
-    def __init__(self, cycle_timeout_s: float, interval_s: float | None = None,
-                 send: Callable[[str], object] = notify) -> None:
+    def __init__(
+        self, cycle_timeout_s: float, interval_s: float | None = None, send: Callable[[str], object] = notify
+    ) -> None:
         self.interval = watchdog_interval_s() if interval_s is None else interval_s
         self.cycle_timeout_s = cycle_timeout_s
         self._send = send
@@ -73,5 +74,8 @@ class WatchdogPinger:
                 self._starved_logged = False
             elif not self._starved_logged:
                 self._starved_logged = True
-                log.error("watchdog_pings_stopped", cycle_timeout_s=self.cycle_timeout_s,
-                          why="a check cycle ran past agent.cycle_timeout_s; systemd restarts the agent")
+                log.error(
+                    "watchdog_pings_stopped",
+                    cycle_timeout_s=self.cycle_timeout_s,
+                    why="a check cycle ran past agent.cycle_timeout_s; systemd restarts the agent",
+                )

@@ -44,9 +44,19 @@ class BatchHostLost(NoReplacement):
 
 
 class Capacity:
-    def __init__(self, client: SlurmClient, job_id: int, state: WrapperState, reporter: Reporter, *,
-                 grow: bool, replace_timeout_s: float, progress_every_s: float = 5.0, min_nodes: int = 0,
-                 settle: Callable[[list[str]], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: SlurmClient,
+        job_id: int,
+        state: WrapperState,
+        reporter: Reporter,
+        *,
+        grow: bool,
+        replace_timeout_s: float,
+        progress_every_s: float = 5.0,
+        min_nodes: int = 0,
+        settle: Callable[[list[str]], None] | None = None,
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.state = state
@@ -124,15 +134,21 @@ class Capacity:
         if job.batch_host and job.batch_host in unhealthy and job.batch_host not in self._unreachable:
             # A spare (above) may take its slot in the step; growing instead would leave a job whose NodeList
             # names a failed node, which is what scripts that read `scontrol show jobid` (HyperPod's recipe) use.
-            raise BatchHostLost(f"node {job.batch_host} failed and it is the batch host: it cannot leave the job, "
-                                f"so the job's NodeList would keep naming it; requeueing onto healthy nodes")
+            raise BatchHostLost(
+                f"node {job.batch_host} failed and it is the batch host: it cannot leave the job, "
+                f"so the job's NodeList would keep naming it; requeueing onto healthy nodes"
+            )
         if not self.grow:
-            raise NoReplacement(f"{left} healthy node(s) left for a {size}-node step, no hot spare, and growing "
-                                "the job is off (--auto-resume-no-grow / autoresume.grow_by_expansion: false)")
+            raise NoReplacement(
+                f"{left} healthy node(s) left for a {size}-node step, no hot spare, and growing "
+                "the job is off (--auto-resume-no-grow / autoresume.grow_by_expansion: false)"
+            )
         if not self.expansion_permitted():
-            raise NoReplacement(f"{left} healthy node(s) left for a {size}-node step, no hot spare, and this "
-                                "cluster does not permit job expansion (SchedulerParameters lacks "
-                                "permit_job_expansion), so no node can join the running job")
+            raise NoReplacement(
+                f"{left} healthy node(s) left for a {size}-node step, no hot spare, and this "
+                "cluster does not permit job expansion (SchedulerParameters lacks "
+                "permit_job_expansion), so no node can join the running job"
+            )
         grown, added = self._grow(size - left, job.partition)
         # A node that joined was idle, so usable, a moment ago: a blamed node among them is the failed node back
         # after repair under its own name (HyperPod's replacement, and the only one on a full cluster). It no
@@ -167,8 +183,14 @@ class Capacity:
         plan = plan[:size]
         if len(plan) < self.min_nodes:
             return None
-        self.reporter.decision("running_short", nodes=",".join(plan), nodes_now=len(plan), nodes_requested=size,
-                               min_nodes=self.min_nodes, left_out=",".join(sorted(unhealthy & set(job.nodes))))
+        self.reporter.decision(
+            "running_short",
+            nodes=",".join(plan),
+            nodes_now=len(plan),
+            nodes_requested=size,
+            min_nodes=self.min_nodes,
+            left_out=",".join(sorted(unhealthy & set(job.nodes))),
+        )
         return plan
 
     def back_in_service(self, size: int, previous: Sequence[str]) -> list[str] | None:
@@ -177,8 +199,15 @@ class Capacity:
         of the partition's idle nodes: O(1) Slurm calls, the replacement wait's queries), else None."""
         job = self.client.job(self.job_id)
         kept = [n for n in self.state.kept_out if n in job.nodes]
-        back = [n.name for n in self.client.known_nodes(kept)
-                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")] if kept else []
+        back = (
+            [
+                n.name
+                for n in self.client.known_nodes(kept)
+                if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")
+            ]
+            if kept
+            else []
+        )
         if not back:
             return self._grow_into_idle(job, size, previous, set(kept))
         plan = plan_nodes(job.nodes, size, (set(kept) - set(back)), [*previous, *back])
@@ -213,8 +242,11 @@ class Capacity:
         # that on the devcluster and ended the whole job. Only responsive bad nodes (FAIL, DRAIN) are released.
         release = [n for n in job.nodes if n in unhealthy and n != job.batch_host and n not in self._unreachable]
         if job.batch_host in unhealthy:
-            self.reporter.decision("nodes_kept_in_allocation", nodes=job.batch_host,
-                                   why="it is the batch host: releasing it would end the batch script")
+            self.reporter.decision(
+                "nodes_kept_in_allocation",
+                nodes=job.batch_host,
+                why="it is the batch host: releasing it would end the batch script",
+            )
         refused = self.can_resize_again() if release else None
         if not release or refused:
             if release:
@@ -228,8 +260,12 @@ class Capacity:
         except HPResilienceError as err:
             if DB_INDEX_REFUSAL in str(err):
                 self.state.resize_refused = True
-            self.reporter.decision("allocation_shrink_failed", nodes=compress(release), error=str(err)[:300],
-                                   final=self.state.resize_refused)
+            self.reporter.decision(
+                "allocation_shrink_failed",
+                nodes=compress(release),
+                error=str(err)[:300],
+                final=self.state.resize_refused,
+            )
             return self.client.job(self.job_id)
         self.state.kept_out = [n for n in self.state.kept_out if n in job.nodes]
         self.reporter.decision("allocation_shrunk", released=compress(release), nodes=compress(job.nodes))
@@ -256,26 +292,45 @@ class Capacity:
             return idle[:count] if len(idle) >= count else None
 
         def progress(what: str, waited: float) -> None:
-            self.reporter.decision("waiting_for_replacement", count=count, waited_s=round(waited, 1),
-                                   timeout_s=self.replace_timeout_s, nodes_now=last_view)
+            self.reporter.decision(
+                "waiting_for_replacement",
+                count=count,
+                waited_s=round(waited, 1),
+                timeout_s=self.replace_timeout_s,
+                nodes_now=last_view,
+            )
 
-        self.reporter.decision("waiting_for_replacement", count=count, waited_s=0.0, timeout_s=self.replace_timeout_s,
-                               partition=partition or None)
+        self.reporter.decision(
+            "waiting_for_replacement",
+            count=count,
+            waited_s=0.0,
+            timeout_s=self.replace_timeout_s,
+            partition=partition or None,
+        )
         while True:
             left = deadline - time.monotonic()
             try:
-                chosen = wait_for(usable, f"{count} idle node(s) to grow job {self.job_id}", max(0.0, left),
-                                  interval=0.2, progress_every=self.progress_every_s, on_progress=progress)
+                chosen = wait_for(
+                    usable,
+                    f"{count} idle node(s) to grow job {self.job_id}",
+                    max(0.0, left),
+                    interval=0.2,
+                    progress_every=self.progress_every_s,
+                    on_progress=progress,
+                )
             except WaitTimeout:
                 waited = time.monotonic() - started
-                raise NoReplacement(f"waited {waited:.0f} s (replace_timeout_s) for {count} healthy node(s) to "
-                                    f"grow job {self.job_id} into, and none became usable: {last_view}"
-                                    + (f"; last grow attempt: {last_error}" if last_error else "")) from None
+                raise NoReplacement(
+                    f"waited {waited:.0f} s (replace_timeout_s) for {count} healthy node(s) to "
+                    f"grow job {self.job_id} into, and none became usable: {last_view}"
+                    + (f"; last grow attempt: {last_error}" if last_error else "")
+                ) from None
             except HPResilienceError as err:
                 raise NoReplacement(f"could not read node states while waiting for a replacement: {err}") from None
             try:
-                grown = self.client.grow_job(self.job_id, count, nodes=chosen,
-                                             timeout=max(5.0, min(60.0, deadline - time.monotonic())))
+                grown = self.client.grow_job(
+                    self.job_id, count, nodes=chosen, timeout=max(5.0, min(60.0, deadline - time.monotonic()))
+                )
             except HPResilienceError as err:
                 # Another job took the node between our look and the request: look again, until the deadline.
                 last_error = str(err)[:200]
@@ -285,15 +340,21 @@ class Capacity:
                 time.sleep(0.5)
                 continue
             self.state.resized = True
-            self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen),
-                                   waited_s=round(time.monotonic() - started, 2))
+            self.reporter.decision(
+                "allocation_grown",
+                nodes=compress(grown.nodes),
+                added=compress(chosen),
+                waited_s=round(time.monotonic() - started, 2),
+            )
             return grown, list(chosen)
 
     def _swapped(self, previous: Sequence[str], plan: Sequence[str], source: str) -> None:
-        swaps: list[dict[str, Any]] = [{"slot": i, "old": old, "new": new}
-                                       for i, (old, new) in enumerate(zip(previous, plan, strict=False)) if old != new]
+        swaps: list[dict[str, Any]] = [
+            {"slot": i, "old": old, "new": new}
+            for i, (old, new) in enumerate(zip(previous, plan, strict=False))
+            if old != new
+        ]
         self.reporter.decision("node_swapped", source=source, swaps=swaps, nodes=",".join(plan))
-
 
 
 def _describe(watched: Sequence[Node], partition: str, idle: int) -> str:

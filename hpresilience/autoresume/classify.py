@@ -47,9 +47,15 @@ class Diagnosis:
     evidence: dict[str, str] = field(default_factory=dict)
 
 
-def classify(exit_code: int, step_nodes: Sequence[str], node_states: Mapping[str, Node],
-             allocation: Sequence[str], srun_errors: Iterable[str] = (), rule_fired: tuple[Cause, str] | None = None,
-             blamed_while_running: Iterable[str] = ()) -> Diagnosis:
+def classify(
+    exit_code: int,
+    step_nodes: Sequence[str],
+    node_states: Mapping[str, Node],
+    allocation: Sequence[str],
+    srun_errors: Iterable[str] = (),
+    rule_fired: tuple[Cause, str] | None = None,
+    blamed_while_running: Iterable[str] = (),
+) -> Diagnosis:
     """Classify one ended step. `node_states` maps node name to its current state (missing: unknown)."""
     blamed = list(blamed_while_running)
     if exit_code == 0 and not blamed and rule_fired is None:

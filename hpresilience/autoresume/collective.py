@@ -16,14 +16,30 @@ from dataclasses import dataclass
 
 # Literal first words keep the per-line cost to a substring test; the regexes run only on candidates.
 SIGNATURES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
-    ("nccl_watchdog", "Watchdog caught collective operation timeout",
-     re.compile(r"Watchdog caught collective operation timeout")),
-    ("nccl_abort", "NCCL", re.compile(r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:timed out|watchdog)"
-                                      r"|NCCL error", re.IGNORECASE)),
+    (
+        "nccl_watchdog",
+        "Watchdog caught collective operation timeout",
+        re.compile(r"Watchdog caught collective operation timeout"),
+    ),
+    (
+        "nccl_abort",
+        "NCCL",
+        re.compile(
+            r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:timed out|watchdog)"
+            r"|NCCL error",
+            re.IGNORECASE,
+        ),
+    ),
     ("gloo_connection", "by peer", re.compile(r"Connection (?:closed|reset) by peer")),
     ("gloo_timeout", "Timed out waiting", re.compile(r"Timed out waiting \d+ms for (?:recv|send) operation")),
-    ("store_timeout", "out", re.compile(r"(?:DistStoreError|TCPStore|[Ss]tore).{0,120}(?:[Tt]imed out|[Tt]imeout)"
-                                        r"|[Ss]ocket [Tt]imeout")),
+    (
+        "store_timeout",
+        "out",
+        re.compile(
+            r"(?:DistStoreError|TCPStore|[Ss]tore).{0,120}(?:[Tt]imed out|[Tt]imeout)"
+            r"|[Ss]ocket [Tt]imeout"
+        ),
+    ),
 )
 
 

@@ -46,8 +46,17 @@ def private_dir(path: Path) -> Path | None:
 
 
 class HangInvestigator:
-    def __init__(self, client: SlurmClient, job_id: int, root: Path, progress: ProgressStream, reporter: Reporter,
-                 env: dict[str, str], marker: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        client: SlurmClient,
+        job_id: int,
+        root: Path,
+        progress: ProgressStream,
+        reporter: Reporter,
+        env: dict[str, str],
+        marker: str,
+        timeout_s: float,
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.root = root
@@ -66,8 +75,9 @@ class HangInvestigator:
         a node did not answer, so its tasks could not be counted). One srun for the whole step."""
         env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
         try:
-            counts = step_task_counts(self.client, self.job_id, list(launch.nodes), self.marker, launch.attempt,
-                                      env, self.timeout_s)
+            counts = step_task_counts(
+                self.client, self.job_id, list(launch.nodes), self.marker, launch.attempt, env, self.timeout_s
+            )
         except HPResilienceError as err:
             log.warning("step_task_count_failed", error=str(err)[:300])
             return None
@@ -78,10 +88,15 @@ class HangInvestigator:
         started = time.monotonic()
         directory = Path(self.attempt_dir(launch.attempt) or self.root)
         ranks = self.progress.ranks()
-        self.reporter.decision("hang_detected", attempt=launch.attempt, silent_s=round(due.silent_s, 1),
-                               threshold_s=round(due.threshold_s, 1), median_interval_s=(
-                                   round(due.median_interval_s, 3) if due.median_interval_s else None),
-                               ranks_known=len(ranks), evidence=str(directory))
+        self.reporter.decision(
+            "hang_detected",
+            attempt=launch.attempt,
+            silent_s=round(due.silent_s, 1),
+            threshold_s=round(due.threshold_s, 1),
+            median_interval_s=(round(due.median_interval_s, 3) if due.median_interval_s else None),
+            ranks_known=len(ranks),
+            evidence=str(directory),
+        )
         signals: dict[str, list[tuple[int, int]]] = {}
         asked: dict[int, Path] = {}
         for rank, info in ranks.items():
@@ -95,8 +110,9 @@ class HangInvestigator:
             fr_asked = time.monotonic()
         env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
         try:
-            raw = probe_marked_processes(self.client, self.job_id, list(launch.nodes), self.marker, signals, env,
-                                         self.timeout_s)
+            raw = probe_marked_processes(
+                self.client, self.job_id, list(launch.nodes), self.marker, signals, env, self.timeout_s
+            )
         except HPResilienceError as err:
             self.reporter.decision("hang_probe_failed", error=str(err)[:300])
             raw = {}
@@ -111,22 +127,37 @@ class HangInvestigator:
         if fr_asked is not None:  # the ranks look for the request 4 times a second
             time.sleep(max(0.0, FR_WAIT_S - (time.monotonic() - fr_asked)))
         front = wavefront(read_dumps(directory), world=sorted(ranks))
-        summary = {"attempt": launch.attempt, "silent_s": due.silent_s, "threshold_s": due.threshold_s,
-                   "unambiguous": verdict.unambiguous, "nodes": verdict.nodes, "ranks": verdict.ranks,
-                   "unanswered": verdict.unanswered,
-                   "suspects": [s.__dict__ for s in verdict.suspects],
-                   "stacks": {str(pid): str(p) for pid, p in asked.items() if stacks.get(pid)},
-                   "flight_recorder": {"dumps": front.dumps, "wavefront": front.groups,
-                                       "behind": [lag.__dict__ for lag in front.behind]},
-                   "took_s": round(time.monotonic() - started, 3)}
+        summary = {
+            "attempt": launch.attempt,
+            "silent_s": due.silent_s,
+            "threshold_s": due.threshold_s,
+            "unambiguous": verdict.unambiguous,
+            "nodes": verdict.nodes,
+            "ranks": verdict.ranks,
+            "unanswered": verdict.unanswered,
+            "suspects": [s.__dict__ for s in verdict.suspects],
+            "stacks": {str(pid): str(p) for pid, p in asked.items() if stacks.get(pid)},
+            "flight_recorder": {
+                "dumps": front.dumps,
+                "wavefront": front.groups,
+                "behind": [lag.__dict__ for lag in front.behind],
+            },
+            "took_s": round(time.monotonic() - started, 3),
+        }
         _write(directory / "hang.json", json.dumps(summary, indent=1, default=str))
         self.reporter.decision(
-            "hang_attributed", attempt=launch.attempt, node=",".join(verdict.nodes) or None,
-            rank=",".join(map(str, verdict.ranks)) or None, unambiguous=verdict.unambiguous,
+            "hang_attributed",
+            attempt=launch.attempt,
+            node=",".join(verdict.nodes) or None,
+            rank=",".join(map(str, verdict.ranks)) or None,
+            unambiguous=verdict.unambiguous,
             why="; ".join(s.why for s in verdict.suspects)[:600] or "no rank or node stood out",
-            evidence=str(directory), stacks=sum(1 for v in stacks.values() if v),
-            fr_dumps=front.dumps, fr_behind=",".join(map(str, front.ranks)) or None,
-            took_s=summary["took_s"])
+            evidence=str(directory),
+            stacks=sum(1 for v in stacks.values() if v),
+            fr_dumps=front.dumps,
+            fr_behind=",".join(map(str, front.ranks)) or None,
+            took_s=summary["took_s"],
+        )
         return verdict
 
 

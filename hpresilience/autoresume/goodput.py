@@ -19,8 +19,23 @@ from hpresilience.autoresume.ledgerfile import read_events
 from hpresilience.slurm.accounting import JobRecord
 
 STATE_SUBDIR = Path(".hpresilience") / "jobs"
-LIVE_STATES = frozenset({"", "PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING",
-                         "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"})
+LIVE_STATES = frozenset(
+    {
+        "",
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "RESIZING",
+        "SUSPENDED",
+        "CONFIGURING",
+        "COMPLETING",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
 
 
 def candidate_dirs(record: JobRecord, state_dir: str) -> list[Path]:
@@ -65,10 +80,18 @@ class ClusterGoodput:
     without_ledger: int = 0
 
     def add(self, record: JobRecord, ledger: Ledger) -> None:
-        self.jobs.append({"job_id": record.job_id, "user": record.user, "partition": record.partition,
-                          "wall_s": round(ledger.wall_s, 3), "productive_s": round(ledger.productive_s, 3),
-                          "goodput": round(ledger.goodput, 4), "restarts": len(ledger.restarts),
-                          "badput_s": {k: round(v, 3) for k, v in ledger.badput_s.items()}})
+        self.jobs.append(
+            {
+                "job_id": record.job_id,
+                "user": record.user,
+                "partition": record.partition,
+                "wall_s": round(ledger.wall_s, 3),
+                "productive_s": round(ledger.productive_s, 3),
+                "goodput": round(ledger.goodput, 4),
+                "restarts": len(ledger.restarts),
+                "badput_s": {k: round(v, 3) for k, v in ledger.badput_s.items()},
+            }
+        )
         self.wall_s += ledger.wall_s
         self.productive_s += ledger.productive_s
         for k, v in ledger.badput_s.items():
@@ -85,12 +108,18 @@ class ClusterGoodput:
 
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         nodes = sorted(self.by_node.items(), key=lambda kv: -kv[1])[:top]
-        return {"jobs": self.jobs, "job_count": len(self.jobs), "wall_s": round(self.wall_s, 3),
-                "productive_s": round(self.productive_s, 3), "goodput": round(self.goodput, 4),
-                "badput_s": {k: round(v, 3) for k, v in self.badput_s.items()},
-                "badput_by_cause_s": {k: round(v, 3) for k, v in sorted(self.by_cause.items())},
-                "costliest_nodes": [{"node": n, "badput_s": round(v, 3)} for n, v in nodes],
-                "restarts": self.restarts, "jobs_without_ledger": self.without_ledger}
+        return {
+            "jobs": self.jobs,
+            "job_count": len(self.jobs),
+            "wall_s": round(self.wall_s, 3),
+            "productive_s": round(self.productive_s, 3),
+            "goodput": round(self.goodput, 4),
+            "badput_s": {k: round(v, 3) for k, v in self.badput_s.items()},
+            "badput_by_cause_s": {k: round(v, 3) for k, v in sorted(self.by_cause.items())},
+            "costliest_nodes": [{"node": n, "badput_s": round(v, 3)} for n, v in nodes],
+            "restarts": self.restarts,
+            "jobs_without_ledger": self.without_ledger,
+        }
 
 
 def _share(r: Restart) -> float:
@@ -98,8 +127,10 @@ def _share(r: Restart) -> float:
 
 
 def render_cluster(g: ClusterGoodput) -> str:
-    lines = [f"{len(g.jobs)} job(s): goodput {g.goodput * 100:.1f} % ({g.productive_s:.1f} s productive of "
-             f"{g.wall_s:.1f} s wall), {g.restarts} restart(s)"]
+    lines = [
+        f"{len(g.jobs)} job(s): goodput {g.goodput * 100:.1f} % ({g.productive_s:.1f} s productive of "
+        f"{g.wall_s:.1f} s wall), {g.restarts} restart(s)"
+    ]
     bad = sorted(((v, k) for k, v in g.badput_s.items() if v > 0.0005), reverse=True)
     if bad:
         lines.append("  badput: " + ", ".join(f"{k} {v:.1f} s" for v, k in bad))
@@ -109,6 +140,8 @@ def render_cluster(g: ClusterGoodput) -> str:
     if top:
         lines.append("  costliest nodes: " + ", ".join(f"{n} {v:.1f} s" for n, v in top))
     if g.without_ledger:
-        lines.append(f"  {g.without_ledger} job(s) without a readable ledger (not auto-resume jobs, or "
-                     "their directory is not readable here)")
+        lines.append(
+            f"  {g.without_ledger} job(s) without a readable ledger (not auto-resume jobs, or "
+            "their directory is not readable here)"
+        )
     return "\n".join(lines)

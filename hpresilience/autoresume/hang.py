@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 from hpresilience.autoresume.progress import ProgressStream, RankInfo
 from hpresilience.slurm.steps import ProcState
 
-BAD_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a tracer",
-              "D": "in uninterruptible sleep (a driver or file system call that does not return)",
-              "Z": "a zombie (exited, not reaped)"}
+BAD_STATES = {
+    "T": "stopped (SIGSTOP or a debugger)",
+    "t": "stopped by a tracer",
+    "D": "in uninterruptible sleep (a driver or file system call that does not return)",
+    "Z": "a zombie (exited, not reaped)",
+}
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,13 @@ class HangClock:
         deadline = self.deadline()
         if last is None or limit is None or deadline is None or now < deadline:
             return None
-        return HangDue(now - last, limit, last, self.stream.median_interval(),
-                       rechecked=self.dismissed_at is not None and self.dismissed_for == last)
+        return HangDue(
+            now - last,
+            limit,
+            last,
+            self.stream.median_interval(),
+            rechecked=self.dismissed_at is not None and self.dismissed_for == last,
+        )
 
 
 @dataclass(frozen=True)
@@ -124,8 +132,12 @@ class Attribution:
         return sorted({s.rank for s in self.suspects if s.rank is not None})
 
 
-def attribute(step_nodes: Sequence[str], reports: Mapping[str, Sequence[ProcState] | None],
-              stacks: Mapping[int, bool], ranks: Mapping[int, RankInfo]) -> Attribution:
+def attribute(
+    step_nodes: Sequence[str],
+    reports: Mapping[str, Sequence[ProcState] | None],
+    stacks: Mapping[int, bool],
+    ranks: Mapping[int, RankInfo],
+) -> Attribution:
     """`reports[node]`: the processes the probe saw there (None: the node did not answer). `stacks[pid]`:
     whether the pid wrote a stack after being asked (only pids that were asked). `ranks`: the stream's."""
     out = Attribution()
@@ -142,13 +154,28 @@ def attribute(step_nodes: Sequence[str], reports: Mapping[str, Sequence[ProcStat
                 continue
             seen_ranks.add(p.rank)
             if p.state in BAD_STATES:
-                out.suspects.append(Suspect(node, p.rank, p.pid, f"rank {p.rank} (pid {p.pid}) is "
-                                            f"{BAD_STATES[p.state]}, wchan {p.wchan}"))
+                out.suspects.append(
+                    Suspect(
+                        node, p.rank, p.pid, f"rank {p.rank} (pid {p.pid}) is {BAD_STATES[p.state]}, wchan {p.wchan}"
+                    )
+                )
             elif stacks.get(p.pid) is False:
-                out.suspects.append(Suspect(node, p.rank, p.pid, f"rank {p.rank} (pid {p.pid}) wrote no "
-                                            f"Python stack when asked (state {p.state})"))
+                out.suspects.append(
+                    Suspect(
+                        node,
+                        p.rank,
+                        p.pid,
+                        f"rank {p.rank} (pid {p.pid}) wrote no Python stack when asked (state {p.state})",
+                    )
+                )
     for rank, info in sorted(ranks.items()):
         if rank not in seen_ranks and info.node in out.answered:
-            out.suspects.append(Suspect(info.node, rank, info.pid or None,
-                                        f"rank {rank} sent heartbeats from {info.node} and its process is gone"))
+            out.suspects.append(
+                Suspect(
+                    info.node,
+                    rank,
+                    info.pid or None,
+                    f"rank {rank} sent heartbeats from {info.node} and its process is gone",
+                )
+            )
     return out

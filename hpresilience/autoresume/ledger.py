@@ -57,10 +57,16 @@ class Restart:
     by_category: dict[str, float] = field(default_factory=dict)  # what this fault cost, by category
 
     def to_dict(self) -> dict[str, Any]:
-        return {"at": round(self.at, 3), "attempt": self.attempt, "cause": self.cause, "nodes": self.nodes,
-                "action": self.action, "lost_s": None if self.lost_s is None else round(self.lost_s, 3),
-                "badput_s": round(self.badput_s, 3),
-                "by_category": {k: round(v, 3) for k, v in self.by_category.items() if v > 0.0005}}
+        return {
+            "at": round(self.at, 3),
+            "attempt": self.attempt,
+            "cause": self.cause,
+            "nodes": self.nodes,
+            "action": self.action,
+            "lost_s": None if self.lost_s is None else round(self.lost_s, 3),
+            "badput_s": round(self.badput_s, 3),
+            "by_category": {k: round(v, 3) for k, v in self.by_category.items() if v > 0.0005},
+        }
 
 
 @dataclass
@@ -89,12 +95,22 @@ class Ledger:
         self.badput_s[category.value] += max(0.0, seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": LEDGER_VERSION, "job_id": self.job_id, "start": round(self.start, 3),
-                "end": round(self.end, 3), "wall_s": round(self.wall_s, 3),
-                "productive_s": round(self.productive_s, 3), "goodput": round(self.goodput, 4),
-                "badput_s": {k: round(v, 3) for k, v in self.badput_s.items()},
-                "restarts": [r.to_dict() for r in self.restarts], "attempts": self.attempts, "ended": self.ended,
-                "progress_seen": self.progress_seen, "lost_work_known": self.lost_work_known, "notes": self.notes}
+        return {
+            "version": LEDGER_VERSION,
+            "job_id": self.job_id,
+            "start": round(self.start, 3),
+            "end": round(self.end, 3),
+            "wall_s": round(self.wall_s, 3),
+            "productive_s": round(self.productive_s, 3),
+            "goodput": round(self.goodput, 4),
+            "badput_s": {k: round(v, 3) for k, v in self.badput_s.items()},
+            "restarts": [r.to_dict() for r in self.restarts],
+            "attempts": self.attempts,
+            "ended": self.ended,
+            "progress_seen": self.progress_seen,
+            "lost_work_known": self.lost_work_known,
+            "notes": self.notes,
+        }
 
 
 @dataclass
@@ -238,18 +254,26 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
             window = max(0.0, min(decided, end) - cursor)
             if a.fault is None:
                 # Ended without a fault (success, or stopped): what it did is kept; the tail is other.
-                carve(span(last_at if last_at is not None else fault_at, None), a.blocked("checkpoint_s"), None,
-                      Badput.CHECKPOINT)
+                carve(
+                    span(last_at if last_at is not None else fault_at, None),
+                    a.blocked("checkpoint_s"),
+                    None,
+                    Badput.CHECKPOINT,
+                )
             else:
-                kept = _kept_steps(a, attempts[i + 1:])
+                kept = _kept_steps(a, attempts[i + 1 :])
                 if kept is None or not step:
                     span(fault_at, Badput.OTHER)
                     ledger.lost_work_known = False
                     ledger.notes.append(f"attempt {a.number}: lost work unknown (no later progress)")
                 else:
                     # Saves block the steps that are kept; those of redone steps are lost work anyway.
-                    carve(span(cursor + min(window, kept * step), None), a.blocked("checkpoint_s"), None,
-                          Badput.CHECKPOINT)
+                    carve(
+                        span(cursor + min(window, kept * step), None),
+                        a.blocked("checkpoint_s"),
+                        None,
+                        Badput.CHECKPOINT,
+                    )
                     before = dict(ledger.badput_s)
                     lost = span(fault_at, Badput.LOST_WORK)
                     a.ended = {**e, "lost_s": lost}
@@ -270,10 +294,18 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
             span(nxt.launched if nxt else end, Badput.OTHER)
         nodes = [n for n in str(a.fault.get("nodes") or "").split(",") if n]
         cost = {k: v - before.get(k, 0.0) for k, v in ledger.badput_s.items()}
-        ledger.restarts.append(Restart(at=fault_at, attempt=a.number, cause=cause or "unknown", nodes=nodes,
-                                       action="requeue" if a.requeued is not None else "relaunch",
-                                       lost_s=float(lost_s) if isinstance(lost_s, (int, float)) else None,
-                                       badput_s=sum(cost.values()), by_category=cost))
+        ledger.restarts.append(
+            Restart(
+                at=fault_at,
+                attempt=a.number,
+                cause=cause or "unknown",
+                nodes=nodes,
+                action="requeue" if a.requeued is not None else "relaunch",
+                lost_s=float(lost_s) if isinstance(lost_s, (int, float)) else None,
+                badput_s=sum(cost.values()),
+                by_category=cost,
+            )
+        )
     span(end, Badput.OTHER)
     if not ledger.progress_seen:
         ledger.notes.append("the step reported no progress (no step counter, no heartbeat): lost work unknown")
@@ -305,16 +337,20 @@ def _kept_steps(a: _Attempt, later: list[_Attempt]) -> int | None:
 
 def render(ledger: Ledger) -> str:
     """The one-screen summary (`hpresilience job`, and the wrapper's last lines in the job's output)."""
-    lines = [f"job {ledger.job_id}: goodput {ledger.goodput * 100:.1f} % "
-             f"({ledger.productive_s:.1f} s productive of {ledger.wall_s:.1f} s wall, {ledger.attempts} attempt(s)"
-             f"{'' if ledger.ended else ', not ended'})"]
+    lines = [
+        f"job {ledger.job_id}: goodput {ledger.goodput * 100:.1f} % "
+        f"({ledger.productive_s:.1f} s productive of {ledger.wall_s:.1f} s wall, {ledger.attempts} attempt(s)"
+        f"{'' if ledger.ended else ', not ended'})"
+    ]
     bad = sorted(((v, k) for k, v in ledger.badput_s.items() if v > 0.0005), reverse=True)
     if bad:
         lines.append("  badput: " + ", ".join(f"{k} {v:.1f} s" for v, k in bad))
     for r in ledger.restarts:
         when = datetime.fromtimestamp(r.at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         lost = "unknown" if r.lost_s is None else f"{r.lost_s:.1f} s"
-        lines.append(f"  {when}Z attempt {r.attempt}: {r.cause} on {','.join(r.nodes) or '-'} -> {r.action}, "
-                     f"lost work {lost}, cost {r.badput_s:.1f} s")
+        lines.append(
+            f"  {when}Z attempt {r.attempt}: {r.cause} on {','.join(r.nodes) or '-'} -> {r.action}, "
+            f"lost work {lost}, cost {r.badput_s:.1f} s"
+        )
     lines.extend(f"  note: {n}" for n in ledger.notes)
     return "\n".join(lines)

@@ -36,12 +36,18 @@ def attempt_record(progress: ProgressStream, attempt: int, decided_at: float, ex
     elif progress.median_interval() is not None:
         step_s = round(progress.median_interval() or 0.0, 4) or None
     blocked = progress.blocked()
-    return {"attempt": attempt, "exit_code": exit_code, "decided_at": _wall(decided_at, now_mono, now_wall),
-            "checkpoint_s": round(blocked[0], 3) if blocked else None,
-            "restore_s": round(blocked[1], 3) if blocked else None,
-            "first_progress_at": _wall(first_at, now_mono, now_wall),
-            "last_progress_at": _wall(last_at, now_mono, now_wall),
-            "first_step": seen[0] if seen else None, "last_step": seen[1] if seen else None, "step_s": step_s}
+    return {
+        "attempt": attempt,
+        "exit_code": exit_code,
+        "decided_at": _wall(decided_at, now_mono, now_wall),
+        "checkpoint_s": round(blocked[0], 3) if blocked else None,
+        "restore_s": round(blocked[1], 3) if blocked else None,
+        "first_progress_at": _wall(first_at, now_mono, now_wall),
+        "last_progress_at": _wall(last_at, now_mono, now_wall),
+        "first_step": seen[0] if seen else None,
+        "last_step": seen[1] if seen else None,
+        "step_s": step_s,
+    }
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

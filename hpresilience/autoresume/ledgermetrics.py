@@ -36,8 +36,9 @@ class _Seen:
 
 
 class LedgerCollector(Collector):
-    def __init__(self, client: SlurmClient, state_dir: str = "", window_s: int = 86400,
-                 refresh_s: float = 60.0) -> None:
+    def __init__(
+        self, client: SlurmClient, state_dir: str = "", window_s: int = 86400, refresh_s: float = 60.0
+    ) -> None:
         self.client = client
         self.state_dir = state_dir
         self.window_s = window_s
@@ -79,16 +80,19 @@ class LedgerCollector(Collector):
             jobs = list(self.jobs.values())
             retired, retired_productive = dict(self.retired), self.retired_productive
         labels = ["job_id", "user", "partition"]
-        goodput = GaugeMetricFamily("hpr_job_goodput_ratio", "Productive share of the job's wall time (ledger)",
-                                    labels=labels)
-        productive = GaugeMetricFamily("hpr_job_productive_seconds", "Wall time that produced kept progress",
-                                       labels=labels)
-        badput = GaugeMetricFamily("hpr_job_badput_seconds", "Wall time lost, by category (docs/goodput.md)",
-                                   labels=[*labels, "category"])
-        cluster = CounterMetricFamily("hpr_cluster_badput_seconds", "Badput of every job seen, by category",
-                                      labels=["category"])
-        cluster_productive = CounterMetricFamily("hpr_cluster_productive_seconds",
-                                                 "Productive time of every job seen")
+        goodput = GaugeMetricFamily(
+            "hpr_job_goodput_ratio", "Productive share of the job's wall time (ledger)", labels=labels
+        )
+        productive = GaugeMetricFamily(
+            "hpr_job_productive_seconds", "Wall time that produced kept progress", labels=labels
+        )
+        badput = GaugeMetricFamily(
+            "hpr_job_badput_seconds", "Wall time lost, by category (docs/goodput.md)", labels=[*labels, "category"]
+        )
+        cluster = CounterMetricFamily(
+            "hpr_cluster_badput_seconds", "Badput of every job seen, by category", labels=["category"]
+        )
+        cluster_productive = CounterMetricFamily("hpr_cluster_productive_seconds", "Productive time of every job seen")
         totals = dict(retired)
         total_productive = retired_productive
         for s in jobs:

@@ -47,8 +47,9 @@ class Nudges(Enum):
 
 
 class NodeWatch:
-    def __init__(self, client: SlurmClient, job_id: int, full_check_s: float = 120.0,
-                 watched_read_s: float = WATCHED_READ_S) -> None:
+    def __init__(
+        self, client: SlurmClient, job_id: int, full_check_s: float = 120.0, watched_read_s: float = WATCHED_READ_S
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.full_check_s = full_check_s
@@ -82,8 +83,12 @@ class NodeWatch:
         self._nudges_seen = self.nudges
         if nudged and self.proof is Nudges.SENT:
             self.proof = Nudges.PROVEN
-            log.info("job_nudges_received", job_id=self.job_id,
-                     took_s=round(now - self.proof_sent_at, 3), safety_read_every_s=self.watched_read_s)
+            log.info(
+                "job_nudges_received",
+                job_id=self.job_id,
+                took_s=round(now - self.proof_sent_at, 3),
+                safety_read_every_s=self.watched_read_s,
+            )
         watched = self.watched()
         if watched and not nudged and now < self.next_read:
             return []
@@ -99,8 +104,7 @@ class NodeWatch:
             self._prove_nudge(now)
         elif self.proof is Nudges.SENT and now - self.proof_sent_at > NUDGE_PROOF_S:
             self.proof = Nudges.LOST  # once: this job keeps polling
-            log.warning("job_nudge_not_received", job_id=self.job_id, waited_s=NUDGE_PROOF_S,
-                        poll_every_s="each poll")
+            log.warning("job_nudge_not_received", job_id=self.job_id, waited_s=NUDGE_PROOF_S, poll_every_s="each poll")
         if watched and self.lease_until <= time.time():
             log.warning("job_lease_ran_out", job_id=self.job_id, lease_until=self.lease_until)
         news = {n: t for n, t in notice.bad.items() if n in step_nodes and self.acted.get(n) != t}

@@ -52,28 +52,44 @@ class WrapperOptions:
         """Nodes per step: srun's -N when given, else the allocation minus the hot spares."""
         size = self.srun.nodes if self.srun.nodes else allocation_size - self.spares
         if size < 1:
-            raise ConfigError(f"the allocation has {allocation_size} node(s) and {self.spares} are kept as hot "
-                              "spares: no node is left for the step")
+            raise ConfigError(
+                f"the allocation has {allocation_size} node(s) and {self.spares} are kept as hot "
+                "spares: no node is left for the step"
+            )
         return size
 
 
 def job_id_from(env: Mapping[str, str]) -> int:
     raw = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not raw:
-        raise ConfigError("srun --auto-resume runs inside a job: SLURM_JOB_ID is not set "
-                          "(start it from an sbatch script or an salloc shell)")
+        raise ConfigError(
+            "srun --auto-resume runs inside a job: SLURM_JOB_ID is not set "
+            "(start it from an sbatch script or an salloc shell)"
+        )
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
         raise ConfigError(f"SLURM_JOB_ID is {raw[:40]!r}, not a Slurm job id (a whole number)")
     return int(raw)
 
 
-def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, env: Mapping[str, str], *,
-                 run_policy: RunPolicySettings | None = None, spares: int | None = None, grow: bool | None = None,
-                 fallback: str | None = None, replace_timeout_s: float | None = None,
-                 state_dir: str | None = None, metrics_path: str | None = None,
-                 poll_interval_s: float | None = None, master_port_base: int | None = None,
-                 pre_train_script: str | None = None, post_train_script: str | None = None,
-                 min_nodes: int | None = None) -> WrapperOptions:
+def options_from(
+    settings: AutoResumeSettings,
+    srun: SrunArgs,
+    srun_bin: str,
+    env: Mapping[str, str],
+    *,
+    run_policy: RunPolicySettings | None = None,
+    spares: int | None = None,
+    grow: bool | None = None,
+    fallback: str | None = None,
+    replace_timeout_s: float | None = None,
+    state_dir: str | None = None,
+    metrics_path: str | None = None,
+    poll_interval_s: float | None = None,
+    master_port_base: int | None = None,
+    pre_train_script: str | None = None,
+    post_train_script: str | None = None,
+    min_nodes: int | None = None,
+) -> WrapperOptions:
     """Command-line values win over the configuration file; the rest are the file's (or its defaults)."""
     job_id = job_id_from(env)
     directory = Path(state_dir or settings.state_dir or default_state_dir(dict(env)))
@@ -83,28 +99,42 @@ def options_from(settings: AutoResumeSettings, srun: SrunArgs, srun_bin: str, en
         if script and not os.access(script, os.X_OK):
             raise ConfigError(f"pre/post-train script {script!r} is not an executable file")
     return WrapperOptions(
-        job_id=job_id, srun=srun, srun_bin=srun_bin,
-        run_policy=run_policy or settings.run_policy, state_dir=directory,
+        job_id=job_id,
+        srun=srun,
+        srun_bin=srun_bin,
+        run_policy=run_policy or settings.run_policy,
+        state_dir=directory,
         spares=settings.spares if spares is None else spares,
         grow=settings.grow_by_expansion if grow is None else grow,
         fallback=fallback or settings.fallback_when_no_replacement,
         replace_timeout_s=replace_timeout_s or settings.replace_timeout_s,
         shutdown_signal=int(signal.Signals[settings.shutdown_signal]),
-        shutdown_timeout_s=settings.shutdown_timeout_s, max_line_bytes=settings.max_line_bytes,
+        shutdown_timeout_s=settings.shutdown_timeout_s,
+        max_line_bytes=settings.max_line_bytes,
         poll_interval_s=poll_interval_s or settings.poll_interval_s,
-        full_node_check_s=settings.full_node_check_s, metrics_path=metrics_path or None,
+        full_node_check_s=settings.full_node_check_s,
+        metrics_path=metrics_path or None,
         master_port_base=master_port_base or settings.master_port_base,
-        script_timeout_s=settings.script_timeout_s, requeue_wait_s=settings.requeue_wait_s,
-        pre_train_script=pre_train_script, post_train_script=post_train_script, watch=settings,
-        min_nodes=settings.min_nodes if min_nodes is None else min_nodes, grow_back=settings.grow_back)
+        script_timeout_s=settings.script_timeout_s,
+        requeue_wait_s=settings.requeue_wait_s,
+        pre_train_script=pre_train_script,
+        post_train_script=post_train_script,
+        watch=settings,
+        min_nodes=settings.min_nodes if min_nodes is None else min_nodes,
+        grow_back=settings.grow_back,
+    )
 
 
-def resolve(settings: AutoResumeSettings, srun: SrunArgs, given: Mapping[str, Any], srun_bin: str,
-            env: Mapping[str, str]) -> WrapperOptions:
+def resolve(
+    settings: AutoResumeSettings, srun: SrunArgs, given: Mapping[str, Any], srun_bin: str, env: Mapping[str, str]
+) -> WrapperOptions:
     """The wrapper's options from the configuration's section and the command line's values (by `dest`)."""
     option_of_field = {o.field: o.spelled for o in SRUN_OPTIONS if o.target is Target.SETTINGS and o.field}
-    updates = {o.field: given[o.dest] for o in SRUN_OPTIONS
-               if o.target is Target.SETTINGS and o.field and given.get(o.dest) is not None}
+    updates = {
+        o.field: given[o.dest]
+        for o in SRUN_OPTIONS
+        if o.target is Target.SETTINGS and o.field and given.get(o.dest) is not None
+    }
     if updates:
         # Through the settings model, so the command line gets the file's checks (no NaN, no infinity).
         try:

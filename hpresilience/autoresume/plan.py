@@ -15,12 +15,20 @@ from hpresilience.slurm.hostlist import compress
 
 # Variables srun would take as defaults for the step's shape; the wrapper passes the shape explicitly and
 # these, inherited from the batch script, describe the allocation as it was at submission.
-STALE_SHAPE_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
-                    "SLURM_DISTRIBUTION", "SLURM_HOSTFILE", "SLURM_NODELIST_STEP")
+STALE_SHAPE_VARS = (
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_DISTRIBUTION",
+    "SLURM_HOSTFILE",
+    "SLURM_NODELIST_STEP",
+)
 
 
-def plan_nodes(allocation: Sequence[str], size: int, bad: Iterable[str] = (),
-               previous: Sequence[str] | None = None) -> list[str] | None:
+def plan_nodes(
+    allocation: Sequence[str], size: int, bad: Iterable[str] = (), previous: Sequence[str] | None = None
+) -> list[str] | None:
     """The step's nodes in rank order, or None when the healthy part of the allocation is too small.
 
     First attempt: the first `size` healthy nodes in allocation order (the rest are hot spares).
@@ -65,37 +73,67 @@ class AttemptLaunch:
         env = {k: v for k, v in base.items() if k not in STALE_SHAPE_VARS}
         alloc = compress(self.allocation)
         n = len(self.nodes)
-        env.update({
-            "NODE_LIST": ",".join(self.nodes),
-            "NNODES": str(n),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            "WORLD_SIZE": str(n * self.tasks_per_node),
-            "NTASKS_PER_NODE": str(self.tasks_per_node),
-            "AUTORESUME_ATTEMPT": str(self.attempt),
-            "AUTORESUME_RESTARTS": str(restarts),
-            # Marks every task of this job's steps, also those that leave the step (see StepRunner.reap).
-            "HPR_AUTORESUME_JOB": self.job_marker,
-            "SLURM_JOB_NODELIST": alloc,
-            "SLURM_NODELIST": alloc,
-            "SLURM_NNODES": str(len(self.allocation)),
-            "SLURM_JOB_NUM_NODES": str(len(self.allocation)),
-            "HPR_NODES_REQUESTED": str(max(self.requested, n)),
-            "HPR_NODES_NOW": str(n),
-        })
+        env.update(
+            {
+                "NODE_LIST": ",".join(self.nodes),
+                "NNODES": str(n),
+                "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port),
+                "WORLD_SIZE": str(n * self.tasks_per_node),
+                "NTASKS_PER_NODE": str(self.tasks_per_node),
+                "AUTORESUME_ATTEMPT": str(self.attempt),
+                "AUTORESUME_RESTARTS": str(restarts),
+                # Marks every task of this job's steps, also those that leave the step (see StepRunner.reap).
+                "HPR_AUTORESUME_JOB": self.job_marker,
+                "SLURM_JOB_NODELIST": alloc,
+                "SLURM_NODELIST": alloc,
+                "SLURM_NNODES": str(len(self.allocation)),
+                "SLURM_JOB_NUM_NODES": str(len(self.allocation)),
+                "HPR_NODES_REQUESTED": str(max(self.requested, n)),
+                "HPR_NODES_NOW": str(n),
+            }
+        )
         if n < self.requested:
             # Running short: the failed nodes stay in the job, out of the step; the step's shape is what it runs on.
-            env.update({"SLURM_JOB_NODELIST": compress(self.nodes), "SLURM_NODELIST": compress(self.nodes),
-                        "SLURM_NNODES": str(n), "SLURM_JOB_NUM_NODES": str(n)})
+            env.update(
+                {
+                    "SLURM_JOB_NODELIST": compress(self.nodes),
+                    "SLURM_NODELIST": compress(self.nodes),
+                    "SLURM_NNODES": str(n),
+                    "SLURM_JOB_NUM_NODES": str(n),
+                }
+            )
         return env
 
     def exported_names(self) -> list[str]:
-        return ["NODE_LIST", "NNODES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NTASKS_PER_NODE",
-                "AUTORESUME_ATTEMPT", "AUTORESUME_RESTARTS", "HPR_AUTORESUME_JOB", "SLURM_JOB_NODELIST",
-                "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "HPR_NODES_REQUESTED", "HPR_NODES_NOW"]
+        return [
+            "NODE_LIST",
+            "NNODES",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "WORLD_SIZE",
+            "NTASKS_PER_NODE",
+            "AUTORESUME_ATTEMPT",
+            "AUTORESUME_RESTARTS",
+            "HPR_AUTORESUME_JOB",
+            "SLURM_JOB_NODELIST",
+            "SLURM_NODELIST",
+            "SLURM_NNODES",
+            "SLURM_JOB_NUM_NODES",
+            "HPR_NODES_REQUESTED",
+            "HPR_NODES_NOW",
+        ]
 
-    def srun_argv(self, srun: str, job_id: int, step_name: str, passthrough: Sequence[str],
-                  command: Sequence[str], user_export: str | None = None, overlap: bool = False) -> list[str]:
+    def srun_argv(
+        self,
+        srun: str,
+        job_id: int,
+        step_name: str,
+        passthrough: Sequence[str],
+        command: Sequence[str],
+        user_export: str | None = None,
+        overlap: bool = False,
+    ) -> list[str]:
         n = len(self.nodes)
         # With arbitrary distribution the node list is a task list: each node once per task on it. The node count
         # follows from it; Slurm 23.02+ refuses --nodes beside it ("--nodes is incompatible with
@@ -107,8 +145,14 @@ class AttemptLaunch:
             # A user's explicit list (or NONE) still has to carry our variables into the step.
             head = "" if user_export.upper() == "NONE" else user_export + ","
             export = head + ",".join(self.exported_names())
-        argv = [srun, f"--jobid={job_id}", f"--ntasks={n * self.tasks_per_node}",
-                f"--nodelist={','.join(tasks)}", "--distribution=arbitrary", "--kill-on-bad-exit=1",
-                f"--export={export}"] + (["--overlap"] if overlap else [])
+        argv = [
+            srun,
+            f"--jobid={job_id}",
+            f"--ntasks={n * self.tasks_per_node}",
+            f"--nodelist={','.join(tasks)}",
+            "--distribution=arbitrary",
+            "--kill-on-bad-exit=1",
+            f"--export={export}",
+        ] + (["--overlap"] if overlap else [])
         # Last, so that it wins over a user's -J: the wrapper finds its step by this name to signal it.
         return [*argv, *passthrough, f"--job-name={step_name}", *command]

@@ -31,14 +31,14 @@ STATE_VERSION = 1
 
 class FailureKind(enum.Enum):
     APPLICATION_ERROR = "application_error"  # the step failed and no fault outside the program was found
-    RULE_TRIPPED = "rule_tripped"            # a log rule reported HANGING, SLOW or FAULTED
-    NODE_FAULT = "node_fault"                # a node failed, drained, or was marked for repair
+    RULE_TRIPPED = "rule_tripped"  # a log rule reported HANGING, SLOW or FAULTED
+    NODE_FAULT = "node_fault"  # a node failed, drained, or was marked for repair
 
 
 class Action(enum.Enum):
     RESTART_STEP = "restart_step"  # process-level restart: relaunch the step in the allocation
     FULL_RESTART = "full_restart"  # requeue the whole batch job
-    GIVE_UP = "give_up"            # the job ends failed
+    GIVE_UP = "give_up"  # the job ends failed
 
 
 @dataclass(frozen=True)
@@ -86,27 +86,37 @@ class RestartPolicy:
         now = self._clock() if now is None else now
         self._prune(now)
         if exit_code is not None and exit_code in self.settings.no_retry_exit_codes:
-            return self._decision(Action.GIVE_UP, "no_retry_exit_code",
-                                  f"exit code {exit_code} is in noRetryExitCodes")
+            return self._decision(Action.GIVE_UP, "no_retry_exit_code", f"exit code {exit_code} is in noRetryExitCodes")
         if kind is FailureKind.APPLICATION_ERROR and not self._application_allowed():
-            return self._decision(Action.GIVE_UP, "application_error",
-                                  f"application error (exit code {exit_code}) and retryOnApplicationError allows "
-                                  f"no more ({self.application_restarts} retried)")
+            return self._decision(
+                Action.GIVE_UP,
+                "application_error",
+                f"application error (exit code {exit_code}) and retryOnApplicationError allows "
+                f"no more ({self.application_restarts} retried)",
+            )
         if self.process_restarts >= self.settings.job_max_retry_count:
-            return self._decision(Action.GIVE_UP, "retry_budget_exhausted",
-                                  f"{self.process_restarts} process-level restarts reached jobMaxRetryCount="
-                                  f"{self.settings.job_max_retry_count}")
+            return self._decision(
+                Action.GIVE_UP,
+                "retry_budget_exhausted",
+                f"{self.process_restarts} process-level restarts reached jobMaxRetryCount="
+                f"{self.settings.job_max_retry_count}",
+            )
         rp = self.settings.restart_policy
         if len(self._window) >= rp.num_restart_before_full_job_restart:
             return self._full_restart(
                 f"{len(self._window)} process-level restarts within evalPeriodSeconds={rp.eval_period_seconds:g} "
-                f"(numRestartBeforeFullJobRestart={rp.num_restart_before_full_job_restart})", kind)
+                f"(numRestartBeforeFullJobRestart={rp.num_restart_before_full_job_restart})",
+                kind,
+            )
         self.process_restarts += 1
         if kind is FailureKind.APPLICATION_ERROR:
             self.application_restarts += 1
         self._window.append(now)
-        return self._decision(Action.RESTART_STEP, "within_budget",
-                              f"process-level restart {self.process_restarts} of {self.settings.job_max_retry_count}")
+        return self._decision(
+            Action.RESTART_STEP,
+            "within_budget",
+            f"process-level restart {self.process_restarts} of {self.settings.job_max_retry_count}",
+        )
 
     def no_replacement(self, fallback: str, now: float | None = None) -> Decision:
         """A restart needs a node that did not come: requeue (if the budget allows) or fail, per `fallback`."""
@@ -119,8 +129,11 @@ class RestartPolicy:
     def _full_restart(self, why: str, kind: FailureKind | None) -> Decision:
         cap = self.settings.restart_policy.max_full_job_restarts
         if self.full_restarts >= cap:
-            return self._decision(Action.GIVE_UP, "full_restart_budget_exhausted",
-                                  f"{why}; {self.full_restarts} full restarts reached maxFullJobRestarts={cap}")
+            return self._decision(
+                Action.GIVE_UP,
+                "full_restart_budget_exhausted",
+                f"{why}; {self.full_restarts} full restarts reached maxFullJobRestarts={cap}",
+            )
         self.full_restarts += 1
         if kind is FailureKind.APPLICATION_ERROR:
             self.application_restarts += 1
@@ -133,13 +146,18 @@ class RestartPolicy:
         self.full_restarts = max(self.full_restarts, slurm_restart_count)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "process_restarts": self.process_restarts,
-                "full_restarts": self.full_restarts, "application_restarts": self.application_restarts,
-                "window": list(self._window)}
+        return {
+            "version": STATE_VERSION,
+            "process_restarts": self.process_restarts,
+            "full_restarts": self.full_restarts,
+            "application_restarts": self.application_restarts,
+            "window": list(self._window),
+        }
 
     @classmethod
-    def from_dict(cls, settings: RunPolicySettings, data: dict[str, Any],
-                  clock: Callable[[], float] = time.time) -> RestartPolicy:
+    def from_dict(
+        cls, settings: RunPolicySettings, data: dict[str, Any], clock: Callable[[], float] = time.time
+    ) -> RestartPolicy:
         try:
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, expected {STATE_VERSION}")
@@ -161,4 +179,3 @@ def _count(data: dict[str, Any], key: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{key} must be a count >= 0, got {v!r}")
     return v
-

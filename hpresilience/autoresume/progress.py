@@ -41,7 +41,7 @@ _STEP = re.compile(r"\b(?:global[_ ])?(?:step|iteration|iter)\b\s*[:=#]?\s*(\d{1
 _TQDM = re.compile(r"\b(\d{1,12})/\d{1,12} \[")
 _HF = re.compile(r"^\s*\{['\"]loss['\"]: ")
 _KV = re.compile(r"(\w{1,16})=(\S{1,64})")
-MAX_VALUE = 10 ** 12
+MAX_VALUE = 10**12
 INTERVALS_KEPT = 256
 # A heartbeat line is ~150 bytes: a longer partial line starting like one is the user's, and is let through.
 MAX_HELD = 1024
@@ -69,9 +69,9 @@ def parse_heartbeat(body: str) -> Beat | None:
     """A heartbeat line's fields (label already removed), or None when it is not a valid one."""
     if not body.startswith(HEARTBEAT_PREFIX):
         return None
-    kv = dict(_KV.findall(body[len(HEARTBEAT_PREFIX):200]))
+    kv = dict(_KV.findall(body[len(HEARTBEAT_PREFIX) : 200]))
     try:
-        ckpt_s, restore_s = _seconds(kv.get("ckpt_s"), 10 ** 7), _seconds(kv.get("restore_s"), 10 ** 7)
+        ckpt_s, restore_s = _seconds(kv.get("ckpt_s"), 10**7), _seconds(kv.get("restore_s"), 10**7)
         # A line without a step only reports time blocked on checkpoints (a restore before the first step).
         rank, pid, step = int(kv["rank"]), int(kv["pid"]), int(kv["step"] if ckpt_s is None else kv.get("step", -1))
         steps = int(kv.get("steps", "0"))
@@ -174,14 +174,24 @@ class ProgressStream:
             for line in lines:
                 # Most lines of a chatty job carry none of the words that progress, a heartbeat or a collective
                 # failure needs: substring tests (C speed, ~0.3 us) reject them before any regex runs.
-                if not ("tep" in line or "ter" in line or "TEP" in line or "TER" in line or "loss" in line
-                        or " [" in line or "hpr-" in line or "NCCL" in line or "peer" in line or "out" in line):
+                if not (
+                    "tep" in line
+                    or "ter" in line
+                    or "TEP" in line
+                    or "TER" in line
+                    or "loss" in line
+                    or " [" in line
+                    or "hpr-" in line
+                    or "NCCL" in line
+                    or "peer" in line
+                    or "out" in line
+                ):
                     continue
                 task: int | None = None
                 body = line
                 m = _LABEL.match(line)
                 if m:
-                    task, body = int(m.group(1)), line[m.end():]
+                    task, body = int(m.group(1)), line[m.end() :]
                 if body.startswith(HEARTBEAT_PREFIX):
                     beat = parse_heartbeat(body)
                     if beat is not None:
@@ -342,7 +352,7 @@ class OutputFilter:
                 if self.strip_labels:
                     m = _LABEL_BYTES.match(piece)
                     if m:
-                        body = piece[m.end():]
+                        body = piece[m.end() :]
                     elif nl < 0 and _PARTIAL_LABEL.match(piece) and len(piece) < 16:
                         self.pending = piece
                         break
@@ -366,5 +376,5 @@ class OutputFilter:
         tail, self.pending = self.pending, b""
         if self.strip_labels:
             m = _LABEL_BYTES.match(tail)
-            tail = tail[m.end():] if m else tail
+            tail = tail[m.end() :] if m else tail
         return b"" if tail.startswith(_HB_BYTES) else tail

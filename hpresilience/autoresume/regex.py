@@ -80,6 +80,8 @@ def compile_rule_pattern(rule: str, key: str, pattern: str, capture: bool = True
         hint = ""
         text = str(err)
         if "perl operator" in text or "escape sequence" in text:
-            hint = (" (rules run on RE2, which has no backreferences, lookaround, \\Z or (?x); "
-                    "see docs/auto-resume-rules.md)")
+            hint = (
+                " (rules run on RE2, which has no backreferences, lookaround, \\Z or (?x); "
+                "see docs/auto-resume-rules.md)"
+            )
         raise ValueError(f"rule {rule!r}: {key} is not a valid regular expression: {text}{hint}") from None

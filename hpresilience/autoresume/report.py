@@ -30,8 +30,12 @@ def default_metrics_path(settings: AutoResumeSettings, job_id: int) -> str:
     missing or not writable by the job's user: a file where no node_exporter reads helps nobody."""
     d = Path(settings.metrics_dir)
     if not settings.metrics_dir or not d.is_dir() or not os.access(d, os.W_OK | os.X_OK):
-        log.info("metrics_file_skipped", directory=settings.metrics_dir, job_id=job_id,
-                 why="not a directory this user can write (autoresume.metrics_dir)")
+        log.info(
+            "metrics_file_skipped",
+            directory=settings.metrics_dir,
+            job_id=job_id,
+            why="not a directory this user can write (autoresume.metrics_dir)",
+        )
         return ""
     prune_textfiles(d, settings.metrics_retention_s, keep=job_id)
     return str(d / f"{TEXTFILE_PREFIX}{job_id}.prom")
@@ -63,20 +67,38 @@ class Reporter:
         self.metrics_path = metrics_path
         self.registry = CollectorRegistry()
         labels = ["job_id"]
-        self.restarts = Counter("hpr_autoresume_restarts", "Step relaunches after a failure, by cause",
-                                [*labels, "cause"], registry=self.registry)
-        self.detect = Histogram("hpr_autoresume_fault_detection_latency_seconds",
-                                "From a node being marked bad in Slurm (or the step ending) to the wrapper acting",
-                                labels, buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.restart_latency = Histogram("hpr_autoresume_restart_latency_seconds",
-                                         "From the failed step ending to the new step running", labels,
-                                         buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.attempts = Gauge("hpr_autoresume_attempts", "Steps launched for this job so far", labels,
-                              registry=self.registry)
-        self.stragglers = Gauge("hpr_job_straggler", "1 for a node of this job found slower than the others "
-                                "(straggler_detected)", [*labels, "node"], registry=self.registry)
-        self.last_restart = Gauge("hpr_autoresume_last_restart_latency_seconds",
-                                  "The latest restart latency", labels, registry=self.registry)
+        self.restarts = Counter(
+            "hpr_autoresume_restarts",
+            "Step relaunches after a failure, by cause",
+            [*labels, "cause"],
+            registry=self.registry,
+        )
+        self.detect = Histogram(
+            "hpr_autoresume_fault_detection_latency_seconds",
+            "From a node being marked bad in Slurm (or the step ending) to the wrapper acting",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.restart_latency = Histogram(
+            "hpr_autoresume_restart_latency_seconds",
+            "From the failed step ending to the new step running",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.attempts = Gauge(
+            "hpr_autoresume_attempts", "Steps launched for this job so far", labels, registry=self.registry
+        )
+        self.stragglers = Gauge(
+            "hpr_job_straggler",
+            "1 for a node of this job found slower than the others (straggler_detected)",
+            [*labels, "node"],
+            registry=self.registry,
+        )
+        self.last_restart = Gauge(
+            "hpr_autoresume_last_restart_latency_seconds", "The latest restart latency", labels, registry=self.registry
+        )
 
     def decision(self, event: str, **fields: Any) -> None:
         """Record one decision; never lets a full disk or a bad path end the supervision."""

@@ -34,17 +34,21 @@ from hpresilience.slurm.srun import strip_task_labels
 _log = get_logger("hpresilience.autoresume.rules")
 
 _OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    "gt": op.gt, "gteq": op.ge, "lt": op.lt, "lteq": op.le, "eq": op.eq,
+    "gt": op.gt,
+    "gteq": op.ge,
+    "lt": op.lt,
+    "lteq": op.le,
+    "eq": op.eq,
 }
 
 
 class LogState(enum.Enum):
-    WAITING = "WAITING"    # no match yet in this attempt
+    WAITING = "WAITING"  # no match yet in this attempt
     HEALTHY = "HEALTHY"
-    SLOW = "SLOW"          # metric breached the threshold metricEvaluationDataPoints times in a row
-    HANGING = "HANGING"    # a timer ran out
-    FAULTED = "FAULTED"    # faultOnMatch rule matched
-    STOPPED = "STOPPED"    # stopPattern seen: inactive until the next attempt
+    SLOW = "SLOW"  # metric breached the threshold metricEvaluationDataPoints times in a row
+    HANGING = "HANGING"  # a timer ran out
+    FAULTED = "FAULTED"  # faultOnMatch rule matched
+    STOPPED = "STOPPED"  # stopPattern seen: inactive until the next attempt
 
 
 @dataclass(frozen=True)
@@ -133,8 +137,8 @@ class _Rule:
         if self.stop is not None:
             span = _first_match(text, self.stop, self.stop_literal)
             if span is not None:
-                stop_line = text[span[0]:span[1]]
-                text = text[:span[0]]
+                stop_line = text[span[0] : span[1]]
+                text = text[: span[0]]
         if self.fast_metric and stop_line is None:
             self._scan_metric(lines(), now, out)
         else:
@@ -197,8 +201,10 @@ class _Rule:
 
     def _slow_detail(self, value: float) -> str:
         assert self.compare is not None and self.threshold is not None
-        return (f"metric {value:g} {_op_name(self.compare)} {self.threshold:g} for "
-                f"{self.data_points} consecutive data points")
+        return (
+            f"metric {value:g} {_op_name(self.compare)} {self.threshold:g} for "
+            f"{self.data_points} consecutive data points"
+        )
 
     def _on_match(self, line: str, m: RuleMatch, now: float, out: list[RuleTripped], metric: bool) -> None:
         self.last_match = now
@@ -232,12 +238,22 @@ class _Rule:
         if self.last_match is None:
             if self.cutoff is not None and now - self.start > self.cutoff:
                 self.hang_latched = True
-                self._trip(LogState.HANGING, f"no match within expectedStartCutOffInSeconds={self.cutoff:g} "
-                           "of the attempt's start", now, None, out)
+                self._trip(
+                    LogState.HANGING,
+                    f"no match within expectedStartCutOffInSeconds={self.cutoff:g} of the attempt's start",
+                    now,
+                    None,
+                    out,
+                )
         elif self.freq is not None and now - self.last_match > self.freq:
             self.hang_latched = True
-            self._trip(LogState.HANGING, f"no match for {now - self.last_match:.0f} s "
-                       f"(expectedRecurringFrequencyInSeconds={self.freq:g})", now, self.last_line, out)
+            self._trip(
+                LogState.HANGING,
+                f"no match for {now - self.last_match:.0f} s (expectedRecurringFrequencyInSeconds={self.freq:g})",
+                now,
+                self.last_line,
+                out,
+            )
 
 
 def _op_name(fn: Callable[[float, float], bool]) -> str:
@@ -250,8 +266,7 @@ def _line_at(text: str, i: int) -> tuple[int, int]:
     return start, (len(text) if end < 0 else end)
 
 
-def _matches(text: str, pattern: RulePattern, literal: str, first_only: bool
-             ) -> list[tuple[str, RuleMatch]]:
+def _matches(text: str, pattern: RulePattern, literal: str, first_only: bool) -> list[tuple[str, RuleMatch]]:
     """(line, match) for every line of `text` the pattern matches, in order; only the first if asked."""
     found: list[tuple[str, RuleMatch]] = []
     match = pattern.match
@@ -305,8 +320,14 @@ def _first_match(text: str, pattern: RulePattern, literal: str) -> tuple[int, in
 class RuleSet:
     """The rules of one job. Not thread-safe: one reader thread feeds it and ticks it."""
 
-    def __init__(self, rules: Sequence[LogRuleSettings], *, strip_task_label: bool = False,
-                 max_line_chars: int = 65536, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        rules: Sequence[LogRuleSettings],
+        *,
+        strip_task_label: bool = False,
+        max_line_chars: int = 65536,
+        now: float = 0.0,
+    ) -> None:
         self._rules = [_Rule(r) for r in rules]
         self._strip_label = strip_task_label
         self._max_line = max_line_chars
@@ -327,7 +348,7 @@ class RuleSet:
     def feed(self, line: str, now: float) -> list[RuleTripped]:
         """One line (its terminator optional) read at `now`; over-long lines are cut to max_line_chars."""
         if len(line) > self._max_line:
-            line = line[:self._max_line]
+            line = line[: self._max_line]
         return self.feed_text(line.replace("\r", "\n"), now)
 
     def feed_text(self, text: str, now: float) -> list[RuleTripped]:
@@ -391,10 +412,10 @@ class LineBuffer:
         if cut < 0:
             self._keep_tail(buf)
             return ""
-        block, rest = buf[:cut + 1], buf[cut + 1:]
+        block, rest = buf[: cut + 1], buf[cut + 1 :]
         self._keep_tail(rest)
         if len(block) > self._max and self._long_line.search(block) is not None:
-            block = b"\n".join(line[:self._max] for line in block.split(b"\n"))
+            block = b"\n".join(line[: self._max] for line in block.split(b"\n"))
         return block.decode("utf-8", "replace")
 
     def flush(self) -> str:
@@ -404,6 +425,6 @@ class LineBuffer:
 
     def _keep_tail(self, rest: bytes) -> None:
         if len(rest) > self._max:
-            rest = rest[:self._max]
+            rest = rest[: self._max]
             self._overflow = True
         self._tail = rest

@@ -28,7 +28,8 @@ class LogRuleSettings(Section):
     log_pattern: str = Field(alias="logPattern", min_length=1)
     expected_start_cutoff_s: float | None = Field(default=None, alias="expectedStartCutOffInSeconds", gt=0)
     expected_recurring_frequency_s: float | None = Field(
-        default=None, alias="expectedRecurringFrequencyInSeconds", gt=0)
+        default=None, alias="expectedRecurringFrequencyInSeconds", gt=0
+    )
     stop_pattern: str | None = Field(default=None, alias="stopPattern", min_length=1)
     metric_threshold: float | None = Field(default=None, alias="metricThreshold")
     operator: Operator | None = None
@@ -46,14 +47,22 @@ class LogRuleSettings(Section):
         if (self.metric_threshold is None) != (self.operator is None):
             raise ValueError(f"rule {self.name!r}: metricThreshold and operator must be given together")
         if self.metric_threshold is not None and compiled.groups < 1:
-            raise ValueError(f"rule {self.name!r}: metricThreshold needs a capture group in logPattern "
-                             "(the first group is the metric)")
+            raise ValueError(
+                f"rule {self.name!r}: metricThreshold needs a capture group in logPattern "
+                "(the first group is the metric)"
+            )
         if self.metric_evaluation_data_points is not None and self.metric_threshold is None:
             raise ValueError(f"rule {self.name!r}: metricEvaluationDataPoints needs metricThreshold and operator")
-        if (self.expected_start_cutoff_s is None and self.expected_recurring_frequency_s is None
-                and self.metric_threshold is None and not self.fault_on_match):
-            raise ValueError(f"rule {self.name!r} checks nothing: set expectedStartCutOffInSeconds, "
-                             "expectedRecurringFrequencyInSeconds, metricThreshold with operator, or faultOnMatch")
+        if (
+            self.expected_start_cutoff_s is None
+            and self.expected_recurring_frequency_s is None
+            and self.metric_threshold is None
+            and not self.fault_on_match
+        ):
+            raise ValueError(
+                f"rule {self.name!r} checks nothing: set expectedStartCutOffInSeconds, "
+                "expectedRecurringFrequencyInSeconds, metricThreshold with operator, or faultOnMatch"
+            )
         return self
 
     @property
@@ -77,7 +86,8 @@ class RunPolicySettings(Section):
     # Accepted so a pasted block loads; on Slurm every process of a step ends with the step, so it has no effect.
     clean_pod_policy: Literal["All", "OnlyComplete", "None"] = Field(default="All", alias="cleanPodPolicy")
     log_monitoring_configuration: list[LogRuleSettings] = Field(
-        default_factory=list, alias="logMonitoringConfiguration")
+        default_factory=list, alias="logMonitoringConfiguration"
+    )
     # Our extensions. false/0: an application error ends the job; true: retried like any fault; N: at most N times.
     retry_on_application_error: bool | int = Field(default=False, alias="retryOnApplicationError")
     # Exit codes that mean "do not retry" whatever the budget (the training script's own verdict).
@@ -216,10 +226,12 @@ def rules_from_data(data: Any, base: RunPolicySettings, source: str = "<rules>")
         if isinstance(data, list):
             # Through RunPolicySettings, not a bare list: its validators (unique names) must run here too.
             return RunPolicySettings.model_validate(
-                {**base.model_dump(by_alias=True), "logMonitoringConfiguration": data})
+                {**base.model_dump(by_alias=True), "logMonitoringConfiguration": data}
+            )
         if isinstance(data, dict) and set(data) == {"logMonitoringConfiguration"}:
             return RunPolicySettings.model_validate(
-                {**base.model_dump(by_alias=True), "logMonitoringConfiguration": data["logMonitoringConfiguration"]})
+                {**base.model_dump(by_alias=True), "logMonitoringConfiguration": data["logMonitoringConfiguration"]}
+            )
         if isinstance(data, dict) and set(data) == {"runPolicy"}:
             # An empty `runPolicy:` means the defaults; `runPolicy: []` (or any non-mapping) is a mistake.
             policy = data["runPolicy"]
@@ -231,8 +243,10 @@ def rules_from_data(data: Any, base: RunPolicySettings, source: str = "<rules>")
         skip = "logMonitoringConfiguration" if isinstance(data, list) else None
         raise ConfigError(format_validation_error(source, err, skip=skip)) from None
     keys = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
-    raise ConfigError(f"{source}: expected a list of rules, or a mapping with logMonitoringConfiguration or "
-                      f"runPolicy (and nothing else), got {keys}")
+    raise ConfigError(
+        f"{source}: expected a list of rules, or a mapping with logMonitoringConfiguration or "
+        f"runPolicy (and nothing else), got {keys}"
+    )
 
 
 def load_rules_file(path: str | Path, base: RunPolicySettings | None = None) -> RunPolicySettings:

@@ -50,8 +50,11 @@ class SilenceWatch:
         last: dict[str, float] = {}
         for info in tasks:
             last[info.node] = max(last.get(info.node, info.last_at), info.last_at)
-        return [n for n in silent_nodes(tasks, nodes, now, self.silent_s)
-                if self._answered.get(n) != last.get(n) and now - last[n] >= self._threshold.get(n, 0.0)]
+        return [
+            n
+            for n in silent_nodes(tasks, nodes, now, self.silent_s)
+            if self._answered.get(n) != last.get(n) and now - last[n] >= self._threshold.get(n, 0.0)
+        ]
 
     def answered(self, nodes: Iterable[str], tasks: Sequence[RankInfo], now: float) -> None:
         for n in nodes:

@@ -18,27 +18,132 @@ SHORT_WITH_VALUE = frozenset("ABCDFGJLMNSTWbcdeimnopqrtwx")
 # Options whose value is optional (--kill-on-bad-exit, --label, --resv-ports, --nice, --propagate) only take it
 # as `--opt=value`, and --spread-job takes none. The shim (slurm/srun) keeps the same two lists; a test holds
 # them equal, since a difference would put the start of the user's command in a different place.
-LONG_WITH_VALUE = frozenset({
-    "accel-bind", "account", "acctg-freq", "bb", "bbf", "bcast-exclude", "begin", "chdir", "cluster-constraint",
-    "clusters", "comment", "constraint", "container", "container-id", "core-spec", "cores-per-socket", "cpu-bind",
-    "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "epilog",
-    "error", "exclude", "export", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
-    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "het-group", "hint", "input", "job-name", "jobid",
-    "licenses", "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus",
-    "mpi", "msg-timeout", "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu",
-    "ntasks-per-node", "ntasks-per-socket", "open-mode", "output", "partition", "power", "prefer", "priority",
-    "profile", "prolog", "qos", "relative", "reservation", "segment", "signal", "slurmd-debug", "sockets-per-node",
-    "switches", "task-epilog", "task-prolog", "thread-spec", "threads", "threads-per-core", "time", "time-min",
-    "tmp", "tres-bind", "tres-per-task", "tree-width", "uid", "wait", "wckey",
-})
+LONG_WITH_VALUE = frozenset(
+    {
+        "accel-bind",
+        "account",
+        "acctg-freq",
+        "bb",
+        "bbf",
+        "bcast-exclude",
+        "begin",
+        "chdir",
+        "cluster-constraint",
+        "clusters",
+        "comment",
+        "constraint",
+        "container",
+        "container-id",
+        "core-spec",
+        "cores-per-socket",
+        "cpu-bind",
+        "cpu-freq",
+        "cpus-per-gpu",
+        "cpus-per-task",
+        "deadline",
+        "delay-boot",
+        "dependency",
+        "distribution",
+        "epilog",
+        "error",
+        "exclude",
+        "export",
+        "extra-node-info",
+        "gid",
+        "gpu-bind",
+        "gpu-freq",
+        "gpus",
+        "gpus-per-node",
+        "gpus-per-socket",
+        "gpus-per-task",
+        "gres",
+        "gres-flags",
+        "het-group",
+        "hint",
+        "input",
+        "job-name",
+        "jobid",
+        "licenses",
+        "mail-type",
+        "mail-user",
+        "mcs-label",
+        "mem",
+        "mem-bind",
+        "mem-per-cpu",
+        "mem-per-gpu",
+        "mincpus",
+        "mpi",
+        "msg-timeout",
+        "network",
+        "nodefile",
+        "nodelist",
+        "nodes",
+        "ntasks",
+        "ntasks-per-core",
+        "ntasks-per-gpu",
+        "ntasks-per-node",
+        "ntasks-per-socket",
+        "open-mode",
+        "output",
+        "partition",
+        "power",
+        "prefer",
+        "priority",
+        "profile",
+        "prolog",
+        "qos",
+        "relative",
+        "reservation",
+        "segment",
+        "signal",
+        "slurmd-debug",
+        "sockets-per-node",
+        "switches",
+        "task-epilog",
+        "task-prolog",
+        "thread-spec",
+        "threads",
+        "threads-per-core",
+        "time",
+        "time-min",
+        "tmp",
+        "tres-bind",
+        "tres-per-task",
+        "tree-width",
+        "uid",
+        "wait",
+        "wckey",
+    }
+)
 
 # What the wrapper sets itself on each attempt: never passed through from the user.
-CONTROLLED_LONG = frozenset({"nodes", "nodelist", "exclude", "jobid", "distribution", "kill-on-bad-exit",
-                             "ntasks", "nodefile", "relative", "ntasks-per-node"})
+CONTROLLED_LONG = frozenset(
+    {
+        "nodes",
+        "nodelist",
+        "exclude",
+        "jobid",
+        "distribution",
+        "kill-on-bad-exit",
+        "ntasks",
+        "nodefile",
+        "relative",
+        "ntasks-per-node",
+    }
+)
 CONTROLLED_SHORT = frozenset("NwxmnKr")
 # The long spellings of the short options we read.
-SHORT_TO_LONG = {"N": "nodes", "n": "ntasks", "w": "nodelist", "x": "exclude", "m": "distribution",
-                 "K": "kill-on-bad-exit", "r": "relative", "J": "job-name", "l": "label"}
+SHORT_TO_LONG = {
+    "N": "nodes",
+    "n": "ntasks",
+    "w": "nodelist",
+    "x": "exclude",
+    "m": "distribution",
+    "K": "kill-on-bad-exit",
+    "r": "relative",
+    "J": "job-name",
+    "l": "label",
+}
 
 
 @dataclass
@@ -69,8 +174,9 @@ def _int(value: str, option: str) -> int:
     return int(text)
 
 
-def parse_srun_args(args: list[str], own_with_value: frozenset[str] = frozenset(),
-                    own_flags: frozenset[str] = frozenset()) -> SrunArgs:
+def parse_srun_args(
+    args: list[str], own_with_value: frozenset[str] = frozenset(), own_flags: frozenset[str] = frozenset()
+) -> SrunArgs:
     """Split srun's options from the command. `own_*` name the wrapper's long options (without `--`) that
     may also appear among srun's; they are collected in `own` (a flag as "1")."""
     out = SrunArgs()
@@ -78,7 +184,7 @@ def parse_srun_args(args: list[str], own_with_value: frozenset[str] = frozenset(
     while i < len(args):
         word = args[i]
         if word == "--":
-            out.command = args[i + 1:]
+            out.command = args[i + 1 :]
             break
         if not word.startswith("-") or word == "-":
             out.command = args[i:]

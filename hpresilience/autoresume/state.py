@@ -86,8 +86,10 @@ def belongs_to(state: WrapperState, who: JobIdentity) -> str | None:
         return None
     if who.restart_count > state.slurm_restart_count and state.submit_time <= who.submit_time:
         return None  # a requeue: Slurm gave the job a new submit time and counted one more restart
-    return (f"it belongs to a job submitted at {state.submit_time} (restart {state.slurm_restart_count}), "
-            f"this one was submitted at {who.submit_time} (restart {who.restart_count})")
+    return (
+        f"it belongs to a job submitted at {state.submit_time} (restart {state.slurm_restart_count}), "
+        f"this one was submitted at {who.submit_time} (restart {who.restart_count})"
+    )
 
 
 def default_state_dir(env: dict[str, str] | os._Environ[str]) -> Path:
@@ -114,8 +116,9 @@ class StateStore:
     def load(self, who: JobIdentity | None = None) -> WrapperState:
         """This job's saved state, or a fresh one. An unreadable file, or one that belongs to another job
         (checked against `who`), is logged and set aside, never fatal and never used."""
-        fresh = WrapperState(self.job_id, cluster=who.cluster if who else "",
-                             submit_time=who.submit_time if who else "")
+        fresh = WrapperState(
+            self.job_id, cluster=who.cluster if who else "", submit_time=who.submit_time if who else ""
+        )
         try:
             data = json.loads(self.path.read_text())
             if not isinstance(data, dict) or data.get("version") != STATE_VERSION or data.get("job_id") != self.job_id:

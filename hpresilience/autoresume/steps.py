@@ -118,13 +118,22 @@ def user_labels(passthrough: list[str]) -> bool:
 
 
 class StepRunner:
-    def __init__(self, opts: WrapperOptions, client: SlurmClient, feed: RuleFeed, reporter: Reporter,
-                 env: Mapping[str, str], stdout: IO[bytes], stderr: IO[bytes],
-                 should_stop: Callable[[], bool] = lambda: False, progress: ProgressStream | None = None,
-                 on_hang: Callable[[AttemptLaunch, HangDue], Attribution] | None = None,
-                 on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None,
-                 tasks_alive: Callable[[AttemptLaunch], bool | None] | None = None,
-                 should_move: Callable[[AttemptLaunch], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        opts: WrapperOptions,
+        client: SlurmClient,
+        feed: RuleFeed,
+        reporter: Reporter,
+        env: Mapping[str, str],
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+        should_stop: Callable[[], bool] = lambda: False,
+        progress: ProgressStream | None = None,
+        on_hang: Callable[[AttemptLaunch, HangDue], Attribution] | None = None,
+        on_straggler: Callable[[AttemptLaunch, Straggler], None] | None = None,
+        tasks_alive: Callable[[AttemptLaunch], bool | None] | None = None,
+        should_move: Callable[[AttemptLaunch], str | None] | None = None,
+    ) -> None:
         self.opts = opts
         self.tasks_alive = tasks_alive
         self.task_look: TaskLook | None = None
@@ -140,8 +149,11 @@ class StepRunner:
         # Our own labels name each line's task; they are taken off again before the user sees the output.
         self.add_labels = w.label_tasks and not user_labels(opts.srun.passthrough)
         # The user's rules take precedence: with any rule configured the built-in hang detection is off.
-        self.hang_clock = (HangClock(self.progress, w.hang_floor_s, w.hang_interval_factor, w.hang_first_step_s)
-                           if w.hang_detection and not opts.run_policy.log_monitoring_configuration else None)
+        self.hang_clock = (
+            HangClock(self.progress, w.hang_floor_s, w.hang_interval_factor, w.hang_first_step_s)
+            if w.hang_detection and not opts.run_policy.log_monitoring_configuration
+            else None
+        )
         self.stragglers: StragglerDetector | None = None
         # Set from the loop's own callbacks (a straggler with a spare at hand): stop the step as a rule would.
         self.pending_trip: RuleTripped | None = None
@@ -164,8 +176,9 @@ class StepRunner:
         return f"hpr-autoresume-{self.opts.job_id}-{attempt}"
 
     # -- one attempt ---------------------------------------------------------------------------------
-    def run_attempt(self, launch: AttemptLaunch, restarts: int, failed_at: float | None,
-                    evidence_dir: str = "") -> AttemptResult:
+    def run_attempt(
+        self, launch: AttemptLaunch, restarts: int, failed_at: float | None, evidence_dir: str = ""
+    ) -> AttemptResult:
         env = launch.environment(self.env, restarts)
         env["HPR_HEARTBEAT_EVERY_S"] = f"{self.opts.watch.heartbeat_every_s:g}"
         if evidence_dir:
@@ -183,8 +196,15 @@ class StepRunner:
                 return AttemptResult(rc, time.monotonic())
         name = self.step_name(launch.attempt)
         passthrough = [*self.opts.srun.passthrough, *(["--label"] if self.add_labels else [])]
-        argv = launch.srun_argv(self.opts.srun_bin, self.opts.job_id, name, passthrough,
-                                self.opts.srun.command, self.opts.srun.export, overlap=self.overlap)
+        argv = launch.srun_argv(
+            self.opts.srun_bin,
+            self.opts.job_id,
+            name,
+            passthrough,
+            self.opts.srun.command,
+            self.opts.srun.export,
+            overlap=self.overlap,
+        )
         self.feed.reset()
         self.pending_trip = None
         self.progress.reset([node for node in launch.nodes for _ in range(launch.tasks_per_node)])
@@ -192,19 +212,30 @@ class StepRunner:
         if self.hang_clock is not None:
             self.hang_clock.reset()
         w = self.opts.watch
-        self.stragglers = StragglerDetector(w.straggler_fraction, w.straggler_windows, w.straggler_window_s,
-                                            self.progress.attempt_started)
+        self.stragglers = StragglerDetector(
+            w.straggler_fraction, w.straggler_windows, w.straggler_window_s, self.progress.attempt_started
+        )
         self.progress.listeners = [self.stragglers.add]
         self._stopping = False
         self._progress_noted = False
         step = StepProcess(argv, env)
         self.current, self.current_name = step, name
-        self.reporter.decision("attempt_started", attempt=launch.attempt, nodes=",".join(launch.nodes),
-                               master_addr=launch.master_addr, master_port=launch.master_port, step_name=name)
-        pumps = [Pump(step.stdout, self.stdout, self.feed, self.opts.max_line_bytes, "stdout", self.progress,
-                      self.add_labels),
-                 Pump(step.stderr, self.stderr, self.feed, self.opts.max_line_bytes, "stderr", self.progress,
-                      self.add_labels)]
+        self.reporter.decision(
+            "attempt_started",
+            attempt=launch.attempt,
+            nodes=",".join(launch.nodes),
+            master_addr=launch.master_addr,
+            master_port=launch.master_port,
+            step_name=name,
+        )
+        pumps = [
+            Pump(
+                step.stdout, self.stdout, self.feed, self.opts.max_line_bytes, "stdout", self.progress, self.add_labels
+            ),
+            Pump(
+                step.stderr, self.stderr, self.feed, self.opts.max_line_bytes, "stderr", self.progress, self.add_labels
+            ),
+        ]
         for p in pumps:
             p.start()
         result = self._watch(step, launch, failed_at)
@@ -239,15 +270,23 @@ class StepRunner:
                 continue
             if move_deadline is not None and now >= move_deadline:
                 move_deadline = None
-                self.reporter.decision("step_move_overdue", grace_s=self.opts.watch.move_grace_s,
-                                       attempt=launch.attempt)
+                self.reporter.decision(
+                    "step_move_overdue", grace_s=self.opts.watch.move_grace_s, attempt=launch.attempt
+                )
                 self.stop(step, self.opts.shutdown_signal, self.opts.shutdown_timeout_s)
                 continue
             if decided_at is not None:
                 continue
             for t in self.feed.tick():
-                self.reporter.decision("rule_fired", rule=t.rule, state=t.state.value, condition=t.name,
-                                       detail=t.detail, action=t.action, attempt=launch.attempt)
+                self.reporter.decision(
+                    "rule_fired",
+                    rule=t.rule,
+                    state=t.state.value,
+                    condition=t.name,
+                    detail=t.detail,
+                    action=t.action,
+                    attempt=launch.attempt,
+                )
                 if t.action == "restart" and trip is None:
                     trip, decided_at = t, now
             if self.pending_trip is not None and trip is None:
@@ -309,8 +348,13 @@ class StepRunner:
         answers = nodes_answering(self.client, self.opts.job_id, suspects, self.env, SILENT_PROBE_S)
         dead = [n for n in suspects if not answers.get(n, False)]
         self.silence.answered([n for n in suspects if n not in dead], tasks, now)
-        self.reporter.decision("silent_nodes_probed", nodes=",".join(suspects), unanswering=",".join(dead) or None,
-                               silent_s=round(self.silence.silent_s, 1), took_s=round(time.monotonic() - started, 3))
+        self.reporter.decision(
+            "silent_nodes_probed",
+            nodes=",".join(suspects),
+            unanswering=",".join(dead) or None,
+            silent_s=round(self.silence.silent_s, 1),
+            took_s=round(time.monotonic() - started, 3),
+        )
         return dead
 
     def _until_next_look(self) -> float:
@@ -321,8 +365,12 @@ class StepRunner:
             return STEP_POLL_S
         ahead = deadline - time.monotonic()
         lead = self._lead()
-        if (ahead > lead and self.tasks_alive is not None and not clock.rechecking()
-                and (self.task_look is None or self.task_look.deadline != deadline)):
+        if (
+            ahead > lead
+            and self.tasks_alive is not None
+            and not clock.rechecking()
+            and (self.task_look is None or self.task_look.deadline != deadline)
+        ):
             ahead -= lead
         return min(STEP_POLL_S, max(0.0, ahead))
 
@@ -340,8 +388,12 @@ class StepRunner:
         if deadline is None:
             return None
         look_fn = self.tasks_alive
-        if (look_fn is not None and now >= deadline - self._lead() and not self.hang_clock.rechecking()
-                and (self.task_look is None or self.task_look.deadline != deadline)):
+        if (
+            look_fn is not None
+            and now >= deadline - self._lead()
+            and not self.hang_clock.rechecking()
+            and (self.task_look is None or self.task_look.deadline != deadline)
+        ):
             self.task_look = TaskLook(deadline, lambda: look_fn(launch))
         due = self.hang_clock.check(now)
         if due is None or due.rechecked or self.task_look is None:
@@ -349,9 +401,13 @@ class StepRunner:
         look, self.task_look = self.task_look, None
         if look.result(self.opts.watch.hang_evidence_timeout_s) is not False:
             return due  # alive, or not known (a node that does not answer is the hang path's to name)
-        self.reporter.decision("step_tasks_ended", attempt=launch.attempt, silent_s=round(due.silent_s, 1),
-                               threshold_s=round(due.threshold_s, 1),
-                               why="no task of the step is left; srun waits on a process that escaped it")
+        self.reporter.decision(
+            "step_tasks_ended",
+            attempt=launch.attempt,
+            silent_s=round(due.silent_s, 1),
+            threshold_s=round(due.threshold_s, 1),
+            why="no task of the step is left; srun waits on a process that escaped it",
+        )
         self.reap(list(launch.nodes), escaped_only=True)
         self.hang_clock.dismiss(time.monotonic())
         return None
@@ -367,8 +423,12 @@ class StepRunner:
         if seen is None or first_at is None:
             return
         self._progress_noted = True
-        self.reporter.decision("attempt_progress", attempt=launch.attempt, first_step=seen[0],
-                               first_progress_at=round(time.time() - (time.monotonic() - first_at), 3))
+        self.reporter.decision(
+            "attempt_progress",
+            attempt=launch.attempt,
+            first_step=seen[0],
+            first_progress_at=round(time.time() - (time.monotonic() - first_at), 3),
+        )
 
     def _watch_stragglers(self, launch: AttemptLaunch, now: float) -> None:
         if self.stragglers is None:
@@ -401,8 +461,13 @@ class StepRunner:
             age = time.time() - n.reason_changed_at if n.reason_changed_at else None
             if age is not None and 0 <= age < MAX_DETECTION_AGE_S:
                 self.reporter.observe_detection(age)
-            self.reporter.decision("node_fault_seen", node=n.name, state=n.state_text, reason=n.reason or None,
-                                   detection_latency_s=round(age, 3) if age is not None else None)
+            self.reporter.decision(
+                "node_fault_seen",
+                node=n.name,
+                state=n.state_text,
+                reason=n.reason or None,
+                detection_latency_s=round(age, 3) if age is not None else None,
+            )
         return [n.name for n in bad]
 
     # -- stopping ------------------------------------------------------------------------------------
@@ -450,9 +515,13 @@ class StepRunner:
         if rc is None:
             step.kill_group()
             rc = step.wait(2.0)
-        self.reporter.decision("step_killed", step_name=self.current_name, why=why,
-                               steps=",".join(s.step_id for s in found) or None,
-                               took_s=round(time.monotonic() - started, 3))
+        self.reporter.decision(
+            "step_killed",
+            step_name=self.current_name,
+            why=why,
+            steps=",".join(s.step_id for s in found) or None,
+            took_s=round(time.monotonic() - started, 3),
+        )
         return rc
 
     def reap(self, nodes: list[str], escaped_only: bool = False) -> None:
@@ -466,28 +535,39 @@ class StepRunner:
         env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
         reaper = reap_escaped_processes if escaped_only else reap_marked_processes
         try:
-            killed, unchecked = reaper(self.client, self.opts.job_id, nodes, f"{TASK_MARKER}={self.opts.job_id}",
-                                       env, REAP_TIMEOUT_S)
+            killed, unchecked = reaper(
+                self.client, self.opts.job_id, nodes, f"{TASK_MARKER}={self.opts.job_id}", env, REAP_TIMEOUT_S
+            )
         except HPResilienceError as err:
             killed, unchecked = [], list(nodes)
             log.warning("stale_task_check_failed", error=str(err)[:300])
         for k in killed:
             self.reporter.decision("stale_task_killed", node=k.node, pid=k.pid, command=k.command)
-        self.reporter.decision("old_tasks_checked", nodes=",".join(nodes), killed=len(killed),
-                               unchecked=",".join(unchecked) or None, took_s=round(time.monotonic() - started, 3))
+        self.reporter.decision(
+            "old_tasks_checked",
+            nodes=",".join(nodes),
+            killed=len(killed),
+            unchecked=",".join(unchecked) or None,
+            took_s=round(time.monotonic() - started, 3),
+        )
 
     def _notice(self, launch: AttemptLaunch, why: str, clear: bool = False) -> None:
         started = time.monotonic()
         env = {k: v for k, v in self.env.items() if k != TASK_MARKER}
         try:
-            missed = write_notice(self.client, self.opts.job_id, list(launch.nodes), self.notice_file, why, env,
-                                  clear=clear)
+            missed = write_notice(
+                self.client, self.opts.job_id, list(launch.nodes), self.notice_file, why, env, clear=clear
+            )
         except HPResilienceError as err:
             missed = list(launch.nodes)
             log.warning("step_notice_failed", error=str(err)[:300])
         self.noticed = True
-        self.reporter.decision("step_notice_cleared" if clear else "step_notice_sent", nodes=",".join(launch.nodes),
-                               missed=",".join(missed) or None, took_s=round(time.monotonic() - started, 3))
+        self.reporter.decision(
+            "step_notice_cleared" if clear else "step_notice_sent",
+            nodes=",".join(launch.nodes),
+            missed=",".join(missed) or None,
+            took_s=round(time.monotonic() - started, 3),
+        )
 
     def settle(self, nodes: list[str], bound_s: float = SETTLE_S) -> None:
         """Before launching on nodes that left the job and came back (a fast repair): slurmd there is still ending
@@ -506,9 +586,14 @@ class StepRunner:
                 log.warning("stale_step_check_failed", error=str(err)[:300])
             waited = time.monotonic() - started
             if not busy or waited >= bound_s:
-                self.reporter.decision("returned_nodes_settled", nodes=",".join(nodes), rounds=rounds,
-                                       busy=",".join(sorted(busy)) or None, unchecked=",".join(unchecked) or None,
-                                       took_s=round(waited, 3))
+                self.reporter.decision(
+                    "returned_nodes_settled",
+                    nodes=",".join(nodes),
+                    rounds=rounds,
+                    busy=",".join(sorted(busy)) or None,
+                    unchecked=",".join(unchecked) or None,
+                    took_s=round(waited, 3),
+                )
                 return
             time.sleep(0.2)
 
@@ -547,8 +632,15 @@ class StepRunner:
     def _script(self, which: str, script: str, launch: AttemptLaunch, env: dict[str, str]) -> int:
         """Run a script once per node of the attempt (as hyperpodrun does around training)."""
         try:
-            res = run_on_nodes(self.client, self.opts.job_id, list(launch.nodes), script, f"hpr-{which}",
-                               self.opts.script_timeout_s, env)
+            res = run_on_nodes(
+                self.client,
+                self.opts.job_id,
+                list(launch.nodes),
+                script,
+                f"hpr-{which}",
+                self.opts.script_timeout_s,
+                env,
+            )
         except HPResilienceError as err:
             self.reporter.decision(f"{which}_script_failed", script=script, error=str(err)[:300])
             return 1
@@ -558,4 +650,3 @@ class StepRunner:
                 sink.flush()
         self.reporter.decision(f"{which}_script_done", script=script, exit_code=res.returncode)
         return res.returncode if res.returncode is not None else 1  # None only for a timeout: SlurmTimeout
-

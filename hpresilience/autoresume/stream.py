@@ -60,8 +60,16 @@ class RuleFeed:
 
 
 class Pump(threading.Thread):
-    def __init__(self, source: IO[bytes], sink: IO[bytes], feed: RuleFeed, max_line_bytes: int, name: str,
-                 progress: ProgressStream | None = None, strip_labels: bool = False) -> None:
+    def __init__(
+        self,
+        source: IO[bytes],
+        sink: IO[bytes],
+        feed: RuleFeed,
+        max_line_bytes: int,
+        name: str,
+        progress: ProgressStream | None = None,
+        strip_labels: bool = False,
+    ) -> None:
         super().__init__(name=f"pump-{name}", daemon=True)
         self.source = source
         self.sink = sink

@@ -55,9 +55,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 NUDGE_SIGNAL = signal.SIGWINCH  # slurm/notice.nudge
 # Signals passed on to the step and otherwise ignored (preemption notices sent with --signal=B:USR1@T).
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-KIND_OF = {Cause.HARDWARE: FailureKind.NODE_FAULT, Cause.HANG: FailureKind.RULE_TRIPPED,
-           Cause.SLOW: FailureKind.RULE_TRIPPED, Cause.COLLECTIVE: FailureKind.RULE_TRIPPED,
-           Cause.APPLICATION: FailureKind.APPLICATION_ERROR}
+KIND_OF = {
+    Cause.HARDWARE: FailureKind.NODE_FAULT,
+    Cause.HANG: FailureKind.RULE_TRIPPED,
+    Cause.SLOW: FailureKind.RULE_TRIPPED,
+    Cause.COLLECTIVE: FailureKind.RULE_TRIPPED,
+    Cause.APPLICATION: FailureKind.APPLICATION_ERROR,
+}
 EXIT_REQUEUE_DID_NOT_STOP = 1
 # A step that ended by a signal may have lost a node that Slurm still calls healthy (slurmd dead, nobody
 # marked it; Slurm notices after SlurmdTimeout, 300 s by default): every node must answer within this.
@@ -65,39 +69,78 @@ LIVENESS_PROBE_S = 3.0
 
 
 class Supervisor:
-    def __init__(self, opts: WrapperOptions, client: SlurmClient, env: Mapping[str, str] | None = None,
-                 stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        opts: WrapperOptions,
+        client: SlurmClient,
+        env: Mapping[str, str] | None = None,
+        stdout: IO[bytes] | None = None,
+        stderr: IO[bytes] | None = None,
+    ) -> None:
         self.opts = opts
         self.client = client
         self.env = dict(os.environ if env is None else env)
         self.job_id = opts.job_id
         self.store = StateStore(opts.state_dir, opts.job_id)
         self.details = job_identity_details(client, opts.job_id)
-        self.identity = JobIdentity(cluster=self.env.get("SLURM_CLUSTER_NAME", ""), job_id=opts.job_id,
-                                    submit_time=self.details.get("SubmitTime", ""),
-                                    restart_count=_int_env(self.env, "SLURM_RESTART_COUNT"))
+        self.identity = JobIdentity(
+            cluster=self.env.get("SLURM_CLUSTER_NAME", ""),
+            job_id=opts.job_id,
+            submit_time=self.details.get("SubmitTime", ""),
+            restart_count=_int_env(self.env, "SLURM_RESTART_COUNT"),
+        )
         self.state: WrapperState = self.store.load(self.identity)
         self.reporter = Reporter(self.store, opts.job_id, opts.metrics_path)
         self.policy = self._load_policy()
-        self.capacity = Capacity(client, opts.job_id, self.state, self.reporter, grow=opts.grow,
-                                 replace_timeout_s=opts.replace_timeout_s, min_nodes=opts.min_nodes)
+        self.capacity = Capacity(
+            client,
+            opts.job_id,
+            self.state,
+            self.reporter,
+            grow=opts.grow,
+            replace_timeout_s=opts.replace_timeout_s,
+            min_nodes=opts.min_nodes,
+        )
         labels_ours = opts.watch.label_tasks and not user_labels(opts.srun.passthrough)
-        self.feed = RuleFeed(RuleSet(opts.run_policy.log_monitoring_configuration, strip_task_label=labels_ours,
-                                     max_line_chars=opts.max_line_bytes))
+        self.feed = RuleFeed(
+            RuleSet(
+                opts.run_policy.log_monitoring_configuration,
+                strip_task_label=labels_ours,
+                max_line_chars=opts.max_line_bytes,
+            )
+        )
         self.stop_signal: int | None = None
         # The one progress stream of the step: hangs, stragglers (and later the ledger) read it.
         self.progress = ProgressStream()
-        self.investigator = HangInvestigator(client, opts.job_id, opts.state_dir / f"{opts.job_id}.evidence",
-                                             self.progress, self.reporter, self.env,
-                                             f"{TASK_MARKER}={opts.job_id}", opts.watch.hang_evidence_timeout_s)
-        self.collective = CollectiveBudget(opts.watch.collective_retries,
-                                           opts.run_policy.restart_policy.eval_period_seconds)
+        self.investigator = HangInvestigator(
+            client,
+            opts.job_id,
+            opts.state_dir / f"{opts.job_id}.evidence",
+            self.progress,
+            self.reporter,
+            self.env,
+            f"{TASK_MARKER}={opts.job_id}",
+            opts.watch.hang_evidence_timeout_s,
+        )
+        self.collective = CollectiveBudget(
+            opts.watch.collective_retries, opts.run_policy.restart_policy.eval_period_seconds
+        )
         self.exclude: set[str] = set()  # stragglers to leave out at the next relaunch (exclude_stragglers)
-        self.steps = StepRunner(opts, client, self.feed, self.reporter, self.env,
-                                stdout or sys.stdout.buffer, stderr or sys.stderr.buffer,
-                                should_stop=lambda: self.stop_signal is not None, progress=self.progress,
-                                on_hang=self.investigator, on_straggler=self._straggler,
-                                tasks_alive=self.investigator.tasks_alive, should_move=self._should_move)
+        self.steps = StepRunner(
+            opts,
+            client,
+            self.feed,
+            self.reporter,
+            self.env,
+            stdout or sys.stdout.buffer,
+            stderr or sys.stderr.buffer,
+            should_stop=lambda: self.stop_signal is not None,
+            progress=self.progress,
+            on_hang=self.investigator,
+            on_straggler=self._straggler,
+            tasks_alive=self.investigator.tasks_alive,
+            should_move=self._should_move,
+        )
         # A failed node released while its slurmstepd still ends the old step, and repaired fast, kills the next
         # step sent to it once back in the job: it leaves the job only once that step is gone there.
         self.capacity.settle = self.steps.settle
@@ -146,10 +189,15 @@ class Supervisor:
     def run(self) -> int:
         if self.store.set_aside is not None:
             self.reporter.decision("state_file_of_another_job", **self.store.set_aside)
-        self.reporter.decision("supervisor_started", attempts_so_far=self.state.attempts,
-                               slurm_restart_count=self.state.slurm_restart_count,
-                               cluster=self.identity.cluster or None, submit_time=self.identity.submit_time or None,
-                               rules=self.feed.rules.names or None, command=" ".join(self.opts.srun.command))
+        self.reporter.decision(
+            "supervisor_started",
+            attempts_so_far=self.state.attempts,
+            slurm_restart_count=self.state.slurm_restart_count,
+            cluster=self.identity.cluster or None,
+            submit_time=self.identity.submit_time or None,
+            rules=self.feed.rules.names or None,
+            command=" ".join(self.opts.srun.command),
+        )
         self._clear_requeue_marker()
         try:
             return self._run()
@@ -181,13 +229,16 @@ class Supervisor:
             self.state.last_nodes = list(plan)
             self.reporter.set_attempts(self.state.attempts)
             self._save()
-            result = self.steps.run_attempt(launch, self.state.restarts, failed_at,
-                                            self.investigator.attempt_dir(launch.attempt))
-            self.reporter.decision("attempt_ended", **attempt_record(self.progress, launch.attempt,
-                                                                     result.failed_at, result.exit_code))
+            result = self.steps.run_attempt(
+                launch, self.state.restarts, failed_at, self.investigator.attempt_dir(launch.attempt)
+            )
+            self.reporter.decision(
+                "attempt_ended", **attempt_record(self.progress, launch.attempt, result.failed_at, result.exit_code)
+            )
             if self.stop_signal:
-                self.reporter.decision("supervisor_stopped", signal=signal.Signals(self.stop_signal).name,
-                                       exit_code=result.exit_code)
+                self.reporter.decision(
+                    "supervisor_stopped", signal=signal.Signals(self.stop_signal).name, exit_code=result.exit_code
+                )
                 return 128 + self.stop_signal
             failed_at = result.failed_at
             if result.moved is not None and (self.moving_to is not None or result.leaving):
@@ -200,8 +251,14 @@ class Supervisor:
                     except NoReplacement as err:
                         return self._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
                 previous, plan, self.moving_to = plan, target, None
-                self.reporter.decision("step_moved", why=result.moved, nodes=",".join(plan), nodes_now=len(plan),
-                                       nodes_requested=size, exit_code=result.exit_code)
+                self.reporter.decision(
+                    "step_moved",
+                    why=result.moved,
+                    nodes=",".join(plan),
+                    nodes_now=len(plan),
+                    nodes_requested=size,
+                    exit_code=result.exit_code,
+                )
                 continue
             exit_code = result.exit_code
             if result.unanswering:  # kept out of the step, left in the job (capacity.mark_unanswering says why)
@@ -209,21 +266,32 @@ class Supervisor:
             if result.trip is None and not result.blamed:  # the step ended by itself, not by our hand
                 exit_code = application_exit_code(result.exit_code, self.feed.srun_errors)
                 if exit_code != result.exit_code:
-                    self.reporter.decision("step_exit_code_from_first_task", srun_exit_code=result.exit_code,
-                                           exit_code=exit_code)
+                    self.reporter.decision(
+                        "step_exit_code_from_first_task", srun_exit_code=result.exit_code, exit_code=exit_code
+                    )
             diagnosis = self._diagnose(exit_code, plan, result.blamed, result.trip, result.hang)
             if diagnosis.cause is Cause.NONE:
                 self.state.finished, self.state.exit_code = True, 0
                 self.reporter.decision("job_step_succeeded", attempt=launch.attempt)
                 return 0
-            self.reporter.decision("fault_seen", cause=diagnosis.cause.value, attempt=launch.attempt,
-                                   exit_code=exit_code, nodes=",".join(diagnosis.bad_nodes) or None,
-                                   detail=diagnosis.detail)
+            self.reporter.decision(
+                "fault_seen",
+                cause=diagnosis.cause.value,
+                attempt=launch.attempt,
+                exit_code=exit_code,
+                nodes=",".join(diagnosis.bad_nodes) or None,
+                detail=diagnosis.detail,
+            )
             # No task of this attempt may train on beside the next one, or beside a requeued job.
             self.steps.reap([n for n in plan if n not in diagnosis.bad_nodes])
             decision = self.policy.decide(KIND_OF[diagnosis.cause], exit_code)
-            self.reporter.decision("policy_decided", action=decision.action.value, reason=decision.reason,
-                                   detail=decision.detail, restarts_in_window=decision.restarts_in_window)
+            self.reporter.decision(
+                "policy_decided",
+                action=decision.action.value,
+                reason=decision.reason,
+                detail=decision.detail,
+                restarts_in_window=decision.restarts_in_window,
+            )
             if decision.action is Action.GIVE_UP:
                 return self._give_up(diagnosis, exit_code, decision.detail)
             if decision.action is Action.FULL_RESTART:
@@ -241,8 +309,9 @@ class Supervisor:
                     return self._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
             self.state.count_restart(diagnosis.cause.value)
             self.reporter.count_restart(diagnosis.cause.value)
-            self.reporter.decision("step_relaunching", cause=diagnosis.cause.value, nodes=",".join(plan),
-                                   restarts=self.state.restarts)
+            self.reporter.decision(
+                "step_relaunching", cause=diagnosis.cause.value, nodes=",".join(plan), restarts=self.state.restarts
+            )
 
     def _should_move(self, launch: AttemptLaunch) -> str | None:
         """Polled with the node checks while the step runs: why to move it now (planned), else None."""
@@ -262,15 +331,25 @@ class Supervisor:
     def _launch_for(self, plan: list[str], allocation: tuple[str, ...], size: int = 0) -> AttemptLaunch:
         attempt = self.state.attempts + 1
         first = self.client.node(plan[0])
-        return AttemptLaunch(attempt=attempt, nodes=tuple(plan), allocation=tuple(allocation),
-                             master_addr=first.address or first.name,
-                             master_port=master_port(self.opts.master_port_base, self.opts.master_port_span,
-                                                     self.job_id, attempt),
-                             tasks_per_node=self.opts.srun.tasks_per_node(), job_marker=str(self.job_id),
-                             requested=size or len(plan))
+        return AttemptLaunch(
+            attempt=attempt,
+            nodes=tuple(plan),
+            allocation=tuple(allocation),
+            master_addr=first.address or first.name,
+            master_port=master_port(self.opts.master_port_base, self.opts.master_port_span, self.job_id, attempt),
+            tasks_per_node=self.opts.srun.tasks_per_node(),
+            job_marker=str(self.job_id),
+            requested=size or len(plan),
+        )
 
-    def _diagnose(self, exit_code: int, plan: list[str], blamed: list[str], trip: RuleTripped | None,
-                  hang: Attribution | None = None) -> Diagnosis:
+    def _diagnose(
+        self,
+        exit_code: int,
+        plan: list[str],
+        blamed: list[str],
+        trip: RuleTripped | None,
+        hang: Attribution | None = None,
+    ) -> Diagnosis:
         try:
             job = self.client.job(self.job_id)
             by_name: dict[str, Node] = {n.name: n for n in self.client.known_nodes([*plan, *job.nodes])}
@@ -302,9 +381,12 @@ class Supervisor:
             why = "; ".join(s.why for s in hang.suspects if s.node == node)
             if self._mark_suspect(node, f"hang: {why}", str(self.investigator.root)):
                 return Diagnosis(Cause.HARDWARE, (node,), f"{node}: {why}", {node: why})
-        self.reporter.decision("hang_relaunch_same_nodes", nodes=",".join(plan),
-                               why="evidence is ambiguous" if not hang.unambiguous else "marking is off or failed",
-                               suspects=",".join(hang.nodes) or None)
+        self.reporter.decision(
+            "hang_relaunch_same_nodes",
+            nodes=",".join(plan),
+            why="evidence is ambiguous" if not hang.unambiguous else "marking is off or failed",
+            suspects=",".join(hang.nodes) or None,
+        )
         return diagnosis
 
     def _mark_suspect(self, node: str, why: str, evidence: str) -> bool:
@@ -325,11 +407,18 @@ class Supervisor:
         settle = self.opts.watch.collective_settle_s
         # NCCL dumps its flight recorder on a watchdog timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, steps.py) into the
         # attempt's evidence directory: the ranks that never entered the collective.
-        front = wavefront(read_dumps(self.investigator.root / f"attempt-{self.state.attempts}"),
-                          world=sorted(self.progress.ranks()))
-        self.reporter.decision("collective_failure_seen", kind=sig.kind, line=sig.line[:300],
-                               node=self.progress.node_of_task(sig.task), settle_s=settle, fr_dumps=front.dumps,
-                               fr_behind=",".join(map(str, front.ranks)) or None)
+        front = wavefront(
+            read_dumps(self.investigator.root / f"attempt-{self.state.attempts}"), world=sorted(self.progress.ranks())
+        )
+        self.reporter.decision(
+            "collective_failure_seen",
+            kind=sig.kind,
+            line=sig.line[:300],
+            node=self.progress.node_of_task(sig.task),
+            settle_s=settle,
+            fr_dumps=front.dumps,
+            fr_behind=",".join(map(str, front.ranks)) or None,
+        )
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline and not self.stop_signal:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
@@ -338,8 +427,9 @@ class Supervisor:
             except HPResilienceError:
                 continue
             if bad:
-                return Diagnosis(Cause.HARDWARE, tuple(bad), "; ".join(f"{n}: marked during the settle window"
-                                                                       for n in bad))
+                return Diagnosis(
+                    Cause.HARDWARE, tuple(bad), "; ".join(f"{n}: marked during the settle window" for n in bad)
+                )
         node = _first_failed_node(self.feed.srun_errors) or self.progress.node_of_task(sig.task)
         if node is not None and node in plan and self.collective.implicate(node) >= 2:
             why = f"implicated in {self.collective.implicated[node]} collective failures ({sig.kind})"
@@ -348,14 +438,23 @@ class Supervisor:
         if not self.collective.allow():
             self.reporter.decision("collective_retries_exhausted", retries=self.opts.watch.collective_retries)
             return diagnosis
-        return Diagnosis(Cause.COLLECTIVE, (), f"{sig.kind}: {sig.line[:200]} (exit code {exit_code}, "
-                         f"first failed node {node or 'unknown'})")
+        return Diagnosis(
+            Cause.COLLECTIVE,
+            (),
+            f"{sig.kind}: {sig.line[:200]} (exit code {exit_code}, first failed node {node or 'unknown'})",
+        )
 
     def _straggler(self, launch: AttemptLaunch, s: Straggler) -> None:
         self.reporter.straggler(s.node, s.ratio)
-        self.reporter.decision("straggler_detected", node=s.node, ratio=s.ratio, slow_windows=s.slow_windows,
-                               windows=s.windows, fraction=self.opts.watch.straggler_fraction,
-                               exclude=self.opts.watch.exclude_stragglers)
+        self.reporter.decision(
+            "straggler_detected",
+            node=s.node,
+            ratio=s.ratio,
+            slow_windows=s.slow_windows,
+            windows=s.windows,
+            fraction=self.opts.watch.straggler_fraction,
+            exclude=self.opts.watch.exclude_stragglers,
+        )
         if not self.opts.watch.exclude_stragglers:
             return
         self.exclude.add(s.node)
@@ -367,8 +466,12 @@ class Supervisor:
         spares = [n for n in job.nodes if n not in launch.nodes and n not in bad]
         if spares:
             self.reporter.decision("straggler_swap_now", node=s.node, spare=spares[0])
-            self.steps.pending_trip = RuleTripped("straggler", LogState.SLOW, f"{s.node} is a straggler "
-                                                  f"({s.ratio:g} x the other nodes' step time)", time.monotonic())
+            self.steps.pending_trip = RuleTripped(
+                "straggler",
+                LogState.SLOW,
+                f"{s.node} is a straggler ({s.ratio:g} x the other nodes' step time)",
+                time.monotonic(),
+            )
 
     def _check_life(self, diagnosis: Diagnosis, plan: list[str], exit_code: int) -> Diagnosis:
         """A step ended by a signal with every node healthy in Slurm's eyes: a node that died outright
@@ -377,13 +480,19 @@ class Supervisor:
         started = time.monotonic()
         answers = nodes_answering(self.client, self.job_id, plan, self.env, LIVENESS_PROBE_S)
         dead = tuple(n for n in plan if not answers.get(n, False))
-        self.reporter.decision("nodes_probed", nodes=",".join(plan), unanswering=",".join(dead) or None,
-                               exit_code=exit_code, took_s=round(time.monotonic() - started, 3))
+        self.reporter.decision(
+            "nodes_probed",
+            nodes=",".join(plan),
+            unanswering=",".join(dead) or None,
+            exit_code=exit_code,
+            took_s=round(time.monotonic() - started, 3),
+        )
         if not dead:
             return diagnosis
         self.capacity.mark_unanswering(dead)
-        detail = "; ".join(f"{n}: ran no task within {LIVENESS_PROBE_S:g} s after the step died of a signal"
-                           for n in dead)
+        detail = "; ".join(
+            f"{n}: ran no task within {LIVENESS_PROBE_S:g} s after the step died of a signal" for n in dead
+        )
         return Diagnosis(Cause.HARDWARE, dead, detail, {n: "unanswering" for n in dead})
 
     # -- endings -------------------------------------------------------------------------------------
@@ -395,8 +504,13 @@ class Supervisor:
 
     def _no_replacement(self, why: str, batch_host: bool = False) -> int:
         decision = self.policy.no_replacement(self.opts.fallback)
-        self.reporter.decision("no_replacement", why=why, action=decision.action.value, detail=decision.detail,
-                               batch_host=batch_host or None)
+        self.reporter.decision(
+            "no_replacement",
+            why=why,
+            action=decision.action.value,
+            detail=decision.detail,
+            batch_host=batch_host or None,
+        )
         if decision.action is Action.FULL_RESTART:
             return self._requeue(f"{why}; {decision.detail}")
         self.state.finished, self.state.exit_code = True, 1
@@ -420,7 +534,6 @@ class Supervisor:
             return 128 + self.stop_signal
         raise JobFailed(f"job {self.job_id} was requeued but this batch script kept running", EXIT_REQUEUE_DID_NOT_STOP)
 
-
     def _close_ledger(self) -> None:
         """Write `<job>.ledger.json` beside the events; when the job ends here (not a requeue), print its
         summary into the job's output. A ledger that cannot be written never changes the job's outcome."""
@@ -431,8 +544,9 @@ class Supervisor:
             return
         if ledger.ended:
             try:
-                self.steps.stdout.write(("[hpresilience] " + render(ledger).replace("\n", "\n[hpresilience] ")
-                                         + "\n").encode())
+                self.steps.stdout.write(
+                    ("[hpresilience] " + render(ledger).replace("\n", "\n[hpresilience] ") + "\n").encode()
+                )
                 self.steps.stdout.flush()
             except (OSError, ValueError):
                 pass  # the job's output is gone; the ledger file holds the same
@@ -465,7 +579,7 @@ def _first_failed_node(srun_errors: list[str]) -> str | None:
     for line in srun_errors:
         m = TASK_END_LINE.match(line)
         if m:
-            return line[len("srun: error: "):].split(":", 1)[0]
+            return line[len("srun: error: ") :].split(":", 1)[0]
     return None
 
 
@@ -474,4 +588,3 @@ def _int_env(env: Mapping[str, str], key: str) -> int:
         return max(0, int(env.get(key, "0") or "0"))
     except ValueError:
         return 0
-

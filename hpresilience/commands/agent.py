@@ -13,8 +13,11 @@ from hpresilience.commands.context import Ctx, pass_ctx
 @click.command("agent")
 @click.option("--once", is_flag=True, help="One cycle (checks, decision, action), then exit: for HealthCheckProgram.")
 @click.option("--dry-run", is_flag=True, help="The same as --mode observe.")
-@click.option("--mode", type=click.Choice(["observe", "enforce"]),
-              help="observe: log and count what would be done, never touch Slurm (default: config agent.mode).")
+@click.option(
+    "--mode",
+    type=click.Choice(["observe", "enforce"]),
+    help="observe: log and count what would be done, never touch Slurm (default: config agent.mode).",
+)
 @click.option("--node", "node_name", help="Slurm node name (default: config agent.node_name, $SLURMD_NODENAME, host).")
 @click.option("--profile", help="Health profile (default: config health.profile).")
 @click.option("--interval", type=float, help="Seconds between passive cycles (default: agent.passive_interval_s).")
@@ -23,9 +26,19 @@ from hpresilience.commands.context import Ctx, pass_ctx
 @click.option("--path.procfs", "procfs", help="Root of procfs (default /proc).")
 @click.option("--path.dev", "dev", help="Root of /dev.")
 @pass_ctx
-def agent(c: Ctx, once: bool, dry_run: bool, mode: str | None, node_name: str | None, profile: str | None,
-          interval: float | None, metrics_address: str | None, sysfs: str | None, procfs: str | None,
-          dev: str | None) -> None:
+def agent(
+    c: Ctx,
+    once: bool,
+    dry_run: bool,
+    mode: str | None,
+    node_name: str | None,
+    profile: str | None,
+    interval: float | None,
+    metrics_address: str | None,
+    sysfs: str | None,
+    procfs: str | None,
+    dev: str | None,
+) -> None:
     """Run health checks on this node and mark it in Slurm when a fault is confirmed."""
     from hpresilience.agent.collector import HealthCollector
     from hpresilience.agent.daemon import Agent
@@ -58,8 +71,10 @@ def agent(c: Ctx, once: bool, dry_run: bool, mode: str | None, node_name: str | 
     daemon = Agent(settings, SlurmClient.from_settings(cfg.slurm), collector, lock_wait_s=40.0 if once else None)
     if once:
         d = daemon.cycle()
-        c.emit({"node": daemon.node_name, "decision": d.kind.value, "why": d.why, "reason": d.reason},
-               f"{daemon.node_name}: {d.kind.value} ({d.why}){' -> ' + d.reason if d.reason else ''}")
+        c.emit(
+            {"node": daemon.node_name, "decision": d.kind.value, "why": d.why, "reason": d.reason},
+            f"{daemon.node_name}: {d.kind.value} ({d.why}){' -> ' + d.reason if d.reason else ''}",
+        )
         return
     server = None
     if settings.metrics_address:

@@ -24,11 +24,7 @@ log = get_logger("hpresilience.check")
 
 
 def _override(settings: HealthSettings, **kw: Any) -> HealthSettings:
-    paths = {
-        k: v
-        for k, v in {"sysfs": kw.pop("sysfs"), "procfs": kw.pop("procfs"), "dev": kw.pop("dev")}.items()
-        if v
-    }
+    paths = {k: v for k, v in {"sysfs": kw.pop("sysfs"), "procfs": kw.pop("procfs"), "dev": kw.pop("dev")}.items() if v}
     update = {k: v for k, v in kw.items() if v}
     if paths:
         update["path"] = settings.path.model_copy(update=paths)
@@ -77,17 +73,18 @@ def state_lock(c: Ctx) -> Iterator[None]:
     default=False,
     help="Also run active checks (stress, DCGM diag, EFA loopback). Only on idle or drained nodes.",
 )
-@click.option(
-    "--check", "only", multiple=True, help="Run only this check (repeatable); ignores the profile's list."
-)
+@click.option("--check", "only", multiple=True, help="Run only this check (repeatable); ignores the profile's list.")
 @click.option("--path.sysfs", "sysfs", help="Root of sysfs (default /sys).")
 @click.option("--path.procfs", "procfs", help="Root of procfs (default /proc).")
 @click.option("--path.dev", "dev", help="Root of /dev (kmsg, infiniband/uverbs*).")
 @click.option("--kernel-log", help="Kernel log to read instead of <path.dev>/kmsg (a file is read as lines).")
 @click.option("--nvml", help="NVML source: auto, pynvml, nvidia-smi, or a recorded snapshot JSON path.")
 @click.option("--state-dir", help="Where escalation history and counter baselines are kept.")
-@click.option("--strict", is_flag=True,
-              help="No post-boot or driver-change grace: a missing GPU or a broken NVML fails now (health gates).")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="No post-boot or driver-change grace: a missing GPU or a broken NVML fails now (health gates).",
+)
 @pass_ctx
 def check(
     c: Ctx,
@@ -122,8 +119,7 @@ def check(
         "results": [r.to_dict() for r in results],
     }
     text = render_table(results) + (
-        f"\n\nprofile {prof.name}: {verdict.status.value.upper()}"
-        f" (action {verdict.action.value}) - {verdict.reason}"
+        f"\n\nprofile {prof.name}: {verdict.status.value.upper()} (action {verdict.action.value}) - {verdict.reason}"
     )
     c.emit(data, text)
     if verdict.exit_code:

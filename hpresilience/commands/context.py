@@ -23,8 +23,9 @@ class Ctx:
     def config(self) -> Config:
         if self._config is None:
             self._config = load_config(self.config_path)
-            setup_logging(level="debug" if self.verbose else self._config.logging.level,
-                          json=self._config.logging.json_lines)
+            setup_logging(
+                level="debug" if self.verbose else self._config.logging.level, json=self._config.logging.json_lines
+            )
         return self._config
 
     def emit(self, data: Any, text: str) -> None:

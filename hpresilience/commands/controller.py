@@ -95,8 +95,11 @@ def _run(c: Ctx | None, once: bool, dry_run: bool, state_dir: str | None) -> Non
 @click.command()
 @click.argument("node")
 @click.option("--reboot", is_flag=True, help="Ask for a reboot instead of a replacement.")
-@click.option("--force", is_flag=True,
-              help="Take the node DOWN now (its jobs lose it at once) and override a reason someone else set.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Take the node DOWN now (its jobs lose it at once) and override a reason someone else set.",
+)
 @pass_ctx
 def replace(c: Ctx, node: str, reboot: bool, force: bool) -> None:
     """Ask the controller to replace (or reboot) NODE: sets the Action: reason, the controller does the rest."""
@@ -109,16 +112,22 @@ def replace(c: Ctx, node: str, reboot: bool, force: bool) -> None:
             raise ConfigError(f"{node} is already under repair (step {under_repair.step}); --force to ask again")
         parsed = parse_reason(n.reason)
         if n.is_unavailable and n.reason and parsed.owner is None and parsed.action is None:
-            raise ConfigError(f"{node} is out of service with someone else's reason ({n.reason!r}); "
-                              "--force to override it")
+            raise ConfigError(
+                f"{node} is out of service with someone else's reason ({n.reason!r}); --force to override it"
+            )
         if n.is_busy:
-            click.echo(f"{node} runs jobs: it is set FAIL now and forced DOWN after "
-                       f"{c.config.controller.forced_down_after_s:g} s if they have not ended", err=True)
+            click.echo(
+                f"{node} runs jobs: it is set FAIL now and forced DOWN after "
+                f"{c.config.controller.forced_down_after_s:g} s if they have not ended",
+                err=True,
+            )
     action = Action.REBOOT if reboot else Action.REPLACE
     reason = f"Action:{action.reason_word} requested by {_user()} with hpresilience replace"
     client.set_node_state([node], "down" if force else "fail", reason)
-    c.emit({"node": node, "action": action.value, "state": "down" if force else "fail", "reason": reason},
-           f"{node}: {'down' if force else 'fail'} with reason {reason!r}; the controller takes it from here")
+    c.emit(
+        {"node": node, "action": action.value, "state": "down" if force else "fail", "reason": reason},
+        f"{node}: {'down' if force else 'fail'} with reason {reason!r}; the controller takes it from here",
+    )
 
 
 def _user() -> str:
@@ -136,8 +145,9 @@ def _ago(t: float | None) -> str:
 
 
 @click.command()
-@click.option("--history", "history_lines", type=int, default=5, show_default=True,
-              help="Also show this many finished repairs.")
+@click.option(
+    "--history", "history_lines", type=int, default=5, show_default=True, help="Also show this many finished repairs."
+)
 @state_dir_opt
 @pass_ctx
 def status(c: Ctx, history_lines: int, state_dir: str | None) -> None:
@@ -145,9 +155,11 @@ def status(c: Ctx, history_lines: int, state_dir: str | None) -> None:
     store = StateStore(state_dir or c.config.controller.state_dir)
     if not any((store.dir / name).exists() for name in ("controller.lock", "nodes", "history.jsonl")):
         # "No node under repair" would be a claim about the cluster; all we know is that there is no record.
-        raise HPResilienceError(f"no controller state in {store.dir}: the controller has not run with this state "
-                                "directory (it runs on the head node: `systemctl status hpresilience-controller`; "
-                                "or pass --state-dir / set controller.state_dir)")
+        raise HPResilienceError(
+            f"no controller state in {store.dir}: the controller has not run with this state "
+            "directory (it runs on the head node: `systemctl status hpresilience-controller`; "
+            "or pass --state-dir / set controller.state_dir)"
+        )
     records = store.load_all(quarantine=False)
     history = store.history(history_lines) if history_lines > 0 else []
     data = {"under_repair": [r.to_json() for r in records.values()], "history": history}
@@ -155,12 +167,13 @@ def status(c: Ctx, history_lines: int, state_dir: str | None) -> None:
     for r in records.values():
         health = r.last_health or {}
         h = ("pass" if health.get("passed") else "fail") + f" {_ago(health.get('at'))}" if health else "-"
-        lines.append(f"{r.node:12} {r.step:13} {_ago(r.step_since):10} {r.current:8} "
-                     f"{r.attempt:>3}  {h}; {r.why}")
+        lines.append(f"{r.node:12} {r.step:13} {_ago(r.step_since):10} {r.current:8} {r.attempt:>3}  {h}; {r.why}")
     if not records:
         lines.append("(no node under repair)")
     if history:
         lines.append("recent:")
-        lines += [f"  {h.get('node', '?'):12} {h.get('outcome', '?'):28} {_ago(h.get('at'))}  {h.get('why', '')}"
-                  for h in history]
+        lines += [
+            f"  {h.get('node', '?'):12} {h.get('outcome', '?'):28} {_ago(h.get('at'))}  {h.get('why', '')}"
+            for h in history
+        ]
     c.emit(data, "\n".join(lines))

@@ -22,8 +22,13 @@ def demo(c: Ctx, keep: bool, timeout: float) -> None:
     """Run the whole story on a local Slurm cluster and print its timeline."""
     dev = settings_of(c)
     state_dir = os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or dev.state_dir
-    cl = DevCluster(state_dir=Path(state_dir), nodes=4, base_port=dev.base_port,
-                    overrides={"SlurmdTimeout": "10", **dev.overrides}, bin_dir=c.config.slurm.bin_dir)
+    cl = DevCluster(
+        state_dir=Path(state_dir),
+        nodes=4,
+        base_port=dev.base_port,
+        overrides={"SlurmdTimeout": "10", **dev.overrides},
+        bin_dir=c.config.slurm.bin_dir,
+    )
     tl = Timeline()
     tl.say(f"starting a real Slurm cluster: slurmctld + 4 slurmd in {cl.state_dir}")
     took = cl.up(progress=tl.say)

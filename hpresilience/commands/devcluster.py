@@ -29,10 +29,18 @@ def settings_of(c: Ctx) -> DevclusterSettings:
     return devcluster_settings(c.config.devcluster, str(resolve_config_path(c.config_path) or "<config>"))
 
 
-def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
-                 overrides: tuple[str, ...] = (), accounting: bool | None = None, extra_nodes: int | None = None,
-                 proctrack: str | None = None, slurm: str | None = None,
-                 isolation: str | None = None, backup_controller: bool = False) -> DevCluster:
+def cluster_from(
+    c: Ctx,
+    nodes: int | None = None,
+    state_dir: str | None = None,
+    overrides: tuple[str, ...] = (),
+    accounting: bool | None = None,
+    extra_nodes: int | None = None,
+    proctrack: str | None = None,
+    slurm: str | None = None,
+    isolation: str | None = None,
+    backup_controller: bool = False,
+) -> DevCluster:
     s = settings_of(c)
     extra = dict(s.overrides)
     for item in overrides:
@@ -43,12 +51,17 @@ def cluster_from(c: Ctx, nodes: int | None = None, state_dir: str | None = None,
     where = Path(state_dir or os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or s.state_dir)
     port, count = recorded_shape(where)
     return DevCluster(
-        state_dir=where, nodes=nodes or count or s.nodes, base_port=port or s.base_port,
-        overrides=extra, bin_dir=c.config.slurm.bin_dir,
+        state_dir=where,
+        nodes=nodes or count or s.nodes,
+        base_port=port or s.base_port,
+        overrides=extra,
+        bin_dir=c.config.slurm.bin_dir,
         accounting=s.accounting if accounting is None else accounting,
-        extra_nodes=s.extra_nodes if extra_nodes is None else extra_nodes, proctrack=proctrack or s.proctrack,
+        extra_nodes=s.extra_nodes if extra_nodes is None else extra_nodes,
+        proctrack=proctrack or s.proctrack,
         slurm=SlurmRelease.parse(slurm) if slurm else None,
-        isolation=Isolation.parse(isolation) if isolation else None, backup_controller=backup_controller,
+        isolation=Isolation.parse(isolation) if isolation else None,
+        backup_controller=backup_controller,
     )
 
 
@@ -73,16 +86,22 @@ def in_its_root(cl: DevCluster) -> None:
     """Re-run this very command inside the cluster's Slurm root when it has one and this is the host."""
     if cl.needs_root_entry():
         cl.state_dir.mkdir(parents=True, exist_ok=True)  # bound into the root: must exist first
-        slurmroot.exec_in(cl.release, [sys.executable, "-m", "hpresilience", *sys.argv[1:]],
-                          binds=[str(cl.state_dir)])
+        slurmroot.exec_in(cl.release, [sys.executable, "-m", "hpresilience", *sys.argv[1:]], binds=[str(cl.state_dir)])
 
 
-state_dir_opt = click.option("--state-dir", envvar="HPRESILIENCE_DEVCLUSTER_DIR",
-                             help="Directory for the cluster's config, logs and state (default .devcluster).")
-slurm_opt = click.option("--slurm", type=click.Choice(RELEASES), envvar="HPRESILIENCE_DEVCLUSTER_SLURM",
-                         help="Slurm release: 22.05 is the host's packages (default); 24.11 and 26.05 run from a "
-                              "Debian root (trixie, sid) built on first use and cached in "
-                              "/var/cache/hpresilience/roots.")
+state_dir_opt = click.option(
+    "--state-dir",
+    envvar="HPRESILIENCE_DEVCLUSTER_DIR",
+    help="Directory for the cluster's config, logs and state (default .devcluster).",
+)
+slurm_opt = click.option(
+    "--slurm",
+    type=click.Choice(RELEASES),
+    envvar="HPRESILIENCE_DEVCLUSTER_SLURM",
+    help="Slurm release: 22.05 is the host's packages (default); 24.11 and 26.05 run from a "
+    "Debian root (trixie, sid) built on first use and cached in "
+    "/var/cache/hpresilience/roots.",
+)
 
 
 @click.group()
@@ -92,42 +111,86 @@ def devcluster() -> None:
 
 @devcluster.command()
 @click.option("--nodes", "-n", type=click.IntRange(1, 64), help="Number of nodes (default 4).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="slurm.conf override, e.g. --set SlurmdTimeout=5 (repeatable).")
-@click.option("--timeout", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
-              help="Seconds to wait for all-idle.")
-@click.option("--accounting/--no-accounting", default=None,
-              help="Run MariaDB + slurmdbd (default: when their packages are installed).")
-@click.option("--extra-nodes", type=click.IntRange(0, 100_000), default=None,
-              help="Add N powered-down p5 nodes (State=CLOUD, partition p5) for a production-size node table.")
-@click.option("--proctrack", type=click.Choice(["auto", "cgroup", "pgid"]), default=None,
-              help="Process tracking (auto: cgroup v1 where mounted, as real clusters; else pgid).")
-@click.option("--isolation", type=click.Choice([i.value for i in Isolation]), default=None,
-              help="none (default): nodes share the host's network and processes; netns: each node in its own "
-                   "network and PID namespace, on a private bridge (for partition/heal/slow).")
-@click.option("--backup-controller", is_flag=True,
-              help="With --isolation netns: a backup slurmctld on a host of its own (SlurmctldHost ctl1, ctl2); "
-                   "`devcluster kill-controller` crashes the primary. Needs --no-accounting for now.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="slurm.conf override, e.g. --set SlurmdTimeout=5 (repeatable).",
+)
+@click.option(
+    "--timeout", type=click.FloatRange(1, 3600), default=30.0, show_default=True, help="Seconds to wait for all-idle."
+)
+@click.option(
+    "--accounting/--no-accounting",
+    default=None,
+    help="Run MariaDB + slurmdbd (default: when their packages are installed).",
+)
+@click.option(
+    "--extra-nodes",
+    type=click.IntRange(0, 100_000),
+    default=None,
+    help="Add N powered-down p5 nodes (State=CLOUD, partition p5) for a production-size node table.",
+)
+@click.option(
+    "--proctrack",
+    type=click.Choice(["auto", "cgroup", "pgid"]),
+    default=None,
+    help="Process tracking (auto: cgroup v1 where mounted, as real clusters; else pgid).",
+)
+@click.option(
+    "--isolation",
+    type=click.Choice([i.value for i in Isolation]),
+    default=None,
+    help="none (default): nodes share the host's network and processes; netns: each node in its own "
+    "network and PID namespace, on a private bridge (for partition/heal/slow).",
+)
+@click.option(
+    "--backup-controller",
+    is_flag=True,
+    help="With --isolation netns: a backup slurmctld on a host of its own (SlurmctldHost ctl1, ctl2); "
+    "`devcluster kill-controller` crashes the primary. Needs --no-accounting for now.",
+)
 @slurm_opt
 @state_dir_opt
 @pass_ctx
-def up(c: Ctx, nodes: int | None, overrides: tuple[str, ...], timeout: float, accounting: bool | None,
-       extra_nodes: int | None, proctrack: str | None, isolation: str | None, backup_controller: bool,
-       slurm: str | None, state_dir: str | None) -> None:
+def up(
+    c: Ctx,
+    nodes: int | None,
+    overrides: tuple[str, ...],
+    timeout: float,
+    accounting: bool | None,
+    extra_nodes: int | None,
+    proctrack: str | None,
+    isolation: str | None,
+    backup_controller: bool,
+    slurm: str | None,
+    state_dir: str | None,
+) -> None:
     """Start the cluster (idempotent); return when every node is idle."""
-    cl = cluster_from(c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack, slurm, isolation,
-                      backup_controller)
+    cl = cluster_from(
+        c, nodes, state_dir, overrides, accounting, extra_nodes, proctrack, slurm, isolation, backup_controller
+    )
     if cl.needs_root_entry():
         slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
         in_its_root(cl)
     took = cl.up(timeout=timeout, progress=lambda msg: click.echo(msg, err=True))
     acct = "with accounting (slurmdbd)" if cl.accounting_wanted() else "without accounting"
     extra = f" + {cl.extra_nodes} powered-down nodes" if cl.extra_nodes else ""
-    c.emit({"slurm": cl.release.value, "isolation": cl.isolation.value, "nodes": cl.names(),
-            "extra_nodes": cl.extra_nodes, "accounting": cl.accounting_wanted(),
-            "proctrack": cl.resolved_proctrack(), "seconds": round(took, 3), "slurm_conf": str(cl.conf_path)},
-           f"devcluster up: Slurm {cl.release.value}, {cl.nodes} nodes{extra} idle in {took:.2f} s, {acct}, "
-           f"proctrack/{cl.resolved_proctrack()}\nexport SLURM_CONF={cl.conf_path}")
+    c.emit(
+        {
+            "slurm": cl.release.value,
+            "isolation": cl.isolation.value,
+            "nodes": cl.names(),
+            "extra_nodes": cl.extra_nodes,
+            "accounting": cl.accounting_wanted(),
+            "proctrack": cl.resolved_proctrack(),
+            "seconds": round(took, 3),
+            "slurm_conf": str(cl.conf_path),
+        },
+        f"devcluster up: Slurm {cl.release.value}, {cl.nodes} nodes{extra} idle in {took:.2f} s, {acct}, "
+        f"proctrack/{cl.resolved_proctrack()}\nexport SLURM_CONF={cl.conf_path}",
+    )
 
 
 @devcluster.command()
@@ -153,12 +216,18 @@ def status(c: Ctx, state_dir: str | None) -> None:
         raise click.exceptions.Exit(1)
     pids = cl.daemon_pids()
     nodes = cl.client(timeout=5, retries=0).nodes(cl.names()) if "slurmctld" in pids else []
-    data = {"up": cl.is_up(), "slurm_conf": str(cl.conf_path), "pids": pids, "accounting": cl.accounting_wanted(),
-            "nodes": {n.name: {"state": n.state_text, "address": n.address, "reason": n.reason} for n in nodes}}
+    data = {
+        "up": cl.is_up(),
+        "slurm_conf": str(cl.conf_path),
+        "pids": pids,
+        "accounting": cl.accounting_wanted(),
+        "nodes": {n.name: {"state": n.state_text, "address": n.address, "reason": n.reason} for n in nodes},
+    }
     lines = [f"slurm_conf: {cl.conf_path}", f"slurmctld: {pids.get('slurmctld', 'not running')}"]
     lines += describe(pids, cl.accounting_wanted())
-    lines += [f"{n.name:6} {n.address:12} slurmd={pids.get(n.name, '-')!s:8} {n.state_text:20} {n.reason}"
-              for n in nodes]
+    lines += [
+        f"{n.name:6} {n.address:12} slurmd={pids.get(n.name, '-')!s:8} {n.state_text:20} {n.reason}" for n in nodes
+    ]
     c.emit(data, "\n".join(lines))
     if not cl.is_up():
         raise click.exceptions.Exit(1)
@@ -242,8 +311,9 @@ def kill_controller(c: Ctx, state_dir: str | None) -> None:
     """SIGKILL the primary slurmctld (a crashed head node; a backup, if any, takes over)."""
     pid = cluster_from(c, state_dir=state_dir).kill_primary_controller()
     if pid is None:
-        raise click.ClickException("no primary slurmctld of this cluster runs in its controller namespace "
-                                   "(needs --isolation netns)")
+        raise click.ClickException(
+            "no primary slurmctld of this cluster runs in its controller namespace (needs --isolation netns)"
+        )
     click.echo(f"killed the primary slurmctld (pid {pid})")
 
 
@@ -259,8 +329,12 @@ def heal(c: Ctx, name: str, state_dir: str | None) -> None:
 
 @devcluster.command()
 @click.argument("name")
-@click.option("--delay-ms", type=click.IntRange(0, 60_000), required=True,
-              help="Delay of every packet to and from the node, each way (netem); 0 removes it.")
+@click.option(
+    "--delay-ms",
+    type=click.IntRange(0, 60_000),
+    required=True,
+    help="Delay of every packet to and from the node, each way (netem); 0 removes it.",
+)
 @state_dir_opt
 @pass_ctx
 def slow(c: Ctx, name: str, delay_ms: int, state_dir: str | None) -> None:

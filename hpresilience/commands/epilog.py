@@ -16,22 +16,30 @@ from hpresilience.torch.cleanup import DEFAULT_ROOT, remove_job_tiers
 
 
 @click.command("epilog")
-@click.option("--memory-root", default=DEFAULT_ROOT, show_default=True,
-              help="The checkpoint memory_dir pattern jobs use ({uid}: the job's user).")
+@click.option(
+    "--memory-root",
+    default=DEFAULT_ROOT,
+    show_default=True,
+    help="The checkpoint memory_dir pattern jobs use ({uid}: the job's user).",
+)
 @click.option("--job-id", envvar="SLURM_JOB_ID", default="", help="Default: $SLURM_JOB_ID.")
 @click.option("--uid", "uid_text", envvar="SLURM_JOB_UID", default="", help="Default: $SLURM_JOB_UID.")
 @pass_ctx
 def epilog(c: Ctx, memory_root: str, job_id: str, uid_text: str) -> None:
     """Remove the memory-tier checkpoints a finished job left on this node."""
     if not job_id.isdigit() or not uid_text.isdigit():
-        c.emit({"removed": [], "skipped": "no SLURM_JOB_ID/SLURM_JOB_UID"},
-               "hpresilience epilog: no SLURM_JOB_ID/SLURM_JOB_UID; nothing to do")
+        c.emit(
+            {"removed": [], "skipped": "no SLURM_JOB_ID/SLURM_JOB_UID"},
+            "hpresilience epilog: no SLURM_JOB_ID/SLURM_JOB_UID; nothing to do",
+        )
         return
     try:
         removed = remove_job_tiers(job_id, int(uid_text), memory_root)
     except OSError as err:  # never fail the epilog: that would drain the node
         click.echo(f"hpresilience epilog: could not clean up job {job_id}: {err}", err=True)
         return
-    c.emit({"removed": [{"folder": r.folder, "bytes": r.bytes} for r in removed]},
-           "\n".join(f"removed {r.folder} ({r.bytes} bytes)" for r in removed)
-           or f"hpresilience epilog: job {job_id} left no memory tier on {os.uname().nodename}")
+    c.emit(
+        {"removed": [{"folder": r.folder, "bytes": r.bytes} for r in removed]},
+        "\n".join(f"removed {r.folder} ({r.bytes} bytes)" for r in removed)
+        or f"hpresilience epilog: job {job_id} left no memory tier on {os.uname().nodename}",
+    )

@@ -29,8 +29,9 @@ def parse_since(text: str, now: float | None = None) -> float:
     try:
         return datetime.fromisoformat(t).timestamp()
     except ValueError:
-        raise ConfigError(f"--since {text!r}: expected a duration (30m, 2h, 7d), an ISO time "
-                          "(2026-11-25T16:00) or epoch seconds") from None
+        raise ConfigError(
+            f"--since {text!r}: expected a duration (30m, 2h, 7d), an ISO time (2026-11-25T16:00) or epoch seconds"
+        ) from None
 
 
 @click.command()
@@ -43,9 +44,14 @@ def events(c: Ctx, node: str | None, since: str | None, state_dir: str | None) -
     start = parse_since(since) if since else None
     log = EventLog(state_dir or c.config.controller.state_dir)
     if not log.path.exists() and not log.path.with_name(log.path.name + ".1").exists():
-        raise HPResilienceError(f"no event record in {log.path.parent}: the controller has not run with this state "
-                                "directory (events are kept on the head node, where it runs; or pass --state-dir)")
+        raise HPResilienceError(
+            f"no event record in {log.path.parent}: the controller has not run with this state "
+            "directory (events are kept on the head node, where it runs; or pass --state-dir)"
+        )
     found = log.read(node, start)
-    lines = [f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['at']))}  {e.get('node', '?')!s:12} "
-             f"{e.get('kind', '?')!s:26} by {e.get('by', '?')!s:24} {e.get('why', '')}" for e in found]
+    lines = [
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['at']))}  {e.get('node', '?')!s:12} "
+        f"{e.get('kind', '?')!s:26} by {e.get('by', '?')!s:24} {e.get('why', '')}"
+        for e in found
+    ]
     c.emit(found, "\n".join(lines) or "(no events)")

@@ -25,8 +25,10 @@ def job(c: Ctx, job_id: int) -> None:
         raise HPResilienceError(f"job {job_id}: neither slurmctld nor slurmdbd knows it")
     ledger = load_ledger(record, c.config.autoresume.state_dir, now=time.time())
     if ledger is None:
-        raise HPResilienceError(f"job {job_id}: no ledger under {record.work_dir or '(no working directory)'}"
-                                "/.hpresilience/jobs (not run with srun --auto-resume=1, or not readable here)")
+        raise HPResilienceError(
+            f"job {job_id}: no ledger under {record.work_dir or '(no working directory)'}"
+            "/.hpresilience/jobs (not run with srun --auto-resume=1, or not readable here)"
+        )
     data = {**ledger.to_dict(), "user": record.user, "partition": record.partition, "state": record.state}
     c.emit(data, render(ledger))
 

@@ -41,8 +41,14 @@ def _table_options(f: F) -> F:
         if o.kind is Kind.FLAG:
             f = click.option(f"{o.spelled}/--{o.off}", o.dest, default=None, help=o.help)(f)
         else:
-            f = click.option(o.spelled, o.dest, type=_click_type(o), default=o.default,
-                             show_default=o.default is not None, help=o.help)(f)
+            f = click.option(
+                o.spelled,
+                o.dest,
+                type=_click_type(o),
+                default=o.default,
+                show_default=o.default is not None,
+                help=o.help,
+            )(f)
     return f
 
 

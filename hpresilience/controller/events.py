@@ -46,8 +46,14 @@ class EventLog:
         """Append one event; a failed write is logged, never raised (the repair goes on)."""
         if not self.persist:
             return
-        event = {"at": round(time.time() if at is None else at, 3), "node": node, "kind": kind, "by": by, "why": why,
-                 **{k: v for k, v in extra.items() if v is not None}}
+        event = {
+            "at": round(time.time() if at is None else at, 3),
+            "node": node,
+            "kind": kind,
+            "by": by,
+            "why": why,
+            **{k: v for k, v in extra.items() if v is not None},
+        }
         line = (json.dumps(event, sort_keys=True, default=str) + "\n").encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,8 +75,11 @@ class EventLog:
 
     def read(self, node: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
         """Events, oldest first, of one node and/or from a time on; unreadable lines are skipped."""
-        return [e for e in self._all() if (node is None or e.get("node") == node)
-                and (since is None or float(e.get("at", 0)) >= since)]
+        return [
+            e
+            for e in self._all()
+            if (node is None or e.get("node") == node) and (since is None or float(e.get("at", 0)) >= since)
+        ]
 
     def _all(self) -> Iterator[dict[str, Any]]:
         for p in (self.path.with_name(self.path.name + ".1"), self.path):
@@ -113,14 +122,21 @@ class EventLog:
             if seen.get(n.name) == current[n.name] or parsed.owner == "controller":
                 continue  # the controller's own reasons are recorded as its decisions
             by = "agent" if parsed.owner == "agent" else f"operator ({n.reason_set_by or 'unknown user'})"
-            self.record("mark", n.name, by, n.reason, reason=n.reason, reason_at=n.reason_changed_at,
-                        state=n.state_text)
+            self.record(
+                "mark", n.name, by, n.reason, reason=n.reason, reason_at=n.reason_changed_at, state=n.state_text
+            )
         for name in [m for m in seen if m not in current]:
             node = by_name.get(name)
             if node is None or not node.states & OUT_OF_SERVICE:
-                self.record("back_in_service", name, "agent or operator",
-                            "in service again; the controller did not resume it")
+                self.record(
+                    "back_in_service", name, "agent or operator", "in service again; the controller did not resume it"
+                )
             else:
-                self.record("reason_replaced", name, f"operator ({node.reason_set_by or 'unknown user'})",
-                            node.reason, reason=node.reason)
+                self.record(
+                    "reason_replaced",
+                    name,
+                    f"operator ({node.reason_set_by or 'unknown user'})",
+                    node.reason,
+                    reason=node.reason,
+                )
         return current

@@ -51,14 +51,27 @@ class GateSettings(Section):
     # line by default); exit 0 = pass. `none`: always pass.
     kind: str = "slurm"
     # `--strict`: no post-boot grace, so a node that came back short of GPUs fails now (docs/controller.md).
-    job_command: list[str] = Field(default_factory=lambda: [
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
+    job_command: list[str] = Field(
+        default_factory=lambda: ["/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"]
+    )
     # The gate job's working directory on the node (stress-ng writes its scratch files there).
     job_chdir: str = "/tmp"
-    command: list[str] = Field(default_factory=lambda: [
-        # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
-        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "--", "{address}",
-        "/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"])
+    command: list[str] = Field(
+        default_factory=lambda: [
+            # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=15",
+            "--",
+            "{address}",
+            "/opt/hpresilience/venv/bin/hpresilience",
+            "check",
+            "--active",
+            "--strict",
+        ]
+    )
     timeout_s: float = Field(default=900.0, gt=0)
 
     @field_validator("kind")
@@ -93,8 +106,12 @@ class GateResult:
     at: float
 
     def to_json(self) -> dict[str, object]:
-        return {"passed": self.passed, "detail": self.detail, "duration_s": round(self.duration_s, 3),
-                "at": round(self.at, 3)}
+        return {
+            "passed": self.passed,
+            "detail": self.detail,
+            "duration_s": round(self.duration_s, 3),
+            "at": round(self.at, 3),
+        }
 
 
 class Gate(Protocol):
@@ -133,8 +150,10 @@ class CommandGate:
     def check(self, node: Node) -> GateResult:
         started = time.monotonic()
         try:
-            argv = render(self.settings.command, {"node": node.name, "address": node.address or node.name,
-                                                  "hostname": node.hostname or node.name})
+            argv = render(
+                self.settings.command,
+                {"node": node.name, "address": node.address or node.name, "hostname": node.hostname or node.name},
+            )
             rc, out = run_site_command(argv, self.settings.timeout_s)
         except HPResilienceError as err:
             return GateResult(False, str(err), time.monotonic() - started, time.time())
@@ -163,8 +182,9 @@ class SlurmGate:
     def job_argv(self, node: Node) -> list[str]:
         argv = self.settings.job_command
         if any("{" in part for part in argv):
-            return render(argv, {"node": node.name, "address": node.address or node.name,
-                                 "hostname": node.hostname or node.name})
+            return render(
+                argv, {"node": node.name, "address": node.address or node.name, "hostname": node.hostname or node.name}
+            )
         return list(argv)
 
     def check(self, node: Node) -> GateResult:
@@ -173,19 +193,29 @@ class SlurmGate:
         # The reservation outlives the job by a margin, and ends by itself if the controller dies mid-gate.
         try:
             argv = self.job_argv(node)
-            reservations.create_maintenance_reservation(self.client, resv, [node.name], [self.user],
-                                                        self.settings.timeout_s + 300)
+            reservations.create_maintenance_reservation(
+                self.client, resv, [node.name], [self.user], self.settings.timeout_s + 300
+            )
         except HPResilienceError as err:
-            return GateResult(False, f"could not reserve {node.name} for the gate job: {err}",
-                              time.monotonic() - started, time.time())
+            return GateResult(
+                False, f"could not reserve {node.name} for the gate job: {err}", time.monotonic() - started, time.time()
+            )
         rc: int | None = None
         out = said = ""  # said: what the job printed (srun's own lines only when it printed nothing)
         try:
             # The repair's DRAIN would keep the gate's own job off the node; the reservation keeps every other
             # job off it meanwhile.
             self.client.set_node_state([node.name], "resume")
-            res = reservations.run_in_reservation(self.client, resv, node.name, argv, self.settings.timeout_s,
-                                                  resv, node.partitions, self.settings.job_chdir)
+            res = reservations.run_in_reservation(
+                self.client,
+                resv,
+                node.name,
+                argv,
+                self.settings.timeout_s,
+                resv,
+                node.partitions,
+                self.settings.job_chdir,
+            )
             rc, out, said = res.returncode, res.stdout + res.stderr, res.stdout.strip() or res.stderr.strip()
             detail = f"gate job exit {rc}"
         except HPResilienceError as err:
@@ -223,8 +253,13 @@ class SlurmGate:
             return ""
         path = self.evidence_dir / f"{node.name}-{time.time():.0f}.json"
         try:
-            atomic_write_text(path, json.dumps({"node": node.name, "argv": argv, "exit_code": rc, "at": time.time(),
-                                                "output": out[-65536:]}, indent=1))
+            atomic_write_text(
+                path,
+                json.dumps(
+                    {"node": node.name, "argv": argv, "exit_code": rc, "at": time.time(), "output": out[-65536:]},
+                    indent=1,
+                ),
+            )
             for old in sorted(self.evidence_dir.glob(f"{node.name}-*.json"))[:-EVIDENCE_KEPT]:
                 old.unlink(missing_ok=True)
         except OSError as err:
@@ -241,7 +276,8 @@ def _user() -> str:
 
 
 GATES: Registry[Callable[[GateSettings, GateContext | None], Gate]] = Registry(
-    "gate", {"slurm": SlurmGate, "command": CommandGate, "none": NoGate})
+    "gate", {"slurm": SlurmGate, "command": CommandGate, "none": NoGate}
+)
 
 
 def create_gate(settings: GateSettings, context: GateContext | None = None) -> Gate:

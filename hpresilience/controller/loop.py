@@ -50,8 +50,13 @@ StepMethod = Callable[["Controller", RepairRecord, Node, float], None]
 
 
 class Controller:
-    def __init__(self, settings: ControllerSettings, client: SlurmClient,
-                 registry: CollectorRegistry | None = None, gate: Gate | None = None) -> None:
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        client: SlurmClient,
+        registry: CollectorRegistry | None = None,
+        gate: Gate | None = None,
+    ) -> None:
         self.settings = settings
         self.client = client
         self.registry = registry or CollectorRegistry()
@@ -64,8 +69,11 @@ class Controller:
         self.gate = gate or create_gate(settings.gate, GateContext(client, Path(settings.state_dir) / "gates"))
         # Built up front so a bad provider name or option stops the daemon at start, not mid-repair.
         known = provider_registry(settings.providers)
-        self.providers: dict[str, Provider] = {DEFAULT_GROUP: create_provider(
-            settings.default_provider, settings.default_options, ProviderContext(client, DEFAULT_GROUP), known)}
+        self.providers: dict[str, Provider] = {
+            DEFAULT_GROUP: create_provider(
+                settings.default_provider, settings.default_options, ProviderContext(client, DEFAULT_GROUP), known
+            )
+        }
         for g in settings.groups:
             self.providers[g.name] = create_provider(g.provider, g.options, ProviderContext(client, g.name), known)
         self.records: dict[str, RepairRecord] = {}
@@ -89,18 +97,42 @@ class Controller:
         self.records = self.store.load_all()
         self.seen = self.events.last_marks()
         for rec in self.records.values():
-            log.info("repair_record_loaded", node=rec.node, step=rec.step.value, attempt=rec.attempt,
-                     action=rec.action.value if rec.action else "")
+            log.info(
+                "repair_record_loaded",
+                node=rec.node,
+                step=rec.step.value,
+                attempt=rec.attempt,
+                action=rec.action.value if rec.action else "",
+            )
 
     # -- decisions: one JSON line per step -----------------------------------------------------------
     def _decision(self, event: str, rec: RepairRecord, level: Level = "info", **extra: Any) -> None:
         action = rec.action.value if rec.action else None
-        log.log(level_number(level), event, node=rec.node, step=rec.step.value, requested=rec.requested.value,
-                action=action, attempt=rec.attempt, provider=rec.provider, why=rec.why,
-                dry_run=self.settings.dry_run or None, **extra)
-        self.events.record(event, rec.node, "controller", rec.why, step=rec.step.value,
-                           requested=rec.requested.value, action=action, attempt=rec.attempt,
-                           provider=rec.provider, **extra)
+        log.log(
+            level_number(level),
+            event,
+            node=rec.node,
+            step=rec.step.value,
+            requested=rec.requested.value,
+            action=action,
+            attempt=rec.attempt,
+            provider=rec.provider,
+            why=rec.why,
+            dry_run=self.settings.dry_run or None,
+            **extra,
+        )
+        self.events.record(
+            event,
+            rec.node,
+            "controller",
+            rec.why,
+            step=rec.step.value,
+            requested=rec.requested.value,
+            action=action,
+            attempt=rec.attempt,
+            provider=rec.provider,
+            **extra,
+        )
 
     def note_reasons(self, nodes: list[Node]) -> None:
         self.seen = self.events.note_reasons(self.seen, nodes)
@@ -191,9 +223,16 @@ class Controller:
             if now - since < self.settings.down_grace_s:
                 return
         group = self._group(node.name)
-        rec = RepairRecord(node=node.name, requested=req.action, reason=node.reason,
-                           provider=self._provider_name(group), detected_at=now, step_since=now,
-                           rung=first_rung(list(self.settings.ladder), req.action), why=req.why)
+        rec = RepairRecord(
+            node=node.name,
+            requested=req.action,
+            reason=node.reason,
+            provider=self._provider_name(group),
+            detected_at=now,
+            step_since=now,
+            rung=first_rung(list(self.settings.ladder), req.action),
+            why=req.why,
+        )
         self.records[node.name] = rec
         self.store.save(rec)
         self._decision("repair_detected", rec, state=node.state_text, reason=node.reason, group=group)
@@ -218,8 +257,9 @@ class Controller:
             rec.why = f"node back in service without the controller ({node.state_text})"
             self._finish(rec, "resumed_outside_controller")
             return
-        still_asked = (parsed.action is not None if rec.step is not Step.PENDING
-                       else requested(node, self.settings) is not None)
+        still_asked = (
+            parsed.action is not None if rec.step is not Step.PENDING else requested(node, self.settings) is not None
+        )
         if parsed.owner is None and not still_asked:
             rec.why = f"reason changed by someone else: {node.reason!r}"
             self._finish(rec, "taken_over")
@@ -238,8 +278,11 @@ class Controller:
                 self.store.save(rec)
                 self._decision("node_forced_down", rec, "warning", waited_s=round(waited, 1))
             elif not rec.why.startswith("waiting for its jobs") and not rec.forced_down:
-                rec.move(Step.PENDING,
-                         f"waiting for its jobs (forced down after {self.settings.forced_down_after_s:g} s)", now)
+                rec.move(
+                    Step.PENDING,
+                    f"waiting for its jobs (forced down after {self.settings.forced_down_after_s:g} s)",
+                    now,
+                )
                 self.store.save(rec)
                 self._decision("repair_waiting_for_jobs", rec, state=node.state_text)
             return
@@ -270,8 +313,11 @@ class Controller:
     def _step_acting(self, rec: RepairRecord, node: Node, now: float) -> None:
         fut = self.inflight.pop(rec.node, None)
         if fut is None:
-            rec.move(Step.WAITING_BACK, "controller restarted while the provider acted: waiting for the node "
-                     "rather than acting twice", now)
+            rec.move(
+                Step.WAITING_BACK,
+                "controller restarted while the provider acted: waiting for the node rather than acting twice",
+                now,
+            )
             self.store.save(rec)
             self._decision("repair_action_resumed", rec)
             return
@@ -317,8 +363,14 @@ class Controller:
         result = fut.result() if err is None else GateResult(False, f"gate error: {err}", 0.0, time.time())
         rec.last_health = result.to_json()
         self.metrics.gate.labels("pass" if result.passed else "fail").inc()
-        self.events.record("health_gate_passed" if result.passed else "health_gate_failed", rec.node, "controller",
-                           result.detail, attempt=rec.attempt, action=rec.action.value if rec.action else None)
+        self.events.record(
+            "health_gate_passed" if result.passed else "health_gate_failed",
+            rec.node,
+            "controller",
+            result.detail,
+            attempt=rec.attempt,
+            action=rec.action.value if rec.action else None,
+        )
         if not result.passed:
             self._attempt_failed(rec, f"health gate failed: {result.detail}", "gate_failed", now)
             return
@@ -339,8 +391,9 @@ class Controller:
         """A lemon: the node passes its gate but keeps coming back. It stays drained for a person, with its
         repairs in the reason (Slurm clips reasons at 200 characters: the count comes first)."""
         days = self.settings.lemon_window_s / 86400
-        shown = [f"{h.get('requested', '?')} {time.strftime('%m-%d %H:%M', time.localtime(h['at']))}"
-                 for h in earlier[-4:]] + [f"{rec.current.value} now"]
+        shown = [
+            f"{h.get('requested', '?')} {time.strftime('%m-%d %H:%M', time.localtime(h['at']))}" for h in earlier[-4:]
+        ] + [f"{rec.current.value} now"]
         text = f"repaired {len(earlier) + 1} times within {days:g} d: {', '.join(shown)}"
         self._set_state(rec, "drain", person_reason(text))
         rec.move(Step.LEMON, f"needs a person: {text}", now)
@@ -374,9 +427,14 @@ class Controller:
         self.inflight.pop(rec.node, None)
         self.store.finish(rec, outcome)
         self.metrics.outcomes.labels(rec.provider, rec.requested.value, outcome).inc()
-        self._decision("node_resumed" if outcome == "repaired" else "repair_finished", rec,
-                       "info" if outcome == "repaired" else "warning", outcome=outcome, last_health=rec.last_health,
-                       took_s=round(time.time() - rec.detected_at, 1))
+        self._decision(
+            "node_resumed" if outcome == "repaired" else "repair_finished",
+            rec,
+            "info" if outcome == "repaired" else "warning",
+            outcome=outcome,
+            last_health=rec.last_health,
+            took_s=round(time.time() - rec.detected_at, 1),
+        )
 
     # -- jobs srun --auto-resume requeued --------------------------------------------------------------
     def release_requeued(self, scan: bool = False) -> int:
@@ -409,8 +467,11 @@ class Controller:
             return None
         if delay is None or delay > self.settings.release_requeued_every_s:
             return None
-        log.info("requeue_release_left_to_slurm", requeue_delay_s=delay,
-                 release_requeued_every_s=self.settings.release_requeued_every_s)
+        log.info(
+            "requeue_release_left_to_slurm",
+            requeue_delay_s=delay,
+            release_requeued_every_s=self.settings.release_requeued_every_s,
+        )
         return delay
 
     def notify_jobs(self, now: float | None = None) -> int:
@@ -452,9 +513,14 @@ class Controller:
         """The job thread: notices to jobs on bad nodes, and releases of the jobs their wrappers requeued."""
         self._next_notice = self._next_release = time.monotonic()
         while not self.stop_event.is_set():
-            due = [t for t, every in ((self._next_notice, self.settings.notify_jobs_every_s),
-                                     (self._next_release, 0 if self.release_left_to_slurm
-                                      else self.settings.release_requeued_every_s)) if every > 0]
+            due = [
+                t
+                for t, every in (
+                    (self._next_notice, self.settings.notify_jobs_every_s),
+                    (self._next_release, 0 if self.release_left_to_slurm else self.settings.release_requeued_every_s),
+                )
+                if every > 0
+            ]
             if not due:
                 return
             if self.stop_event.wait(max(0.0, min(due) - time.monotonic())):
@@ -477,12 +543,18 @@ class Controller:
             self.store.lock()
         try:
             self.load()
-            log.info("controller_started", state_dir=self.settings.state_dir, dry_run=self.settings.dry_run,
-                     under_repair=len(self.records), interval_s=self.settings.poll_interval_s)
+            log.info(
+                "controller_started",
+                state_dir=self.settings.state_dir,
+                dry_run=self.settings.dry_run,
+                under_repair=len(self.records),
+                interval_s=self.settings.poll_interval_s,
+            )
             notify("READY=1", "STATUS=watching node states")
             if not self.settings.dry_run and not once:
-                self.release_left_to_slurm = (self.settings.release_requeued_every_s > 0
-                                              and self.slurm_releases_requeued_jobs() is not None)
+                self.release_left_to_slurm = (
+                    self.settings.release_requeued_every_s > 0 and self.slurm_releases_requeued_jobs() is not None
+                )
                 self.start_jobs_thread()
             watchdog = watchdog_interval_s()
             while not self.stop_event.is_set():
@@ -528,4 +600,5 @@ def came_back(node: Node, rec: RepairRecord) -> bool:
     if node.has("NOT_RESPONDING", "POWERING_UP", "REBOOT_ISSUED") or node.slurmd_start_time is None:
         return False
     return node.slurmd_start_time != rec.slurmd_before or (
-        node.boot_time is not None and rec.boot_before is not None and node.boot_time != rec.boot_before)
+        node.boot_time is not None and rec.boot_before is not None and node.boot_time != rec.boot_before
+    )

@@ -119,8 +119,9 @@ class JobNotifier:
         running = running_batch_jobs(self.client)
         self.leases = {j: t for j, t in self.leases.items() if j in running}
         wall = int(time.time())
-        due = sorted(j for j in running if j not in self.unwritable and self.leases.get(j, 0) - wall
-                     < LEASE_S - RENEW_EVERY_S)
+        due = sorted(
+            j for j in running if j not in self.unwritable and self.leases.get(j, 0) - wall < LEASE_S - RENEW_EVERY_S
+        )
         written = 0
         for job_id in due[:MAX_LEASES_PER_PASS]:
             if self.dry_run:  # said once per renewal, as a real run would write it

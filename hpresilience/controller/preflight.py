@@ -40,15 +40,18 @@ def executable_problem(command: object) -> str | None:
     return f"{tool} is not an executable file" + ("" if os.sep in tool else " on PATH")
 
 
-def preflight(settings: ControllerSettings, client: SlurmClient, user: str | None = None,
-              uid: int | None = None) -> list[str]:
+def preflight(
+    settings: ControllerSettings, client: SlurmClient, user: str | None = None, uid: int | None = None
+) -> list[str]:
     """Everything missing for the configured providers and gate, one phrase each ([] when all is there)."""
     config = client.config()
     problems: list[str] = []
     reboot_users = [where for where, name, _ in provider_uses(settings) if name == "reboot"]
     if reboot_users and not reservations.reboot_program(config):
-        problems.append(f"provider reboot ({', '.join(reboot_users)}) needs RebootProgram in slurm.conf and the "
-                        "running slurmctld has none (add RebootProgram=/sbin/reboot, then scontrol reconfigure)")
+        problems.append(
+            f"provider reboot ({', '.join(reboot_users)}) needs RebootProgram in slurm.conf and the "
+            "running slurmctld has none (add RebootProgram=/sbin/reboot, then scontrol reconfigure)"
+        )
     for where, name, options in provider_uses(settings):
         if name == "script":
             problem = executable_problem(options.get("command"))

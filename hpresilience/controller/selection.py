@@ -42,15 +42,20 @@ def requested(node: Node, settings: ControllerSettings) -> Request | None:
     parsed = parse_reason(node.reason)
     if parsed.action is not None:
         who = parsed.owner or "operator"
-        return Request(parsed.action,
-                       f"Action:{parsed.action.reason_word} set by {who} ({node.reason_set_by or 'unknown user'})")
+        return Request(
+            parsed.action, f"Action:{parsed.action.reason_word} set by {who} ({node.reason_set_by or 'unknown user'})"
+        )
     if parsed.owner is not None:
         return None  # our own or the agent's reason without an action: nothing asked of us
     low = node.reason.strip().lower()
     if settings.repair_reboot_leftovers and low.startswith(REBOOT_LEFTOVERS):
         return Request(Action.REBOOT, f"left behind by scontrol reboot ({node.reason.strip()!r})")
-    if (settings.repair_down_without_reason and "DOWN" in node.states and "DRAIN" not in node.states
-            and node.reason.strip() in settings.down_reasons):
+    if (
+        settings.repair_down_without_reason
+        and "DOWN" in node.states
+        and "DRAIN" not in node.states
+        and node.reason.strip() in settings.down_reasons
+    ):
         return Request(Action.REBOOT, f"down with reason {node.reason.strip()!r}", float(node.reason_changed_at or 0))
     return None
 

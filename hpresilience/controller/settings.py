@@ -147,9 +147,12 @@ class ControllerSettings(Section):
                 problems.add(("providers", name), str(err), self.providers[name])
                 broken.add(name)
         uses: list[tuple[tuple[str | int, ...], tuple[str | int, ...], str, dict[str, Any]]] = [
-            (("default_provider",), ("default_options",), self.default_provider, self.default_options)]
-        uses += [(("groups", i, "provider"), ("groups", i, "options"), g.provider, g.options)
-                 for i, g in enumerate(self.groups)]
+            (("default_provider",), ("default_options",), self.default_provider, self.default_options)
+        ]
+        uses += [
+            (("groups", i, "provider"), ("groups", i, "options"), g.provider, g.options)
+            for i, g in enumerate(self.groups)
+        ]
         for name_loc, options_loc, name, options in uses:
             if name in broken:
                 continue
@@ -164,4 +167,3 @@ class ControllerSettings(Section):
                 problems.add_nested(options_loc, err)
         problems.raise_if_any()
         return self
-

@@ -27,7 +27,6 @@ from hpresilience.reasons import Action
 log = get_logger("hpresilience.controller")
 
 
-
 class Step(StrEnum):
     """Where a repair stands (docs/design.md draws the transitions). The value is the word stored in the
     record's JSON and shown by `hpresilience controller status`."""
@@ -96,8 +95,9 @@ class RepairRecord:
         """The stored form: the words as plain strings, and "" for no attempt yet (the format records have
         always had, so a controller of either side of a change reads the other's)."""
         data = asdict(self)
-        data.update(requested=self.requested.value, step=self.step.value,
-                    action=self.action.value if self.action else "")
+        data.update(
+            requested=self.requested.value, step=self.step.value, action=self.action.value if self.action else ""
+        )
         return data
 
     @classmethod
@@ -191,9 +191,17 @@ class StateStore:
         """Drop the node's record and keep one line of it in the history."""
         if not self.persist:
             return
-        line = {"node": rec.node, "outcome": outcome, "at": round(time.time(), 3), "requested": rec.requested.value,
-                "provider": rec.provider, "attempts": rec.attempt, "detected_at": rec.detected_at,
-                "last_health": rec.last_health, "why": rec.why}
+        line = {
+            "node": rec.node,
+            "outcome": outcome,
+            "at": round(time.time(), 3),
+            "requested": rec.requested.value,
+            "provider": rec.provider,
+            "attempts": rec.attempt,
+            "detected_at": rec.detected_at,
+            "last_health": rec.last_health,
+            "why": rec.why,
+        }
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / "history.jsonl", "a") as f:
             f.write(json.dumps(line, sort_keys=True) + "\n")

@@ -22,8 +22,10 @@ def check_node_value(key: str, value: str) -> str:
     """A node name, address or host name as Slurm reports it, refused if a command could read it as an
     option (`-oProxyCommand=...` ran as root through ssh) or split it (whitespace, control characters)."""
     if value.startswith("-") or any(c.isspace() or not c.isprintable() for c in value):
-        raise ExternalError(f"refusing node {key} {value!r} as a command argument: it begins with '-' "
-                            "or holds whitespace or control characters")
+        raise ExternalError(
+            f"refusing node {key} {value!r} as a command argument: it begins with '-' "
+            "or holds whitespace or control characters"
+        )
     return value
 
 
@@ -80,7 +82,6 @@ def run_site_command(argv: list[str], timeout: float, env: Mapping[str, str] | N
         except EnvironmentMissing as err:  # to the controller, a missing site tool is a failed action
             raise ExternalError(str(err)) from None
     if res.timed_out:
-        raise ExternalError(f"`{' '.join(argv)}` timed out after {timeout:g} s; output: "
-                            f"{res.stdout[-300:].strip()}")
+        raise ExternalError(f"`{' '.join(argv)}` timed out after {timeout:g} s; output: {res.stdout[-300:].strip()}")
     assert res.returncode is not None
     return res.returncode, res.stdout

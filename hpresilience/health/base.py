@@ -160,9 +160,7 @@ class CheckContext:
     _key_locks: dict[str, threading.Lock] = field(default_factory=dict)
 
     def command(self, name: str) -> str:
-        return self.commands.get(
-            name, name.replace("_", "-") if name in ("nvidia_smi", "stress_ng") else name
-        )
+        return self.commands.get(name, name.replace("_", "-") if name in ("nvidia_smi", "stress_ng") else name)
 
     def cached(self, key: str, fn: Callable[[], T], max_age_s: float = 2.0) -> T:
         """One read shared by the checks of one run (several GPU checks, one NVML snapshot)."""
@@ -251,9 +249,7 @@ class Check(Generic[OptionsT]):
     def ok(self, reason: str, evidence: dict[str, Any] | None = None, **more: Any) -> CheckResult:
         return self.result(Status.OK, reason, evidence=evidence, **more)
 
-    def warn(
-        self, reason: str, key: str = "", evidence: dict[str, Any] | None = None, **more: Any
-    ) -> CheckResult:
+    def warn(self, reason: str, key: str = "", evidence: dict[str, Any] | None = None, **more: Any) -> CheckResult:
         return self.result(Status.WARN, reason, key=key, evidence=evidence, **more)
 
     def fail(

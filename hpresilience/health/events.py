@@ -183,9 +183,7 @@ class NvmlXidSource:
             bus = ""
         xid = int(data.eventData)
         return [
-            FaultEvent(
-                "nvidia", str(xid), normalize_pci(bus) if bus else "", f"NVML XID {xid}", time.time(), "nvml"
-            )
+            FaultEvent("nvidia", str(xid), normalize_pci(bus) if bus else "", f"NVML XID {xid}", time.time(), "nvml")
         ]
 
     def close(self) -> None:

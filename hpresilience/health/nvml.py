@@ -294,16 +294,12 @@ class PynvmlReader:
         unc, vol, agg = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC, nv.NVML_AGGREGATE_ECC
         info.ecc_volatile_uncorrected = _call(nv.nvmlDeviceGetTotalEccErrors, h, unc, vol)
         info.ecc_aggregate_uncorrected = _call(nv.nvmlDeviceGetTotalEccErrors, h, unc, agg)
-        info.ecc_volatile_corrected = _call(
-            nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, vol
-        )
+        info.ecc_volatile_corrected = _call(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, vol)
         rows = _call(nv.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
             info.remapped_rows_corrected, info.remapped_rows_uncorrected = int(rows[0]), int(rows[1])
             info.remap_pending, info.remap_failure = bool(rows[2]), bool(rows[3])
-        sbe = _call(
-            nv.nvmlDeviceGetRetiredPages, h, nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
-        )
+        sbe = _call(nv.nvmlDeviceGetRetiredPages, h, nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
         dbe = _call(nv.nvmlDeviceGetRetiredPages, h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
         info.retired_pages_sbe = None if sbe is None else len(sbe)
         info.retired_pages_dbe = None if dbe is None else len(dbe)
@@ -314,8 +310,7 @@ class PynvmlReader:
         info.pcie_width_current = _call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
         info.pcie_width_max = _call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
         reasons = (
-            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
         )
         info.clock_event_reasons = _call(reasons, h)
         field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)

@@ -107,9 +107,7 @@ def _load_file(path: Path) -> ProfileFile:
         raise ConfigError(format_validation_error(str(path), err)) from None
 
 
-def _merge_chain(
-    name: str, files: dict[str, Path], seen: tuple[str, ...] = ()
-) -> tuple[dict[str, Any], list[str]]:
+def _merge_chain(name: str, files: dict[str, Path], seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
     if name in seen:
         raise ConfigError(f"profile {name!r}: 'extends' loops: {' -> '.join((*seen, name))}")
     if name not in files:
@@ -127,9 +125,7 @@ def _merge_chain(
     return {"expect": expect, "checks": checks}, [*sources, str(files[name])]
 
 
-def load_profile(
-    settings: HealthSettings, name: str | None = None, paths: HostPaths | None = None
-) -> Profile:
+def load_profile(settings: HealthSettings, name: str | None = None, paths: HostPaths | None = None) -> Profile:
     """Resolve a profile by name (or settings.profile; "auto" = detect), validated against the registry."""
     files = available_profiles(settings)
     wanted = name or settings.profile

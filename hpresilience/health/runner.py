@@ -50,9 +50,7 @@ class _Run:
 
 
 def _unknown(check: AnyCheck, reason: str, **evidence: object) -> CheckResult:
-    return CheckResult(
-        check.name, check.family, check.kind, Status.UNKNOWN, Action.NONE, reason, dict(evidence)
-    )
+    return CheckResult(check.name, check.family, check.kind, Status.UNKNOWN, Action.NONE, reason, dict(evidence))
 
 
 def sanitize(check: AnyCheck, res: CheckResult) -> CheckResult:
@@ -108,9 +106,7 @@ def _collect(run: _Run, deadline: float, stop: threading.Event | None = None) ->
             log.info("check_cancelled", check=run.check.name, killed_groups=killed)
             res = _unknown(run.check, "cancelled: the agent is stopping", killed_process_groups=len(killed))
             return replace(res, duration_s=time.monotonic() - run.started)
-        log.warning(
-            "check_timed_out", check=run.check.name, timeout_s=run.check.timeout_s, killed_groups=killed
-        )
+        log.warning("check_timed_out", check=run.check.name, timeout_s=run.check.timeout_s, killed_groups=killed)
         res = _unknown(
             run.check,
             f"timed out after {run.check.timeout_s:g} s",
@@ -121,8 +117,9 @@ def _collect(run: _Run, deadline: float, stop: threading.Event | None = None) ->
     return run.result
 
 
-def run_checks(checks: Sequence[AnyCheck], parallel: bool = True,
-               stop: threading.Event | None = None) -> list[CheckResult]:
+def run_checks(
+    checks: Sequence[AnyCheck], parallel: bool = True, stop: threading.Event | None = None
+) -> list[CheckResult]:
     """Run checks and return one result per check, in the order given. Never raises for a check's sake.
     Once `stop` is set, the running checks are killed and the rest are not started (both `unknown`)."""
     results: dict[int, CheckResult] = {}

@@ -73,9 +73,7 @@ def aggregate(results: Sequence[CheckResult]) -> Verdict:
     deciding = worst(results)
     if deciding.status in (Status.OK, Status.NOT_APPLICABLE):
         applicable = sum(1 for r in results if r.status == Status.OK)
-        return Verdict(
-            deciding.status, Action.NONE, False, f"{applicable} check(s) passed", None, tuple(results)
-        )
+        return Verdict(deciding.status, Action.NONE, False, f"{applicable} check(s) passed", None, tuple(results))
     action = deciding.action if deciding.status == Status.FAIL else Action.NONE
     return Verdict(
         deciding.status,

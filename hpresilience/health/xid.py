@@ -30,9 +30,7 @@ _DMESG_TS = re.compile(r"^\[\s*(?P<sec>\d+\.\d+)\]\s*(?P<msg>.*)$")
 # when what precedes it is a log prefix (timestamps, host, the `kernel:` tag): a user-controlled string
 # quoted inside another record (an audit `exe="..."`, a `logger` line) can never count as a fault.
 _ANCHOR = re.compile(r"NVRM: |nvidia-nvswitch\d+: |NEURON_HW_ERR=")
-_XID = re.compile(
-    r"^NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d{1,4})\b,?\s*(?P<rest>.*)$"
-)
+_XID = re.compile(r"^NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d{1,4})\b,?\s*(?P<rest>.*)$")
 _OFF_BUS = re.compile(
     r"^NVRM: GPU (?:at PCI:)?(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}[.0-9]*):? "
     r"GPU has fallen off the bus"
@@ -118,9 +116,7 @@ class XidCatalog:
         for e in entries:
             for a in (e.action, e.nonfatal_action or "none"):
                 if a not in ACTIONS:
-                    raise ConfigError(
-                        f"{source}: XID {e.code}: action {a!r} is not one of {', '.join(ACTIONS)}"
-                    )
+                    raise ConfigError(f"{source}: XID {e.code}: action {a!r} is not one of {', '.join(ACTIONS)}")
         for a in (self.default_action, self.sxid_fatal, self.sxid_nonfatal):
             if a not in ACTIONS:
                 raise ConfigError(f"{source}: default action {a!r} is not one of {', '.join(ACTIONS)}")
@@ -139,9 +135,7 @@ class XidCatalog:
             # reboot; a Non-fatal one is corrected in hardware and only worth watching.
             action = {"fatal": self.sxid_fatal, "nonfatal": self.sxid_nonfatal}.get(severity, "warn")
             return XidEntry(code, "unlisted SXid", action, self.sxid_nonfatal)
-        return XidEntry(
-            code, "unlisted XID" if vendor == "nvidia" else "unlisted Neuron error", self.default_action
-        )
+        return XidEntry(code, "unlisted XID" if vendor == "nvidia" else "unlisted Neuron error", self.default_action)
 
     def classify(self, ev: FaultEvent) -> Classified:
         e = self.entry(ev.vendor, ev.code, ev.severity)
@@ -239,9 +233,7 @@ def _split_record(line: str) -> tuple[str, float | None, bool]:
     return msg, None, True
 
 
-def _parse_body(
-    body: str, ts: float | None, aliases: dict[str, str] | None, source: str
-) -> FaultEvent | None:
+def _parse_body(body: str, ts: float | None, aliases: dict[str, str] | None, source: str) -> FaultEvent | None:
     x = _XID.match(body)
     if x:
         return FaultEvent(

@@ -52,8 +52,10 @@ def group_of(resource_config: Any, addresses: set[str], source: str) -> str:
         for inst in g.get("Instances") or []:
             if isinstance(inst, dict) and {inst.get("CustomerIpAddress"), inst.get("AgentIpAddress")} & addresses:
                 return str(g.get("Name") or g.get("InstanceGroupName") or "")
-    raise ConfigError(f"{source}: none of this host's addresses ({', '.join(sorted(addresses)) or 'none'}) "
-                      "is an instance of an InstanceGroup; pass --role")
+    raise ConfigError(
+        f"{source}: none of this host's addresses ({', '.join(sorted(addresses)) or 'none'}) "
+        "is an instance of an InstanceGroup; pass --role"
+    )
 
 
 def role_of_group(group: str, provisioning: Any) -> Role:
@@ -71,8 +73,9 @@ def role_of_group(group: str, provisioning: Any) -> Role:
     return "compute"
 
 
-def detect_role(resource_config: Path, provisioning: Path | None = None,
-                addresses: set[str] | None = None) -> tuple[Role, str]:
+def detect_role(
+    resource_config: Path, provisioning: Path | None = None, addresses: set[str] | None = None
+) -> tuple[Role, str]:
     """(role, instance group) of this host; ConfigError naming the file when it cannot be told."""
     rc = _read_json(resource_config, "the HyperPod resource config")
     group = group_of(rc, local_addresses() if addresses is None else addresses, str(resource_config))

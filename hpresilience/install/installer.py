@@ -78,15 +78,19 @@ def install_config(layout: Layout, config: str | None, report: Report, enforce: 
         cfg = load_config(config)  # ConfigError names the file and key; nothing is written
         report.agent_mode = cfg.agent.mode.value
         if "mode" not in cfg.agent.model_fields_set and not enforce:
-            report.notes.append(f"{config} does not set agent.mode: the agent enforces (marks nodes) from the start; "
-                                "a new site sets `agent: {mode: observe}` first (docs/rollout.md)")
+            report.notes.append(
+                f"{config} does not set agent.mode: the agent enforces (marks nodes) from the start; "
+                "a new site sets `agent: {mode: observe}` first (docs/rollout.md)"
+            )
         return install_file(layout.config, Path(config).read_text(), 0o644, report)
     if layout.config.exists():
         cfg = load_config(layout.config)  # a bad file in place would make the units fail on start
         report.agent_mode = cfg.agent.mode.value
         if enforce and cfg.agent.mode is not Mode.ENFORCE:
-            report.notes.append(f"--enforce applies to a new site; {layout.config} is kept and says agent.mode "
-                                f"{cfg.agent.mode.value}: edit it to enforce (docs/rollout.md)")
+            report.notes.append(
+                f"--enforce applies to a new site; {layout.config} is kept and says agent.mode "
+                f"{cfg.agent.mode.value}: edit it to enforce (docs/rollout.md)"
+            )
         report.unchanged.append(str(layout.config))
         return False
     report.agent_mode = (Mode.ENFORCE if enforce else Mode.OBSERVE).value
@@ -94,8 +98,9 @@ def install_config(layout: Layout, config: str | None, report: Report, enforce: 
     return install_file(layout.config, text, 0o644, report)
 
 
-def systemd_plan(units: list[str], changed_units: set[str], package_changed: bool, config_changed: bool,
-                 active: set[str]) -> list[list[str]]:
+def systemd_plan(
+    units: list[str], changed_units: set[str], package_changed: bool, config_changed: bool, active: set[str]
+) -> list[list[str]]:
     """systemctl commands: reload when a unit file changed, enable and start every unit, and restart a
     running one whose unit file, package or config was replaced (the running process still has the old)."""
     plan: list[list[str]] = []
@@ -118,9 +123,11 @@ def provider_lines(config: Config, existing: str | None) -> str:
     own RebootProgram is kept (any program will do)."""
     have = {s.key.lower() for s in parse_settings(existing or "")}
     if "rebootprogram" not in have and any(name == "reboot" for _, name, _ in provider_uses(config.controller)):
-        return ("\n# The controller's `reboot` provider (its default) runs `scontrol reboot`, which fails on every\n"
-                "# node without one; the controller refuses to start until the running slurmctld has one.\n"
-                "RebootProgram=/sbin/reboot\n")
+        return (
+            "\n# The controller's `reboot` provider (its default) runs `scontrol reboot`, which fails on every\n"
+            "# node without one; the controller refuses to start until the running slurmctld has one.\n"
+            "RebootProgram=/sbin/reboot\n"
+        )
     return ""
 
 
@@ -130,8 +137,16 @@ def find_slurm_conf(layout: Layout, explicit: str | None) -> Path | None:
     return next((layout.at(c) for c in SLURM_CONF_CANDIDATES if layout.at(c).is_file()), None)
 
 
-def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: bool, use_systemd: bool,
-            slurm_conf: str | None, enforce: bool = False) -> Report:
+def lay_out(
+    layout: Layout,
+    role: Role,
+    *,
+    config: str | None,
+    package_changed: bool,
+    use_systemd: bool,
+    slurm_conf: str | None,
+    enforce: bool = False,
+) -> Report:
     report = Report(role)
     config_changed = install_config(layout, config, report, enforce)
     install_link(layout.bin_dir / "hpresilience", layout.venv / "bin" / "hpresilience", report)
@@ -153,8 +168,9 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
         layout.state_dir(part).mkdir(parents=True, exist_ok=True, mode=0o700)
     units = layout.units(role)
     if units:
-        plan = systemd_plan(units, changed_units, package_changed, config_changed,
-                            _active_units(units) if use_systemd else set())
+        plan = systemd_plan(
+            units, changed_units, package_changed, config_changed, _active_units(units) if use_systemd else set()
+        )
         for argv in plan:
             if use_systemd:
                 r = proc.run(argv, timeout=120)
@@ -165,24 +181,39 @@ def lay_out(layout: Layout, role: Role, *, config: str | None, package_changed: 
     report.slurm_conf = str(conf) if conf else None
     report.slurm_lines = merge_lines(snippet, existing)
     write_manifest(layout, role, report)
-    log.info("install_finished", role=role, root=str(layout.root), written=len(report.written),
-             unchanged=len(report.unchanged))
+    log.info(
+        "install_finished",
+        role=role,
+        root=str(layout.root),
+        written=len(report.written),
+        unchanged=len(report.unchanged),
+    )
     return report
 
 
 def write_manifest(layout: Layout, role: Role, report: Report) -> None:
     data = read_manifest(layout)
     roles = sorted({*manifest_list(data, "roles"), role})
-    files = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
-             for p in report.written + report.unchanged if Path(p).is_file() and not Path(p).is_symlink()}
+    files = {
+        p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
+        for p in report.written + report.unchanged
+        if Path(p).is_file() and not Path(p).is_symlink()
+    }
     links = {p: os.readlink(p) for p in report.written + report.unchanged if Path(p).is_symlink()}
     # Which role laid out which path: `uninstall --role R` removes only what no other installed role uses.
     role_files = manifest_lists(data, "role_files")
     role_files[role] = sorted(set(report.written + report.unchanged))
-    data.update({"version": __version__, "roles": roles, "prefix": layout.prefix, "root": str(layout.root),
-                 "files": {**manifest_map(data, "files"), **files},
-                 "links": {**manifest_map(data, "links"), **links},
-                 "role_files": role_files})
+    data.update(
+        {
+            "version": __version__,
+            "roles": roles,
+            "prefix": layout.prefix,
+            "root": str(layout.root),
+            "files": {**manifest_map(data, "files"), **files},
+            "links": {**manifest_map(data, "links"), **links},
+            "role_files": role_files,
+        }
+    )
     atomic_write_text(layout.manifest, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

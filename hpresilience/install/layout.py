@@ -27,6 +27,8 @@ def as_role(name: str) -> Role:
         if role == name:
             return role
     raise ConfigError(f"unknown role {name!r} (known: {', '.join(ROLES)})")
+
+
 # The lowest Python the package runs on; pyproject.toml's requires-python says the same (a test holds them).
 MIN_PYTHON = (3, 11)
 
@@ -111,17 +113,21 @@ def render(name: str, layout: Layout) -> str:
 def profile_script(layout: Layout) -> str:
     """/etc/profile.d entry: the prefix's bin first on PATH (the shim must come before Slurm's srun), once."""
     d = layout.bin_dir
-    return ("# hpresilience: the `hpresilience` CLI and the srun shim (srun --auto-resume=1) for every login shell.\n"
-            f'case ":$PATH:" in\n  *":{d}:"*) ;;\n  *) PATH="{d}:$PATH"; export PATH ;;\nesac\n')
+    return (
+        "# hpresilience: the `hpresilience` CLI and the srun shim (srun --auto-resume=1) for every login shell.\n"
+        f'case ":$PATH:" in\n  *":{d}:"*) ;;\n  *) PATH="{d}:$PATH"; export PATH ;;\nesac\n'
+    )
 
 
 def default_config(layout: Layout, mode: Mode = Mode.OBSERVE) -> str:
     """The config written when none is given: defaults, with the state directories under the install root, and
     the agent observing (a new site) unless install was given --enforce."""
-    return ("# hpresilience configuration (docs/configuration.md). Written by `hpresilience install`;\n"
-            "# your edits are kept: install never overwrites this file unless given --config.\n"
-            "# agent.mode observe: the agent logs and counts what it would do and never touches Slurm; watch\n"
-            "# hpr_agent_decisions_total{decision=\"would_mark\"}, then set enforce (docs/rollout.md).\n"
-            f"agent:\n  mode: {mode.value}\n  state_dir: {layout.state_dir('agent')}\n"
-            f"health:\n  state_dir: {layout.state_dir('health')}\n"
-            f"controller:\n  state_dir: {layout.state_dir('controller')}\n")
+    return (
+        "# hpresilience configuration (docs/configuration.md). Written by `hpresilience install`;\n"
+        "# your edits are kept: install never overwrites this file unless given --config.\n"
+        "# agent.mode observe: the agent logs and counts what it would do and never touches Slurm; watch\n"
+        '# hpr_agent_decisions_total{decision="would_mark"}, then set enforce (docs/rollout.md).\n'
+        f"agent:\n  mode: {mode.value}\n  state_dir: {layout.state_dir('agent')}\n"
+        f"health:\n  state_dir: {layout.state_dir('health')}\n"
+        f"controller:\n  state_dir: {layout.state_dir('controller')}\n"
+    )

@@ -38,8 +38,10 @@ def uninstall(layout: Layout, role: Role, use_systemd: bool) -> UninstallReport:
     data = read_manifest(layout)
     roles = manifest_list(data, "roles")
     if role not in roles:
-        raise ConfigError(f"role {role} is not installed under {layout.root} (manifest {layout.manifest} lists "
-                          f"{', '.join(roles) or 'no role'})")
+        raise ConfigError(
+            f"role {role} is not installed under {layout.root} (manifest {layout.manifest} lists "
+            f"{', '.join(roles) or 'no role'})"
+        )
     role_files = manifest_lists(data, "role_files")
     files, links = manifest_map(data, "files"), manifest_map(data, "links")
     # A manifest from before role_files: its paths are this role's only when it is the only role.
@@ -66,16 +68,20 @@ def uninstall(layout: Layout, role: Role, use_systemd: bool) -> UninstallReport:
     left = [r for r in roles if r != role]
     if left:
         gone = set(report.removed)
-        data.update({"roles": left, "role_files": {r: ps for r, ps in role_files.items() if r != role},
-                     "files": {p: h for p, h in files.items() if p not in gone},
-                     "links": {p: t for p, t in links.items() if p not in gone}})
+        data.update(
+            {
+                "roles": left,
+                "role_files": {r: ps for r, ps in role_files.items() if r != role},
+                "files": {p: h for p, h in files.items() if p not in gone},
+                "links": {p: t for p, t in links.items() if p not in gone},
+            }
+        )
         atomic_write_text(layout.manifest, json.dumps(data, indent=2, sort_keys=True) + "\n")
     else:
         layout.manifest.unlink(missing_ok=True)
         report.removed.append(str(layout.manifest))
         report.left += [str(p) for p in (layout.venv, layout.at("/var/lib/hpresilience")) if p.exists()]
-    log.info("uninstall_finished", role=role, root=str(layout.root), removed=len(report.removed),
-             kept=len(report.kept))
+    log.info("uninstall_finished", role=role, root=str(layout.root), removed=len(report.removed), kept=len(report.kept))
     return report
 
 

@@ -30,13 +30,17 @@ def check_source(wheel: str | None, source: str | None) -> str | None:
     if wheel:
         p = Path(wheel)
         if not p.is_file() or not (p.name.endswith(".whl") or p.name.endswith(".tar.gz")):
-            raise ConfigError(f"--wheel {wheel!r} is not a wheel (.whl) or sdist (.tar.gz) file; installing a bare "
-                              "name from a package index is refused (the name 'hpresilience' is not claimed there)")
+            raise ConfigError(
+                f"--wheel {wheel!r} is not a wheel (.whl) or sdist (.tar.gz) file; installing a bare "
+                "name from a package index is refused (the name 'hpresilience' is not claimed there)"
+            )
         return str(p.resolve())
     if source:
         if not _PINNED_VCS.match(source):
-            raise ConfigError(f"--source {source!r} is not a VCS URL pinned to a full commit "
-                              "(git+https://HOST/REPO@<40-hex commit>); use --wheel FILE for a built package")
+            raise ConfigError(
+                f"--source {source!r} is not a VCS URL pinned to a full commit "
+                "(git+https://HOST/REPO@<40-hex commit>); use --wheel FILE for a built package"
+            )
         return source
     return None
 
@@ -71,8 +75,10 @@ def check_python(python: str) -> None:
     parts = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
     if parts < MIN_PYTHON:
         need = ".".join(map(str, MIN_PYTHON))
-        raise EnvironmentMissing(f"{python} is Python {version}; hpresilience needs Python >= {need} "
-                                 f"(install python{need} and pass --python /usr/bin/python{need})")
+        raise EnvironmentMissing(
+            f"{python} is Python {version}; hpresilience needs Python >= {need} "
+            f"(install python{need} and pass --python /usr/bin/python{need})"
+        )
 
 
 def running_in(layout: Layout) -> bool:
@@ -111,8 +117,10 @@ def manifest_lists(data: dict[str, object], key: str) -> dict[str, list[str]]:
 
 
 def _pip(layout: Layout, *args: str) -> None:
-    r = proc.run([str(layout.venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                     "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S)
+    r = proc.run(
+        [str(layout.venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
+        timeout=PIP_TIMEOUT_S,
+    )
     if not r.ok:
         raise ExternalError(f"installing into {layout.venv} failed: {r.describe()}")
 
@@ -123,8 +131,10 @@ def ensure_venv(layout: Layout, requirement: str | None, python: str) -> bool:
     exe = layout.venv / "bin" / "hpresilience"
     if requirement is None:
         if not exe.exists():
-            raise ConfigError(f"{layout.venv} holds no hpresilience: give --wheel FILE (a built wheel or sdist) "
-                              "or --source git+https://HOST/REPO@COMMIT")
+            raise ConfigError(
+                f"{layout.venv} holds no hpresilience: give --wheel FILE (a built wheel or sdist) "
+                "or --source git+https://HOST/REPO@COMMIT"
+            )
         return False
     digest = source_digest(requirement)
     if exe.exists() and read_manifest(layout).get("source_sha256") == digest:

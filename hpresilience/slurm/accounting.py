@@ -46,8 +46,11 @@ def parse_sacct(text: str) -> list[JobRecord]:
         parts = line.split("|")
         if len(parts) != 7 or not parts[0].isdigit():
             continue
-        out.append(JobRecord(int(parts[0]), parts[1], parts[2], parts[3], parts[4].split()[0] if parts[4] else "",
-                             parts[5], parts[6]))
+        out.append(
+            JobRecord(
+                int(parts[0]), parts[1], parts[2], parts[3], parts[4].split()[0] if parts[4] else "", parts[5], parts[6]
+            )
+        )
     return out
 
 
@@ -58,10 +61,16 @@ def job_record(client: SlurmClient, job_id: int) -> JobRecord | None:
         d = parse_oneliner(res.stdout)
         if d.get("WorkDir"):
             user = d.get("UserId", "").split("(")[0]
-            return JobRecord(job_id, user, d.get("Partition", ""), d["WorkDir"], d.get("JobState", ""),
-                             d.get("StartTime", ""), d.get("EndTime", ""))
-    res = client.runner.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", SACCT_FIELDS,
-                            check=False, retry=False)
+            return JobRecord(
+                job_id,
+                user,
+                d.get("Partition", ""),
+                d["WorkDir"],
+                d.get("JobState", ""),
+                d.get("StartTime", ""),
+                d.get("EndTime", ""),
+            )
+    res = client.runner.run("sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", SACCT_FIELDS, check=False, retry=False)
     found = [r for r in parse_sacct(res.stdout) if r.job_id == job_id] if res.returncode == 0 else []
     return found[-1] if found else None
 

@@ -42,8 +42,9 @@ class SlurmClient:
 
     @classmethod
     def from_settings(cls, settings: SlurmSettings, env: Mapping[str, str] | None = None) -> SlurmClient:
-        return cls(CommandRunner(settings.bin_dir, settings.command_timeout_s, settings.retries,
-                                 settings.retry_backoff_s, env))
+        return cls(
+            CommandRunner(settings.bin_dir, settings.command_timeout_s, settings.retries, settings.retry_backoff_s, env)
+        )
 
     # -- what Slurm is this -------------------------------------------------------------------------
     @cached_property
@@ -97,9 +98,12 @@ class SlurmClient:
         missing = [n for n in dict.fromkeys(wanted) if n not in by_name]
         if missing:
             # The error names the query that ran (an error naming another misleads whoever re-runs it).
-            raise UnknownNode(read.argv if read else ("scontrol", "show", "node"),
-                              read.returncode if read else None, read.stderr if read else "",
-                              f"unknown node(s): {', '.join(missing)}")
+            raise UnknownNode(
+                read.argv if read else ("scontrol", "show", "node"),
+                read.returncode if read else None,
+                read.stderr if read else "",
+                f"unknown node(s): {', '.join(missing)}",
+            )
         return [by_name[n] for n in wanted]
 
     def node(self, name: str) -> Node:
@@ -185,8 +189,9 @@ class SlurmClient:
         self.runner.run("scontrol", *args)
         log.info("node_state_set", nodes=hosts, state=action, reason=reason or None)
 
-    def reboot_nodes(self, names: Iterable[str], reason: str, asap: bool = True,
-                     nextstate: Literal["resume", "down"] = "resume") -> None:
+    def reboot_nodes(
+        self, names: Iterable[str], reason: str, asap: bool = True, nextstate: Literal["resume", "down"] = "resume"
+    ) -> None:
         """`scontrol reboot [ASAP] nextstate=... reason=... nodes`: ASAP drains the node first."""
         hosts = compress(names)
         args = ["reboot"] + (["ASAP"] if asap else []) + [f"nextstate={nextstate.upper()}", f"reason={reason}", hosts]
@@ -235,11 +240,13 @@ class SlurmClient:
 
     def wait_running(self, job_id: int, timeout: float = 60.0) -> Job:
         """Wait (with progress) until the job runs; fails fast if it ends instead."""
+
         def probe() -> Job | None:
             j, res = self._known_job(job_id)
             if j.is_finished:
                 raise SlurmError(res.argv, res.returncode, "", f"job {job_id} ended ({j.state}) before it ran")
             return j if j.is_running else None
+
         return wait_for(probe, f"job {job_id} to start running", timeout)
 
     def sbatch(self, *args: str, env: Mapping[str, str] | None = None) -> int:
@@ -275,20 +282,30 @@ class SlurmClient:
         except SlurmError:
             if set(self.job(job_id).nodes) != target:
                 raise
-        job = wait_for(lambda: (j if set((j := self.job(job_id)).nodes) == target else None),
-                       f"job {job_id} to shrink to {compress(keep_list)}", timeout)
+        job = wait_for(
+            lambda: j if set((j := self.job(job_id)).nodes) == target else None,
+            f"job {job_id} to shrink to {compress(keep_list)}",
+            timeout,
+        )
         log.info("job_shrunk", job_id=job_id, nodes=compress(job.nodes))
         return job
 
-    def grow_job(self, job_id: int, count: int = 1, nodes: Iterable[str] | None = None,
-                 exclude: Iterable[str] | None = None, timeout: float = 60.0) -> Job:
+    def grow_job(
+        self,
+        job_id: int,
+        count: int = 1,
+        nodes: Iterable[str] | None = None,
+        exclude: Iterable[str] | None = None,
+        timeout: float = 60.0,
+    ) -> Job:
         """Add `count` nodes to a running job with Slurm's expand dependency:
         salloc a helper job with --dependency=expand:J, move its nodes into J (NumNodes=0), then
         NumNodes=ALL on J. Needs SchedulerParameters=permit_job_expansion (probe with permits_job_expansion)."""
         job, read = self._known_job(job_id)
         if not job.is_running:
-            raise SlurmError(read.argv, read.returncode, "",
-                             f"job {job_id} is {job.state}, only a running job can grow")
+            raise SlurmError(
+                read.argv, read.returncode, "", f"job {job_id} is {job.state}, only a running job can grow"
+            )
         name = f"hpr-grow-{job_id}"
         args = ["--no-shell", f"--nodes={count}", f"--job-name={name}", f"--dependency=expand:{job_id}"]
         if job.partition:
@@ -319,8 +336,11 @@ class SlurmClient:
             except SlurmError:
                 pass  # already gone once its nodes moved: that is the normal case
         before = set(job.nodes)
-        grown = wait_for(lambda: (j if len(set((j := self.job(job_id)).nodes) - before) >= count else None),
-                         f"job {job_id} to take over the nodes of helper job {helper}", timeout)
+        grown = wait_for(
+            lambda: j if len(set((j := self.job(job_id)).nodes) - before) >= count else None,
+            f"job {job_id} to take over the nodes of helper job {helper}",
+            timeout,
+        )
         log.info("job_grown", job_id=job_id, nodes=compress(grown.nodes), added=compress(set(grown.nodes) - before))
         return grown
 

@@ -36,8 +36,9 @@ def job_details(client: SlurmClient, job_id: int) -> dict[str, str]:
     return parse_oneliner(res.stdout)
 
 
-def job_identity_details(client: SlurmClient, job_id: int, tries: int = IDENTITY_READ_TRIES,
-                         within_s: float = IDENTITY_READ_S) -> dict[str, str]:
+def job_identity_details(
+    client: SlurmClient, job_id: int, tries: int = IDENTITY_READ_TRIES, within_s: float = IDENTITY_READ_S
+) -> dict[str, str]:
     """job_details, retried (a transient slurmctld error at wrapper start must not leave the job without its
     identity): up to `tries` reads spread over about `within_s` seconds; {} if none gave a SubmitTime."""
     delay = within_s / max(1, 2 ** (tries - 1) - 1) if tries > 1 else 0.0
@@ -78,13 +79,13 @@ def with_requeue_marker(comment: str, present: bool) -> str:
     if comment == REQUEUE_MARKER:
         return ""
     if comment.endswith(f" {REQUEUE_MARKER}"):
-        return comment[:-len(REQUEUE_MARKER) - 1]
+        return comment[: -len(REQUEUE_MARKER) - 1]
     m = _MARKER_WORD.search(comment)
     if m is None:
         return comment
     if m.group(1):  # inside: drop the marker and the one separator before it
-        return comment[:m.start()] + comment[m.end():]
-    return comment[m.end() + 1:]  # first word: drop it and the one separator after it
+        return comment[: m.start()] + comment[m.end() :]
+    return comment[m.end() + 1 :]  # first word: drop it and the one separator after it
 
 
 def has_requeue_marker(comment: str) -> bool:
@@ -123,8 +124,9 @@ def held_among(client: SlurmClient, job_ids: list[int]) -> list[HeldJob]:
     (`squeue -h -j J`, about what `scontrol show job J` costs slurmctld), never the queue."""
     held: list[HeldJob] = []
     for job_id in job_ids:
-        res = client.runner.run("squeue", "-h", "-j", str(job_id), "-t", "PD", "-o", "%i|%r|%k",
-                                check=False, retry=False)
+        res = client.runner.run(
+            "squeue", "-h", "-j", str(job_id), "-t", "PD", "-o", "%i|%r|%k", check=False, retry=False
+        )
         if res.returncode == 0:
             held += parse_held(res.stdout)
     return held
@@ -134,5 +136,6 @@ def release_requeued_job(client: SlurmClient, job: HeldJob) -> None:
     """Start a requeued job now rather than after Slurm's hold (cred_expire + 1 s, two minutes by
     default; the hold shows as Reason=BeginTime), and take the marker off its comment. Root only."""
     client.runner.run("scontrol", "update", f"jobid={job.job_id}", "StartTime=now", retry=False)
-    client.runner.run("scontrol", "update", f"jobid={job.job_id}",
-                      f"Comment={with_requeue_marker(job.comment, False)}", retry=False)
+    client.runner.run(
+        "scontrol", "update", f"jobid={job.job_id}", f"Comment={with_requeue_marker(job.comment, False)}", retry=False
+    )

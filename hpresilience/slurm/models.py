@@ -7,16 +7,40 @@ from dataclasses import dataclass, field
 # Base states are mutually exclusive; flags combine with them (Slurm's NODE_STATE_* and NODE_STATE_FLAGS).
 NODE_BASE_STATES = frozenset({"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE"})
 # States in which a node must not receive new work, whatever set them.
-UNAVAILABLE_FLAGS = frozenset({"DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "REBOOT_REQUESTED",
-                               "REBOOT_ISSUED", "MAINTENANCE", "INVALID_REG", "FUTURE"})
+UNAVAILABLE_FLAGS = frozenset(
+    {
+        "DOWN",
+        "DRAIN",
+        "FAIL",
+        "NOT_RESPONDING",
+        "POWERED_DOWN",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "MAINTENANCE",
+        "INVALID_REG",
+        "FUTURE",
+    }
+)
 # Flags of an idle node that Slurm has promised to other work (a planned start, a reservation, a job's
 # block): in service, but not free for a job to grow into.
 PROMISED_FLAGS = frozenset({"PLANNED", "RESERVED", "BLOCKED"})
 # The states a job ends in. Slurm 22.05 and 23.02 give `job_state` as one word and put a flag there instead
 # of the base state for held jobs (REQUEUE_HOLD, SPECIAL_EXIT, STOPPED, RESV_DEL_HOLD): anything not listed
 # here is a job that is still alive in some form.
-JOB_FINAL_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                              "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED"})
+JOB_FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "REVOKED",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +65,11 @@ class Node:
 
     @property
     def is_idle(self) -> bool:
-        return ("IDLE" in self.states and not self.states & (UNAVAILABLE_FLAGS | PROMISED_FLAGS)
-                and "COMPLETING" not in self.states)
+        return (
+            "IDLE" in self.states
+            and not self.states & (UNAVAILABLE_FLAGS | PROMISED_FLAGS)
+            and "COMPLETING" not in self.states
+        )
 
     @property
     def is_busy(self) -> bool:

@@ -76,7 +76,7 @@ def parse_notice(admin_comment: str) -> dict[str, int]:
     for word in admin_comment.split():
         if not word.startswith(NOTICE_PREFIX):
             continue
-        for item in word[len(NOTICE_PREFIX):].split(","):
+        for item in word[len(NOTICE_PREFIX) :].split(","):
             name, _, at = item.rpartition("@")
             if name and at.isdigit():
                 out[name] = int(at)
@@ -96,10 +96,10 @@ def with_word(admin_comment: str, prefix: str, word: str) -> str:
             return admin_comment
         return f"{admin_comment} {word}" if admin_comment else word
     if word:
-        return admin_comment[:m.start()] + m.group(1) + word + admin_comment[m.end():]
+        return admin_comment[: m.start()] + m.group(1) + word + admin_comment[m.end() :]
     if m.group(1):
-        return admin_comment[:m.start()] + admin_comment[m.end():]
-    return admin_comment[m.end() + 1:]
+        return admin_comment[: m.start()] + admin_comment[m.end() :]
+    return admin_comment[m.end() + 1 :]
 
 
 def with_notice(admin_comment: str, bad: Mapping[str, int]) -> str:
@@ -111,7 +111,7 @@ def parse_watch(admin_comment: str) -> int:
     """The lease in our watch word (epoch seconds); 0 when there is none or it does not parse."""
     for word in admin_comment.split():
         if word.startswith(WATCH_PREFIX):
-            value = word[len(WATCH_PREFIX):]
+            value = word[len(WATCH_PREFIX) :]
             return int(value) if value.isdigit() else 0
     return 0
 
@@ -165,8 +165,9 @@ def write_notice(client: SlurmClient, job_id: int, bad: Mapping[str, int]) -> bo
         return False
     if dict(current.bad) == dict(bad):
         return True
-    client.runner.run("scontrol", "update", f"jobid={job_id}",
-                      f"AdminComment={with_notice(current.admin_comment, bad)}", retry=False)
+    client.runner.run(
+        "scontrol", "update", f"jobid={job_id}", f"AdminComment={with_notice(current.admin_comment, bad)}", retry=False
+    )
     return True
 
 
@@ -175,9 +176,13 @@ def write_watch(client: SlurmClient, job_id: int, until: int) -> bool:
     current = read_notice(client, job_id)
     if not current.found:
         return False
-    client.runner.run("scontrol", "update", f"jobid={job_id}",
-                      f"AdminComment={with_word(current.admin_comment, WATCH_PREFIX, f'{WATCH_PREFIX}{until}')}",
-                      retry=False)
+    client.runner.run(
+        "scontrol",
+        "update",
+        f"jobid={job_id}",
+        f"AdminComment={with_word(current.admin_comment, WATCH_PREFIX, f'{WATCH_PREFIX}{until}')}",
+        retry=False,
+    )
     return True
 
 
@@ -185,8 +190,9 @@ def nudge(client: SlurmClient, job_id: int) -> bool:
     """SIGWINCH to every process of the job's batch step (`--full`: the batch shell alone otherwise), so that
     its wrapper reads its job now. One RPC; the tasks of its steps are not signalled. False: refused (no batch
     step, the job ended, not ours)."""
-    res = client.runner.run("scancel", f"--signal={NUDGE_SIGNAL}", "--full", "--batch", str(job_id),
-                            check=False, retry=False)
+    res = client.runner.run(
+        "scancel", f"--signal={NUDGE_SIGNAL}", "--full", "--batch", str(job_id), check=False, retry=False
+    )
     return res.returncode == 0
 
 

@@ -120,8 +120,13 @@ def _records(text: str, what: str, key: str, build: Callable[[dict[str, Any]], T
     if not isinstance(raw, list):
         if key == "nodes" and isinstance(data.get("sinfo"), list):
             # 23.02+ `sinfo --json` lists aggregated node groups (states, counts, names; no addresses).
-            raise SlurmParseError([what], None, "", f"{what}: node groups of sinfo --json (Slurm 23.02+), not "
-                                  "node records: read nodes with `scontrol --json show node`")
+            raise SlurmParseError(
+                [what],
+                None,
+                "",
+                f"{what}: node groups of sinfo --json (Slurm 23.02+), not "
+                "node records: read nodes with `scontrol --json show node`",
+            )
         raise SlurmParseError([what], None, "", f"{what}: no `{key}` list in the output")
     out = []
     for d in raw:
@@ -131,8 +136,7 @@ def _records(text: str, what: str, key: str, build: Callable[[dict[str, Any]], T
             out.append(build(d))
         # A record Slurm (or a broken plugin) wrote oddly costs that record, never the whole query: the
         # wrapper, which only catches the package's own errors, must not die of one node's odd field.
-        except (SlurmParseError, TypeError, ValueError, OverflowError, KeyError, AttributeError,
-                RecursionError) as err:
+        except (SlurmParseError, TypeError, ValueError, OverflowError, KeyError, AttributeError, RecursionError) as err:
             log.warning("slurm_record_skipped", source=what, error=str(err)[:300])
     return out
 
@@ -221,7 +225,8 @@ def parse_oneliner(text: str) -> dict[str, str]:
 
 
 _JOB_ID = re.compile(
-    r"(?:Submitted batch job|Granted job allocation|job allocation|Pending job allocation)\s+([0-9]{1,18})\b")
+    r"(?:Submitted batch job|Granted job allocation|job allocation|Pending job allocation)\s+([0-9]{1,18})\b"
+)
 
 
 def parse_job_id(text: str) -> int:
@@ -240,8 +245,10 @@ def parse_job_id(text: str) -> int:
 _KEY = r"[A-Za-z][\w/:]*"
 # A node's reason is free text ("Action:Replace xid=79", "bad fan [rack 3]") followed by `[user@time]`:
 # it is cut out first, so words of it that look like `Key=Value` never become fields.
-_NODE_REASON = re.compile(rf"(?:^|\s)Reason=(?P<text>.*?) \[(?P<user>[^\]@\s]*)@(?P<time>[^\]\s]*)\]"
-                          rf"(?=\s+{_KEY}=|\s*$)")
+_NODE_REASON = re.compile(
+    rf"(?:^|\s)Reason=(?P<text>.*?) \[(?P<user>[^\]@\s]*)@(?P<time>[^\]\s]*)\]"
+    rf"(?=\s+{_KEY}=|\s*$)"
+)
 _NODE_REASON_BARE = re.compile(r"(?:^|\s)Reason=(?P<text>.*?)(?=\s+(?:Comment|Extra|ResumeAfterTime)=|\s*$)")
 _NULLS = ("", "(null)", "N/A", "None", "Unknown", "n/a")
 
@@ -284,7 +291,7 @@ def node_from_oneliner(line: str) -> Node:
         reason = m.group("text").strip()
         if "user" in m.groupdict():
             set_by, changed = m.group("user"), slurm_time(m.group("time"))
-        line = line[:m.start()] + line[m.end():]
+        line = line[: m.start()] + line[m.end() :]
     kv = parse_oneliner(line)
     name = kv.get("NodeName", "")
     if not name:
@@ -367,8 +374,13 @@ def reason_group_from_line(line: str) -> ReasonGroup:
         raise ValueError(f"not a partition|count|time|nodes|reason line: {line[:200]!r}")
     partition, count, at, hosts, reason = parts
     reason = reason.strip()
-    return ReasonGroup(partition=partition.strip().rstrip("*"), count=int(count), nodes=tuple(expand(hosts.strip())),
-                       reason="" if reason in ("none", "(null)") else reason, reason_at=slurm_time(at.strip()))
+    return ReasonGroup(
+        partition=partition.strip().rstrip("*"),
+        count=int(count),
+        nodes=tuple(expand(hosts.strip())),
+        reason="" if reason in ("none", "(null)") else reason,
+        reason_at=slurm_time(at.strip()),
+    )
 
 
 def parse_reason_groups(text: str, what: str = "sinfo -o " + REASON_GROUP_FORMAT) -> list[ReasonGroup]:

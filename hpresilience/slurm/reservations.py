@@ -40,23 +40,48 @@ def delete_reservation(client: SlurmClient, name: str) -> bool:
     raise SlurmError(res.argv, res.returncode, res.stderr or res.stdout, f"could not delete reservation {name}")
 
 
-def create_maintenance_reservation(client: SlurmClient, name: str, nodes: Sequence[str], users: Sequence[str],
-                                   duration_s: float) -> None:
+def create_maintenance_reservation(
+    client: SlurmClient, name: str, nodes: Sequence[str], users: Sequence[str], duration_s: float
+) -> None:
     """A MAINT,IGNORE_JOBS reservation of `nodes` for `users`, from now for `duration_s` (rounded up to minutes).
     One left over under the same name (a controller killed mid-gate) is replaced."""
     delete_reservation(client, name)
-    client.runner.run("scontrol", "create", "reservation", f"ReservationName={name}", "StartTime=now",
-                      f"Duration={minutes(duration_s)}", f"Nodes={','.join(nodes)}", f"Users={','.join(users)}",
-                      "Flags=MAINT,IGNORE_JOBS")
+    client.runner.run(
+        "scontrol",
+        "create",
+        "reservation",
+        f"ReservationName={name}",
+        "StartTime=now",
+        f"Duration={minutes(duration_s)}",
+        f"Nodes={','.join(nodes)}",
+        f"Users={','.join(users)}",
+        "Flags=MAINT,IGNORE_JOBS",
+    )
     log.info("reservation_created", reservation=name, nodes=",".join(nodes), minutes=minutes(duration_s))
 
 
-def run_in_reservation(client: SlurmClient, reservation: str, node: str, argv: Sequence[str], timeout_s: float,
-                       job_name: str, partitions: Sequence[str] = (), chdir: str = "/tmp") -> Result:
+def run_in_reservation(
+    client: SlurmClient,
+    reservation: str,
+    node: str,
+    argv: Sequence[str],
+    timeout_s: float,
+    job_name: str,
+    partitions: Sequence[str] = (),
+    chdir: str = "/tmp",
+) -> Result:
     """Run `argv` as a one-task job on `node` inside `reservation` (`srun`, which returns the job's output and
     exit status to the caller: no shared file system needed). A timeout kills srun and cancels the job."""
-    args = [f"--reservation={reservation}", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
-            f"--job-name={job_name}", f"--time={minutes(timeout_s)}", f"--chdir={chdir}", "--kill-on-bad-exit=1"]
+    args = [
+        f"--reservation={reservation}",
+        f"--nodelist={node}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--job-name={job_name}",
+        f"--time={minutes(timeout_s)}",
+        f"--chdir={chdir}",
+        "--kill-on-bad-exit=1",
+    ]
     if partitions:
         args.append(f"--partition={','.join(partitions)}")
     try:
@@ -116,11 +141,15 @@ def reservation_rights_problem(client: SlurmClient, user: str, uid: int, config:
     if uid == 0 or user == slurm_user:
         return None
     if configured(config.get("AccountingStorageType")) in ("", "accounting_storage/none"):
-        return (f"user {user} is neither root nor SlurmUser ({slurm_user or 'unset'}), and without slurmdbd no "
-                "other user may create reservations")
+        return (
+            f"user {user} is neither root nor SlurmUser ({slurm_user or 'unset'}), and without slurmdbd no "
+            "other user may create reservations"
+        )
     res = client.runner.run("sacctmgr", "-n", "-P", "show", "user", user, "format=AdminLevel", check=False)
     level = res.stdout.strip().lower()
     if res.returncode == 0 and level in ADMIN_LEVELS:
         return None
-    return (f"user {user} has AdminLevel {level or 'none'} in slurmdbd; creating reservations needs Operator "
-            f"(sacctmgr modify user {user} set AdminLevel=Operator)")
+    return (
+        f"user {user} has AdminLevel {level or 'none'} in slurmdbd; creating reservations needs Operator "
+        f"(sacctmgr modify user {user} set AdminLevel=Operator)"
+    )

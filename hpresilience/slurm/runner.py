@@ -38,14 +38,25 @@ TRANSIENT = re.compile(
 FINAL = re.compile(r"DB index is being set", re.IGNORECASE)
 
 APT_PACKAGES = {
-    "scontrol": "slurm-client", "sinfo": "slurm-client", "squeue": "slurm-client", "srun": "slurm-client",
-    "salloc": "slurm-client", "sbatch": "slurm-client", "scancel": "slurm-client",
-    "slurmctld": "slurmctld", "slurmd": "slurmd",
+    "scontrol": "slurm-client",
+    "sinfo": "slurm-client",
+    "squeue": "slurm-client",
+    "srun": "slurm-client",
+    "salloc": "slurm-client",
+    "sbatch": "slurm-client",
+    "scancel": "slurm-client",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
 }
 
 
-def start(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
-          cwd: str | None = None, input_text: str | None = None) -> Result:
+def start(
+    argv: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    input_text: str | None = None,
+) -> Result:
     """One run through the process seam; a timed-out result is returned, not raised. A missing tool names
     the package that brings it."""
     try:
@@ -56,8 +67,13 @@ def start(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = N
         raise EnvironmentMissing(f"`{tool}` not found: apt-get install -y slurm-wlm (or {pkg})") from None
 
 
-def run_once(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
-             cwd: str | None = None, input_text: str | None = None) -> Result:
+def run_once(
+    argv: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    input_text: str | None = None,
+) -> Result:
     """Run argv once; its process group is killed and SlurmTimeout raised after `timeout` seconds."""
     res = start(argv, timeout, env, cwd, input_text)
     if res.timed_out:
@@ -68,8 +84,14 @@ def run_once(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None 
 class CommandRunner:
     """Finds and runs Slurm commands with a fixed environment, timeout and retry policy."""
 
-    def __init__(self, bin_dir: str = "", timeout: float = 30.0, retries: int = 4, backoff: float = 0.5,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        bin_dir: str = "",
+        timeout: float = 30.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.bin_dir = bin_dir
         self.timeout = timeout
         self.retries = retries
@@ -82,14 +104,24 @@ class CommandRunner:
         path = (self.env or os.environ).get("PATH")
         return shutil.which(tool, path=path) or tool
 
-    def execute(self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None,
-                input_text: str | None) -> Result:
+    def execute(
+        self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None, input_text: str | None
+    ) -> Result:
         """One attempt at the process seam (a timeout is a result with `timed_out`): the one method a fake
         runner replaces (hpresilience/testing/fakerunner.py), so retries and errors stay this class's."""
         return start(argv, timeout, env, cwd, input_text)
 
-    def run(self, tool: str, *args: str, timeout: float | None = None, check: bool = True, retry: bool = True,
-            cwd: str | None = None, env: Mapping[str, str] | None = None, input_text: str | None = None) -> Result:
+    def run(
+        self,
+        tool: str,
+        *args: str,
+        timeout: float | None = None,
+        check: bool = True,
+        retry: bool = True,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        input_text: str | None = None,
+    ) -> Result:
         """Run `tool args...`; retry transient refusals with exponential backoff, then raise SlurmError."""
         argv = [self.path_of(tool), *args]
         run_env = dict(self.env if self.env is not None else os.environ)
@@ -104,17 +136,25 @@ class CommandRunner:
             if res.timed_out:
                 if attempt >= attempts:
                     raise SlurmTimeout(argv, limit, res.stderr)
-                log.warning("slurm_command_timed_out", command=" ".join(argv), attempt=attempt,
-                            waited_s=round(time.monotonic() - started, 1))
+                log.warning(
+                    "slurm_command_timed_out",
+                    command=" ".join(argv),
+                    attempt=attempt,
+                    waited_s=round(time.monotonic() - started, 1),
+                )
             else:
                 if res.returncode == 0 or not check:
                     return res
                 said = res.stderr + res.stdout
                 if attempt >= attempts or not TRANSIENT.search(said) or FINAL.search(said):
                     raise SlurmError(argv, res.returncode, res.stderr or res.stdout)
-                log.info("slurm_command_retrying", command=" ".join(argv), attempt=attempt,
-                         reason=(res.stderr.strip().splitlines() or [""])[-1][:200],
-                         waited_s=round(time.monotonic() - started, 1))
+                log.info(
+                    "slurm_command_retrying",
+                    command=" ".join(argv),
+                    attempt=attempt,
+                    reason=(res.stderr.strip().splitlines() or [""])[-1][:200],
+                    waited_s=round(time.monotonic() - started, 1),
+                )
             time.sleep(delay)
             delay = min(delay * 2, 8.0)
         raise AssertionError("unreachable")
@@ -123,8 +163,14 @@ class CommandRunner:
 class CountingRunner(CommandRunner):
     """A CommandRunner that keeps every result it returned: what benches and tests count Slurm's work by."""
 
-    def __init__(self, bin_dir: str = "", timeout: float = 30.0, retries: int = 4, backoff: float = 0.5,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        bin_dir: str = "",
+        timeout: float = 30.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(bin_dir, timeout, retries, backoff, env)
         self.calls: list[Result] = []
 

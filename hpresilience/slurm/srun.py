@@ -41,8 +41,14 @@ class StepProcess:
         self.argv = list(argv)
         try:
             self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=dict(env), cwd=cwd, start_new_session=True)
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
         except FileNotFoundError:
             raise EnvironmentMissing(f"cannot start `{self.argv[0]}`: not found") from None
         self.started = time.monotonic()
@@ -87,7 +93,9 @@ class StepProcess:
 NODE_FAILURE_LINE = re.compile(
     r"^srun: error: (?:Node failure on (?P<node>[\w.\-\[\],]+)"
     r"|Task launch for StepId=\S+ failed on node (?P<node2>[\w.\-]+)"
-    r"|(?P<node3>[\w.\-]+): tasks? [\d,\-]+: Unknown error)", re.MULTILINE)
+    r"|(?P<node3>[\w.\-]+): tasks? [\d,\-]+: Unknown error)",
+    re.MULTILINE,
+)
 # srun's line for each task that ended badly: "n2: task 1: Exited with exit code 3", "n1: task 0: Terminated".
 TASK_END_LINE = re.compile(r"^srun: error: [\w.\-]+: tasks? [\d,\-]+: (?P<what>.*)$", re.MULTILINE)
 TASK_EXITED = re.compile(r"^Exited with exit code (?P<code>\d+)")

@@ -46,8 +46,13 @@ def signal_step(client: SlurmClient, step_id: str, signal: str | None = None, ti
         return
     if res.returncode != 0:
         # e.g. "Access/permission denied", or the step is already gone: nothing was signalled.
-        log.warning("step_signal_refused", step=step_id, signal=signal, exit_code=res.returncode,
-                    stderr=res.stderr.strip()[:300])
+        log.warning(
+            "step_signal_refused",
+            step=step_id,
+            signal=signal,
+            exit_code=res.returncode,
+            stderr=res.stderr.strip()[:300],
+        )
         return
     log.info("step_signalled" if signal else "step_cancelled", step=step_id, signal=signal)
 
@@ -73,16 +78,30 @@ class StaleTask:
     command: str
 
 
-def reap_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], marker: str,
-                          env: dict[str, str], timeout: float = 10.0) -> tuple[list[StaleTask], list[str]]:
+def reap_marked_processes(
+    client: SlurmClient, job_id: int, nodes: list[str], marker: str, env: dict[str, str], timeout: float = 10.0
+) -> tuple[list[StaleTask], list[str]]:
     """Run one short task per node (sharing the job's resources, --overlap) that kills what is left of
     earlier steps: processes carrying `marker` (NAME=VALUE) in their environment. Returns what it killed
     and the nodes that did not report back (their processes could not be checked)."""
     if not nodes:
         return [], []
-    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-            f"--nodelist={','.join(nodes)}", "--overlap", "--export=ALL", "--job-name=hpr-reap",
-            "--kill-on-bad-exit=0", "sh", "-c", REAP_SCRIPT, "hpr-reap", marker]
+    args = [
+        "srun",
+        f"--jobid={job_id}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--overlap",
+        "--export=ALL",
+        "--job-name=hpr-reap",
+        "--kill-on-bad-exit=0",
+        "sh",
+        "-c",
+        REAP_SCRIPT,
+        "hpr-reap",
+        marker,
+    ]
     try:
         res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
     except SlurmTimeout:
@@ -118,16 +137,30 @@ echo "hpr-stepd-checked ${SLURMD_NODENAME:-?}"
 """
 
 
-def lingering_steps(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
-                    timeout: float = 5.0) -> tuple[set[str], list[str]]:
+def lingering_steps(
+    client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str], timeout: float = 5.0
+) -> tuple[set[str], list[str]]:
     """The nodes where a slurmstepd of an earlier step of the job still runs, and the nodes that did not report
     back. A node that left the job and came back is still ending the job there until its old steps are gone,
     and meanwhile slurmd kills every new step of the job it is sent."""
     if not nodes:
         return set(), []
-    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-            f"--nodelist={','.join(nodes)}", "--overlap", "--export=ALL", "--job-name=hpr-stepd",
-            "--kill-on-bad-exit=0", "sh", "-c", STEPD_SCRIPT, "hpr-stepd", str(job_id)]
+    args = [
+        "srun",
+        f"--jobid={job_id}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--overlap",
+        "--export=ALL",
+        "--job-name=hpr-stepd",
+        "--kill-on-bad-exit=0",
+        "sh",
+        "-c",
+        STEPD_SCRIPT,
+        "hpr-stepd",
+        str(job_id),
+    ]
     try:
         res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
     except SlurmTimeout:
@@ -163,37 +196,73 @@ echo "hpr-notice ${SLURMD_NODENAME:-?}"
 """
 
 
-def write_notice(client: SlurmClient, job_id: int, nodes: list[str], path: str, reason: str, env: dict[str, str],
-                 timeout: float = 10.0, clear: bool = False) -> list[str]:
+def write_notice(
+    client: SlurmClient,
+    job_id: int,
+    nodes: list[str],
+    path: str,
+    reason: str,
+    env: dict[str, str],
+    timeout: float = 10.0,
+    clear: bool = False,
+) -> list[str]:
     """Write (or, with clear, remove) the notice file at `path` on every node, in one step of one task per node;
     returns the nodes that did not confirm."""
     if not nodes:
         return []
     run_env = {**env, "HPR_NOTICE_FILE": path, "HPR_NOTICE_REASON": reason[:500]}
-    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-            f"--nodelist={','.join(nodes)}", "--ntasks-per-node=1", "--overlap", "--export=ALL",
-            "--job-name=hpr-notice", "--kill-on-bad-exit=0", "sh", "-c", NOTICE_SCRIPT, "hpr-notice",
-            "clear" if clear else "write"]
+    args = [
+        "srun",
+        f"--jobid={job_id}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--ntasks-per-node=1",
+        "--overlap",
+        "--export=ALL",
+        "--job-name=hpr-notice",
+        "--kill-on-bad-exit=0",
+        "sh",
+        "-c",
+        NOTICE_SCRIPT,
+        "hpr-notice",
+        "clear" if clear else "write",
+    ]
     try:
         res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=run_env)
     except SlurmTimeout:
         return list(nodes)
-    done = {parts[1] for line in res.stdout.splitlines() if len(parts := line.split()) >= 2
-            and parts[0] == "hpr-notice"}
+    done = {
+        parts[1] for line in res.stdout.splitlines() if len(parts := line.split()) >= 2 and parts[0] == "hpr-notice"
+    }
     return [n for n in nodes if n not in done]
 
 
-def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str],
-                    timeout: float = 3.0) -> dict[str, bool]:
+def nodes_answering(
+    client: SlurmClient, job_id: int, nodes: list[str], env: dict[str, str], timeout: float = 3.0
+) -> dict[str, bool]:
     """Whether each node runs a trivial task within `timeout` (one srun per node, all at once). A node
     whose slurmd is gone (kernel panic, power loss) does not, long before Slurm's SlurmdTimeout."""
     from concurrent.futures import ThreadPoolExecutor
 
     def alive(node: str) -> bool:
         try:
-            res = client.runner.run("srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-                                    "--overlap", "--export=ALL", "--job-name=hpr-alive", "echo", "hpr-alive",
-                                    timeout=timeout, check=False, retry=False, env=env)
+            res = client.runner.run(
+                "srun",
+                f"--jobid={job_id}",
+                "--nodes=1",
+                "--ntasks=1",
+                f"--nodelist={node}",
+                "--overlap",
+                "--export=ALL",
+                "--job-name=hpr-alive",
+                "echo",
+                "hpr-alive",
+                timeout=timeout,
+                check=False,
+                retry=False,
+                env=env,
+            )
         except SlurmTimeout:
             return False
         return res.returncode == 0 and "hpr-alive" in res.stdout
@@ -204,14 +273,25 @@ def nodes_answering(client: SlurmClient, job_id: int, nodes: list[str], env: dic
         return dict(zip(nodes, pool.map(alive, nodes), strict=True))
 
 
-def run_on_nodes(client: SlurmClient, job_id: int, nodes: list[str], command: str, name: str,
-                 timeout: float, env: dict[str, str]) -> Result:
+def run_on_nodes(
+    client: SlurmClient, job_id: int, nodes: list[str], command: str, name: str, timeout: float, env: dict[str, str]
+) -> Result:
     """Run `command` once per node of the job (one task each), waiting for all; its output is captured. No --nodes:
     newer Slurm refuses it beside --distribution=arbitrary, and the node list gives the count."""
     return client.runner.run(
-        "srun", f"--jobid={job_id}", f"--ntasks={len(nodes)}",
-        f"--nodelist={','.join(nodes)}", "--distribution=arbitrary", "--export=ALL", f"--job-name={name}",
-        command, timeout=timeout, check=False, retry=False, env=env)
+        "srun",
+        f"--jobid={job_id}",
+        f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--distribution=arbitrary",
+        "--export=ALL",
+        f"--job-name={name}",
+        command,
+        timeout=timeout,
+        check=False,
+        retry=False,
+        env=env,
+    )
 
 
 # Evidence of a hang on one node: asks every listed pid for its stacks (the signal its heartbeat announced,
@@ -261,14 +341,23 @@ def parse_probe_lines(text: str) -> tuple[list[ProcState], set[str]]:
             done.add(parts[1])
         elif parts[0] == "hpr-proc" and len(parts) >= 6 and parts[2].isdigit():
             rank = int(parts[4]) if parts[4].isdigit() and len(parts[4]) < 9 else None
-            procs.append(ProcState(parts[1], int(parts[2]), parts[3][:1], rank, parts[5][:64],
-                                   parts[6][:120] if len(parts) > 6 else ""))
+            procs.append(
+                ProcState(
+                    parts[1], int(parts[2]), parts[3][:1], rank, parts[5][:64], parts[6][:120] if len(parts) > 6 else ""
+                )
+            )
     return procs, done
 
 
-def probe_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], marker: str,
-                           signals: dict[str, list[tuple[int, int]]], env: dict[str, str],
-                           timeout: float) -> dict[str, str | None]:
+def probe_marked_processes(
+    client: SlurmClient,
+    job_id: int,
+    nodes: list[str],
+    marker: str,
+    signals: dict[str, list[tuple[int, int]]],
+    env: dict[str, str],
+    timeout: float,
+) -> dict[str, str | None]:
     """Run the probe on every node at once (one --overlap task each), each bounded by `timeout`: the raw
     report per node, None for a node that did not answer in time. `signals[node]`: (pid, signal) to send."""
     from concurrent.futures import ThreadPoolExecutor
@@ -276,10 +365,27 @@ def probe_marked_processes(client: SlurmClient, job_id: int, nodes: list[str], m
     def probe(node: str) -> str | None:
         pairs = [f"{pid}:{sig}" for pid, sig in signals.get(node, [])]
         try:
-            res = client.runner.run("srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-                                    "--overlap", "--export=ALL", "--job-name=hpr-hang-probe", "--kill-on-bad-exit=0",
-                                    "sh", "-c", PROBE_SCRIPT, "hpr-probe", marker, *pairs,
-                                    timeout=timeout, check=False, retry=False, env=env)
+            res = client.runner.run(
+                "srun",
+                f"--jobid={job_id}",
+                "--nodes=1",
+                "--ntasks=1",
+                f"--nodelist={node}",
+                "--overlap",
+                "--export=ALL",
+                "--job-name=hpr-hang-probe",
+                "--kill-on-bad-exit=0",
+                "sh",
+                "-c",
+                PROBE_SCRIPT,
+                "hpr-probe",
+                marker,
+                *pairs,
+                timeout=timeout,
+                check=False,
+                retry=False,
+                env=env,
+            )
         except SlurmTimeout:
             return None
         return res.stdout if f"hpr-probed {node}" in res.stdout else None
@@ -333,19 +439,43 @@ def parse_live_lines(text: str) -> dict[str, int]:
     return out
 
 
-def _live_script(client: SlurmClient, job_id: int, nodes: list[str], marker: str, attempt: int, mode: str,
-                 env: dict[str, str], timeout: float) -> Result | None:
-    args = ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-            f"--nodelist={','.join(nodes)}", "--overlap", "--export=ALL", f"--job-name=hpr-{mode}",
-            "--kill-on-bad-exit=0", "sh", "-c", LIVE_SCRIPT, "hpr-live", marker, str(attempt), mode]
+def _live_script(
+    client: SlurmClient,
+    job_id: int,
+    nodes: list[str],
+    marker: str,
+    attempt: int,
+    mode: str,
+    env: dict[str, str],
+    timeout: float,
+) -> Result | None:
+    args = [
+        "srun",
+        f"--jobid={job_id}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--overlap",
+        "--export=ALL",
+        f"--job-name=hpr-{mode}",
+        "--kill-on-bad-exit=0",
+        "sh",
+        "-c",
+        LIVE_SCRIPT,
+        "hpr-live",
+        marker,
+        str(attempt),
+        mode,
+    ]
     try:
         return client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
     except SlurmTimeout:
         return None
 
 
-def step_task_counts(client: SlurmClient, job_id: int, nodes: list[str], marker: str, attempt: int,
-                     env: dict[str, str], timeout: float) -> dict[str, int] | None:
+def step_task_counts(
+    client: SlurmClient, job_id: int, nodes: list[str], marker: str, attempt: int, env: dict[str, str], timeout: float
+) -> dict[str, int] | None:
     """How many task processes of attempt `attempt` each node still runs: one short task per node in a single
     srun (--overlap; one step for the whole job, whatever its size). None when a node did not report in time
     (its tasks could not be counted)."""
@@ -356,8 +486,9 @@ def step_task_counts(client: SlurmClient, job_id: int, nodes: list[str], marker:
     return counts if all(n in counts for n in nodes) else None
 
 
-def reap_escaped_processes(client: SlurmClient, job_id: int, nodes: list[str], marker: str, env: dict[str, str],
-                           timeout: float) -> tuple[list[StaleTask], list[str]]:
+def reap_escaped_processes(
+    client: SlurmClient, job_id: int, nodes: list[str], marker: str, env: dict[str, str], timeout: float
+) -> tuple[list[StaleTask], list[str]]:
     """Kill the marked processes on `nodes` that escaped their step (no slurmstepd above them), while the step's
     srun (under the batch step) lives on: what it killed, and the nodes that did not report back."""
     if not nodes:

@@ -74,35 +74,62 @@ class Story:
             node = FakeNode.make(self.work / "hw" / name, "p5.48xlarge")
             cfg = yaml.safe_load((node.root / "config.yaml").read_text())
             cfg["logging"] = {"json": True}
-            cfg["agent"] = {"node_name": name, "passive_interval_s": 2.0, "metrics_address": "",
-                            "state_dir": str(self.work / "agent-state" / name), "active_checks": False}
+            cfg["agent"] = {
+                "node_name": name,
+                "passive_interval_s": 2.0,
+                "metrics_address": "",
+                "state_dir": str(self.work / "agent-state" / name),
+                "active_checks": False,
+            }
             (self.work / f"agent-{name}.yaml").write_text(yaml.safe_dump(cfg))
 
     def agents(self) -> None:
         for name in self.cl.names():
-            self.spawn([self.python, "-m", "hpresilience", "--config", str(self.work / f"agent-{name}.yaml"),
-                        "agent"], f"agent-{name}.log")
+            self.spawn(
+                [self.python, "-m", "hpresilience", "--config", str(self.work / f"agent-{name}.yaml"), "agent"],
+                f"agent-{name}.log",
+            )
 
     def controller(self) -> None:
         repair = self.work / "repair.sh"
         repair.write_text(
             "#!/bin/sh\n# The devcluster's repair of node $1: a reboot clears the kernel log and volatile errors,\n"
             "# a replacement brings healthy hardware; either way a fresh slurmd registers under the same name.\n"
-            f"set -e\nif [ \"$2\" = reboot ]; then what=reboot; else what=heal; fi\n"
+            f'set -e\nif [ "$2" = reboot ]; then what=reboot; else what=heal; fi\n'
             f"{shlex.quote(self.python)} -m hpresilience.testing.fakenode $what "
             f"{shlex.quote(str(self.work / 'hw'))}/$1\n"
             f"{shlex.quote(self.python)} -m hpresilience devcluster restart-node $1 "
-            f"--state-dir {shlex.quote(str(self.cl.state_dir))}\n")
+            f"--state-dir {shlex.quote(str(self.cl.state_dir))}\n"
+        )
         repair.chmod(0o755)
-        cfg = {"logging": {"json": True}, "controller": {
-            "poll_interval_s": 0.5, "state_dir": str(self.work / "controller"), "forced_down_after_s": 30,
-            "metrics_address": "", "default_provider": "script",
-            "default_options": {"command": [str(repair), "{node}", "{action}"], "timeout_s": 60},
-            "gate": {"kind": "command", "timeout_s": 60, "command": [
-                self.python, "-m", "hpresilience", "--config", str(self.work / "agent-{node}.yaml"), "check"]}}}
+        cfg = {
+            "logging": {"json": True},
+            "controller": {
+                "poll_interval_s": 0.5,
+                "state_dir": str(self.work / "controller"),
+                "forced_down_after_s": 30,
+                "metrics_address": "",
+                "default_provider": "script",
+                "default_options": {"command": [str(repair), "{node}", "{action}"], "timeout_s": 60},
+                "gate": {
+                    "kind": "command",
+                    "timeout_s": 60,
+                    "command": [
+                        self.python,
+                        "-m",
+                        "hpresilience",
+                        "--config",
+                        str(self.work / "agent-{node}.yaml"),
+                        "check",
+                    ],
+                },
+            },
+        }
         (self.work / "controller.yaml").write_text(yaml.safe_dump(cfg))
-        self.spawn([self.python, "-m", "hpresilience", "--config", str(self.work / "controller.yaml"), "controller"],
-                   "controller.log")
+        self.spawn(
+            [self.python, "-m", "hpresilience", "--config", str(self.work / "controller.yaml"), "controller"],
+            "controller.log",
+        )
 
     def submit(self) -> int:
         example = REPO / "examples" / "train_gloo.py"
@@ -116,9 +143,16 @@ class Story:
             f"export HPR_CKPT_DIR={shlex.quote(str(self.work / 'ckpt'))}\n"
             f"srun --auto-resume=1 --auto-resume-spares=1 --auto-resume-state-dir={shlex.quote(str(self.work))} "
             f"-N2 --ntasks-per-node=1 {shlex.quote(self.python)} {shlex.quote(str(example))} "
-            f"--steps {STEPS} --ckpt-every 5 --sleep 0.2\n")
-        return self.client.sbatch("-N3", "--no-kill", f"--output={self.work / 'job.out'}",
-                                  f"--error={self.work / 'job.err'}", str(script), env=self.env)
+            f"--steps {STEPS} --ckpt-every 5 --sleep 0.2\n"
+        )
+        return self.client.sbatch(
+            "-N3",
+            "--no-kill",
+            f"--output={self.work / 'job.out'}",
+            f"--error={self.work / 'job.err'}",
+            str(script),
+            env=self.env,
+        )
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
         path = self.work / f"{job_id}.events.jsonl"
@@ -132,8 +166,12 @@ class Story:
 
     def last_step(self) -> int:
         text = (self.work / "job.out").read_text(errors="replace") if (self.work / "job.out").exists() else ""
-        steps = [int(w.split("=")[1]) for line in text.splitlines() for w in line.split() if w.startswith("step=")
-                 and w.split("=")[1].isdigit()]
+        steps = [
+            int(w.split("=")[1])
+            for line in text.splitlines()
+            for w in line.split()
+            if w.startswith("step=") and w.split("=")[1].isdigit()
+        ]
         return max(steps, default=0)
 
     def stop(self) -> None:
@@ -155,8 +193,10 @@ def run_story(story: Story, tl: Timeline, timeout: float) -> None:
     story.controller()
     tl.say("controller started (provider: script = devcluster node replacement; gate: hpresilience check)")
     job_id = story.submit()
-    tl.say(f"submitted job {job_id}: 3 nodes, `srun --auto-resume=1 --auto-resume-spares=1 -N2` train_gloo.py "
-           f"({STEPS} steps, checkpoint every 5 to node memory)")
+    tl.say(
+        f"submitted job {job_id}: 3 nodes, `srun --auto-resume=1 --auto-resume-spares=1 -N2` train_gloo.py "
+        f"({STEPS} steps, checkpoint every 5 to node memory)"
+    )
     deadline = time.monotonic() + timeout
     seen: set[int] = set()
 
@@ -168,15 +208,26 @@ def run_story(story: Story, tl: Timeline, timeout: float) -> None:
             seen.add(i)
             name = e.get("event")
             if name == "attempt_started":
-                tl.say(f"wrapper: attempt {e.get('attempt')} on {e.get('nodes')} MASTER_ADDR={e.get('master_addr')} "
-                       f"MASTER_PORT={e.get('master_port')}", f"attempt{e.get('attempt')}")
-            elif name in ("node_fault_seen", "node_swapped", "allocation_shrunk", "step_relaunching", "rule_fired",
-                          "no_replacement", "job_step_given_up"):
+                tl.say(
+                    f"wrapper: attempt {e.get('attempt')} on {e.get('nodes')} MASTER_ADDR={e.get('master_addr')} "
+                    f"MASTER_PORT={e.get('master_port')}",
+                    f"attempt{e.get('attempt')}",
+                )
+            elif name in (
+                "node_fault_seen",
+                "node_swapped",
+                "allocation_shrunk",
+                "step_relaunching",
+                "rule_fired",
+                "no_replacement",
+                "job_step_given_up",
+            ):
                 detail = {k: v for k, v in e.items() if k not in ("event", "job_id", "time")}
                 tl.say(f"wrapper: {name} {detail}", name)
             elif name == "step_running" and e.get("restart_latency_s") is not None:
-                tl.say(f"wrapper: relaunched step running, restart latency {e['restart_latency_s']:.2f} s",
-                       "relaunched")
+                tl.say(
+                    f"wrapper: relaunched step running, restart latency {e['restart_latency_s']:.2f} s", "relaunched"
+                )
         return evs
 
     while story.last_step() < 10:
@@ -201,9 +252,15 @@ def run_story(story: Story, tl: Timeline, timeout: float) -> None:
         node = client.node(victim)
         state = f"{node.state_text} {node.reason!r}"
         if state != last_state:
-            mark = ("failed" if node.has("FAIL") and "[hpr-agent]" in node.reason else
-                    "repairing" if "[hpr-controller]" in node.reason else
-                    "back" if node.is_idle and "failed" in tl.marks else None)
+            mark = (
+                "failed"
+                if node.has("FAIL") and "[hpr-agent]" in node.reason
+                else "repairing"
+                if "[hpr-controller]" in node.reason
+                else "back"
+                if node.is_idle and "failed" in tl.marks
+                else None
+            )
             tl.say(f"slurm: {victim} is {node.state_text}" + (f" reason={node.reason!r}" if node.reason else ""), mark)
             last_state = state
         # The job is read only once the node is back: until then each poll reads the node alone, so the
@@ -220,13 +277,16 @@ def run_story(story: Story, tl: Timeline, timeout: float) -> None:
     finished = [line for line in out.splitlines() if "training finished" in line]
     if job.state != "COMPLETED" or not finished:
         raise JobFailed(f"job {job_id} ended {job.state} without finishing training; see {story.work}/job.err")
-    tl.say(f"job {job_id} {job.state}: {finished[-1].strip()} (planned {STEPS} steps; same job id throughout)",
-           "finished")
+    tl.say(
+        f"job {job_id} {job.state}: {finished[-1].strip()} (planned {STEPS} steps; same job id throughout)", "finished"
+    )
     m = tl.marks
     click.echo("\nmeasured latencies")
-    for label, a, b in (("fault injected -> node FAIL in Slurm (agent)", "inject", "failed"),
-                        ("fault injected -> step relaunched and running (wrapper)", "inject", "relaunched"),
-                        ("node FAIL -> repaired and back idle (controller)", "failed", "back"),
-                        ("fault injected -> training finished", "inject", "finished")):
+    for label, a, b in (
+        ("fault injected -> node FAIL in Slurm (agent)", "inject", "failed"),
+        ("fault injected -> step relaunched and running (wrapper)", "inject", "relaunched"),
+        ("node FAIL -> repaired and back idle (controller)", "failed", "back"),
+        ("fault injected -> training finished", "inject", "finished"),
+    ):
         if a in m and b in m:
             click.echo(f"  {label:58} {m[b] - m[a]:6.2f} s")

@@ -25,8 +25,12 @@ from hpresilience.testing import slurmroot
 log = get_logger("hpresilience.devcluster")
 
 APT_LINE = "apt-get install -y slurmdbd mariadb-server"
-TOOLS = {"mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server", "mariadb": "mariadb-client",
-         "slurmdbd": "slurmdbd"}
+TOOLS = {
+    "mariadbd": "mariadb-server",
+    "mariadb-install-db": "mariadb-server",
+    "mariadb": "mariadb-client",
+    "slurmdbd": "slurmdbd",
+}
 DB_NAME = "slurm_acct_db"
 
 
@@ -68,8 +72,7 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 class Accounting:
     """MariaDB + slurmdbd for one devcluster. `spawn` starts a daemon with the cluster's process marker."""
 
-    def __init__(self, state_dir: Path, db_port: int, dbd_port: int,
-                 spawn: Callable[[list[str], bool], None]) -> None:
+    def __init__(self, state_dir: Path, db_port: int, dbd_port: int, spawn: Callable[[list[str], bool], None]) -> None:
         self.state_dir = state_dir
         self.db_port = db_port
         self.dbd_port = dbd_port
@@ -102,22 +105,27 @@ class Accounting:
 
     def render_dbd_conf(self, password: str) -> str:
         d = self.state_dir
-        return "\n".join([
-            "# Written by `hpresilience devcluster up`; removed by `down`.",
-            "AuthType=auth/none",
-            "DbdHost=localhost",
-            "DbdAddr=127.0.0.1",
-            f"DbdPort={self.dbd_port}",
-            "SlurmUser=root",
-            f"PidFile={d}/slurmdbd.pid",
-            f"LogFile={d}/log/slurmdbd.log",
-            "StorageType=accounting_storage/mysql",
-            "StorageHost=127.0.0.1",
-            f"StoragePort={self.db_port}",
-            "StorageUser=slurm",
-            f"StoragePass={password}",
-            f"StorageLoc={DB_NAME}",
-        ]) + "\n"
+        return (
+            "\n".join(
+                [
+                    "# Written by `hpresilience devcluster up`; removed by `down`.",
+                    "AuthType=auth/none",
+                    "DbdHost=localhost",
+                    "DbdAddr=127.0.0.1",
+                    f"DbdPort={self.dbd_port}",
+                    "SlurmUser=root",
+                    f"PidFile={d}/slurmdbd.pid",
+                    f"LogFile={d}/log/slurmdbd.log",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={self.db_port}",
+                    "StorageUser=slurm",
+                    f"StoragePass={password}",
+                    f"StorageLoc={DB_NAME}",
+                ]
+            )
+            + "\n"
+        )
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self, conf_dir: Path, timeout: float, progress: Callable[[str], None] | None = None) -> None:
@@ -128,11 +136,24 @@ class Accounting:
         fresh = not (self.datadir / "mysql").is_dir()
         if fresh:
             self._install_db(timeout)
-        self._spawn([_tool("mariadbd"), "--no-defaults", f"--datadir={self.datadir}", f"--port={self.db_port}",
-                     "--bind-address=127.0.0.1", f"--socket={self.socket_path}", "--user=root",
-                     f"--pid-file={self.pidfiles()['mariadbd']}", f"--log-error={self.state_dir}/log/mariadbd.log",
-                     "--skip-log-bin", "--innodb-buffer-pool-size=32M", "--performance-schema=OFF",
-                     "--skip-name-resolve"], True)
+        self._spawn(
+            [
+                _tool("mariadbd"),
+                "--no-defaults",
+                f"--datadir={self.datadir}",
+                f"--port={self.db_port}",
+                "--bind-address=127.0.0.1",
+                f"--socket={self.socket_path}",
+                "--user=root",
+                f"--pid-file={self.pidfiles()['mariadbd']}",
+                f"--log-error={self.state_dir}/log/mariadbd.log",
+                "--skip-log-bin",
+                "--innodb-buffer-pool-size=32M",
+                "--performance-schema=OFF",
+                "--skip-name-resolve",
+            ],
+            True,
+        )
         self._wait("MariaDB", lambda: self.socket_path.exists() and self.listening(self.db_port), timeout, progress)
         password = self._ensure_user(fresh, timeout)
         conf = conf_dir / "slurmdbd.conf"
@@ -147,8 +168,14 @@ class Accounting:
 
     def _install_db(self, timeout: float) -> None:
         self.datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        argv = [_tool("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}", "--user=root",
-                "--auth-root-authentication-method=socket", "--skip-test-db"]
+        argv = [
+            _tool("mariadb-install-db"),
+            "--no-defaults",
+            f"--datadir={self.datadir}",
+            "--user=root",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ]
         res = proc.run(argv, timeout)
         if not res.ok:
             raise AccountingError(res.describe(tail=400))
@@ -157,9 +184,11 @@ class Accounting:
         if not fresh and self.password_file.exists():
             return self.password_file.read_text().strip()
         password = secrets.token_hex(16)
-        sql = (f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
-               f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
-               f"GRANT ALL ON {DB_NAME}.* TO 'slurm'@'127.0.0.1';FLUSH PRIVILEGES;")
+        sql = (
+            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+            f"GRANT ALL ON {DB_NAME}.* TO 'slurm'@'127.0.0.1';FLUSH PRIVILEGES;"
+        )
         argv = [_tool("mariadb"), "--no-defaults", f"--socket={self.socket_path}", "-u", "root"]
         res = proc.run(argv, timeout, input_text=sql)
         if not res.ok:
@@ -169,8 +198,9 @@ class Accounting:
             f.write(password + "\n")
         return password
 
-    def _wait(self, what: str, ready: Callable[[], bool], timeout: float,
-              progress: Callable[[str], None] | None) -> None:
+    def _wait(
+        self, what: str, ready: Callable[[], bool], timeout: float, progress: Callable[[str], None] | None
+    ) -> None:
         started = time.monotonic()
         next_report = started + 3.0
         while not ready():

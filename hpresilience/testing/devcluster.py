@@ -65,11 +65,21 @@ def node_address(index: int) -> str:
 
 
 class DevCluster:
-    def __init__(self, state_dir: Path | str, nodes: int = 4, base_port: int = 17817,
-                 overrides: Mapping[str, str] | None = None, bin_dir: str = "", *,
-                 accounting: bool | None = None, extra_nodes: int = 0, proctrack: str = "auto",
-                 slurm: SlurmRelease | None = None, isolation: Isolation | None = None,
-                 backup_controller: bool = False) -> None:
+    def __init__(
+        self,
+        state_dir: Path | str,
+        nodes: int = 4,
+        base_port: int = 17817,
+        overrides: Mapping[str, str] | None = None,
+        bin_dir: str = "",
+        *,
+        accounting: bool | None = None,
+        extra_nodes: int = 0,
+        proctrack: str = "auto",
+        slurm: SlurmRelease | None = None,
+        isolation: Isolation | None = None,
+        backup_controller: bool = False,
+    ) -> None:
         """accounting: None starts MariaDB + slurmdbd when their packages are installed (else logs the apt
         line and runs without); True requires them. proctrack: auto uses cgroup v1 where it is mounted.
         slurm: the release its daemons run (None: the one recorded in the state directory, else this process's);
@@ -96,12 +106,16 @@ class DevCluster:
         if backup_controller and accounting is None:
             self.want_accounting = False
         if backup_controller and accounting:
-            raise ConfigError("a backup controller runs without accounting for now (slurmdbd listens on 127.0.0.1 "
-                              "inside the primary's namespace): add --no-accounting")
+            raise ConfigError(
+                "a backup controller runs without accounting for now (slurmdbd listens on 127.0.0.1 "
+                "inside the primary's namespace): add --no-accounting"
+            )
         if self.isolation is Isolation.NETNS:
             if self.release.suite is not None:
-                raise ConfigError(f"--isolation netns runs only the host's Slurm ({SlurmRelease.HOST.value}) so far, "
-                                  f"not {self.release.value}")
+                raise ConfigError(
+                    f"--isolation netns runs only the host's Slurm ({SlurmRelease.HOST.value}) so far, "
+                    f"not {self.release.value}"
+                )
             ctl = netns.ctl_ns(base_port)
             self.accounting.listening = lambda port: netns.listening(ctl, port)
 
@@ -157,19 +171,32 @@ class DevCluster:
     def client(self, timeout: float = 15.0, retries: int = 3) -> SlurmClient:
         if self.needs_root_entry():
             # The host's 22.05 commands cannot talk to a newer slurmctld (Slurm accepts clients two releases back).
-            raise EnvironmentMissing(f"this cluster runs Slurm {self.release.value}: query it from inside its root "
-                                     "(hpresilience devcluster exec -- CMD)")
+            raise EnvironmentMissing(
+                f"this cluster runs Slurm {self.release.value}: query it from inside its root "
+                "(hpresilience devcluster exec -- CMD)"
+            )
         if self.netns:
-            return SlurmClient(netns.NamespaceRunner(self.command_prefix(), bin_dir=self.bin_dir, timeout=timeout,
-                                               retries=retries, backoff=0.3, env=self.env()))
+            return SlurmClient(
+                netns.NamespaceRunner(
+                    self.command_prefix(),
+                    bin_dir=self.bin_dir,
+                    timeout=timeout,
+                    retries=retries,
+                    backoff=0.3,
+                    env=self.env(),
+                )
+            )
         return SlurmClient(CommandRunner(self.bin_dir, timeout=timeout, retries=retries, backoff=0.3, env=self.env()))
 
     def settings(self) -> dict[str, str]:
         d = self.state_dir
         s = {
             "ClusterName": "hpdev",
-            "SlurmctldHost": (f"{netns.PRIMARY_NAME}({netns.CTL_ADDR})" if self.backup_controller else
-                              f"localhost({netns.CTL_ADDR if self.netns else '127.0.0.1'})"),
+            "SlurmctldHost": (
+                f"{netns.PRIMARY_NAME}({netns.CTL_ADDR})"
+                if self.backup_controller
+                else f"localhost({netns.CTL_ADDR if self.netns else '127.0.0.1'})"
+            ),
             "SlurmUser": "root",
             "SlurmdUser": "root",
             # Debian's build ships auth/none and cred/none: no munge needed on one machine.
@@ -208,8 +235,15 @@ class DevCluster:
         if self.extra_nodes:
             # Powered-down cloud nodes: listed by sinfo/scontrol (PrivateData=cloud) and never resumed for
             # real, since no job is sent to their partition.
-            s.update({"PrivateData": "cloud", "SuspendProgram": "/bin/true", "ResumeProgram": "/bin/true",
-                      "GresTypes": "gpu", "SuspendTime": "INFINITE"})
+            s.update(
+                {
+                    "PrivateData": "cloud",
+                    "SuspendProgram": "/bin/true",
+                    "ResumeProgram": "/bin/true",
+                    "GresTypes": "gpu",
+                    "SuspendTime": "INFINITE",
+                }
+            )
         s.update({str(k): str(v) for k, v in self.overrides.items()})
         return s
 
@@ -220,23 +254,40 @@ class DevCluster:
             lines.append(f"SlurmctldHost={netns.BACKUP_NAME}({netns.BACKUP_ADDR})")
         port0 = self.base_port + 10
         for i, name in enumerate(self.names(), start=1):
-            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr={self.node_address(i)} Port={port0 + i} "
-                         "CPUs=1 RealMemory=1000 State=UNKNOWN")
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr={self.node_address(i)} Port={port0 + i} "
+                "CPUs=1 RealMemory=1000 State=UNKNOWN"
+            )
         if self.extra_nodes:
-            lines.append(f"NodeName={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] NodeHostname=localhost "
-                         "NodeAddr=127.0.9.1 CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 ThreadsPerCore=2 "
-                         "RealMemory=2000000 Gres=gpu:8 Features=p5,p5.48xlarge,efa,nvlink Weight=100 State=CLOUD")
+            lines.append(
+                f"NodeName={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] NodeHostname=localhost "
+                "NodeAddr=127.0.9.1 CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 ThreadsPerCore=2 "
+                "RealMemory=2000000 Gres=gpu:8 Features=p5,p5.48xlarge,efa,nvlink Weight=100 State=CLOUD"
+            )
         lines.append(f"PartitionName=debug Nodes={compress(self.names())} Default=YES MaxTime=INFINITE State=UP")
         if self.extra_nodes:
-            lines.append(f"PartitionName={EXTRA_PARTITION} Nodes={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] "
-                         "MaxTime=INFINITE State=UP")
+            lines.append(
+                f"PartitionName={EXTRA_PARTITION} Nodes={EXTRA_NODE_PREFIX}[1-{self.extra_nodes}] "
+                "MaxTime=INFINITE State=UP"
+            )
         return "\n".join(lines) + "\n"
 
     def render_cgroup_conf(self) -> str:
         # Only process tracking: constraining cores or memory would fight the other slurmd on this host.
-        return "\n".join(["# Written by `hpresilience devcluster up`.", "CgroupPlugin=cgroup/v1",
-                          "CgroupAutomount=no", "CgroupMountpoint=/sys/fs/cgroup", "ConstrainCores=no",
-                          "ConstrainRAMSpace=no", "ConstrainDevices=no"]) + "\n"
+        return (
+            "\n".join(
+                [
+                    "# Written by `hpresilience devcluster up`.",
+                    "CgroupPlugin=cgroup/v1",
+                    "CgroupAutomount=no",
+                    "CgroupMountpoint=/sys/fs/cgroup",
+                    "ConstrainCores=no",
+                    "ConstrainRAMSpace=no",
+                    "ConstrainDevices=no",
+                ]
+            )
+            + "\n"
+        )
 
     def resolved_proctrack(self) -> str:
         """cgroup where Slurm 22.05 can use it here (cgroup v1 freezer mounted and writable), else pgid."""
@@ -259,9 +310,11 @@ class DevCluster:
             for d in ("/usr/sbin", "/usr/bin"):
                 if root is not None and os.path.exists(f"{root}{d}/{name}"):
                     return f"{d}/{name}"
-            raise EnvironmentMissing(f"`{name}` not found in the Slurm {self.release.value} root {root}; "
-                                     f"rebuild it: rm -r {root} {root}.ready; hpresilience devcluster up "
-                                     f"--slurm {self.release.value}")
+            raise EnvironmentMissing(
+                f"`{name}` not found in the Slurm {self.release.value} root {root}; "
+                f"rebuild it: rm -r {root} {root}.ready; hpresilience devcluster up "
+                f"--slurm {self.release.value}"
+            )
         path = os.path.join(self.bin_dir, name) if self.bin_dir else shutil.which(name)
         if not path or not os.path.exists(path):
             raise EnvironmentMissing(f"`{name}` not found; install Slurm: {APT_HINT}")
@@ -272,8 +325,9 @@ class DevCluster:
             for tool in (*DAEMONS, *CLIENTS):
                 self._tool(tool)
             return
-        missing = [t for t in (*DAEMONS, *CLIENTS) if not (os.path.join(self.bin_dir, t) if self.bin_dir
-                                                            else shutil.which(t))]
+        missing = [
+            t for t in (*DAEMONS, *CLIENTS) if not (os.path.join(self.bin_dir, t) if self.bin_dir else shutil.which(t))
+        ]
         if missing:
             raise EnvironmentMissing(f"Slurm commands missing: {', '.join(missing)}; install them: {APT_HINT}")
 
@@ -287,7 +341,8 @@ class DevCluster:
         for p in psutil.process_iter(["pid"]):
             try:
                 ours = p.environ().get(MARKER) == me or (
-                    p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs))
+                    p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs)
+                )
                 if ours:
                     found[p.pid] = p
                     for child in p.children(recursive=True):
@@ -327,8 +382,15 @@ class DevCluster:
         argv = [*(self.command_prefix() if where is None else where), *self.root_prefix(), *argv]
         if foreground:
             with open(self.log_dir / f"{name}.out", "ab") as out:
-                subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True, cwd=self.state_dir)
+                subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=self.state_dir,
+                )
             return
         # Slurm's daemons fork and leave the group themselves; nothing left in it may be killed on exit either.
         res = proc.run(argv, 30, env=env, kill_leftovers=False)
@@ -349,23 +411,47 @@ class DevCluster:
         steps running on a real host). The mount namespace that --mount-proc needs keeps /sys: cgroups work."""
         env = self.env()
         env[MARKER] = str(self.state_dir)
-        argv = [*netns.enter(netns.node_ns(self.base_port, name)), "unshare", "--pid", "--fork", "--mount-proc",
-                sys.executable, "-I", "-S", str(NSINIT), self._tool("slurmd"), "-f", str(self.conf_path), "-N", name]
+        argv = [
+            *netns.enter(netns.node_ns(self.base_port, name)),
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            "-I",
+            "-S",
+            str(NSINIT),
+            self._tool("slurmd"),
+            "-f",
+            str(self.conf_path),
+            "-N",
+            name,
+        ]
         with open(self.log_dir / f"nsinit-{name}.out", "ab") as out:
-            subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True, cwd=self.state_dir)
+            subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.state_dir,
+            )
         deadline = time.monotonic() + timeout
         while name not in self.daemon_pids():
             if time.monotonic() > deadline:
-                raise DevclusterError(f"slurmd of {name} did not start in its namespaces within {timeout:g} s\n"
-                                      + self.log_tail())
+                raise DevclusterError(
+                    f"slurmd of {name} did not start in its namespaces within {timeout:g} s\n" + self.log_tail()
+                )
             time.sleep(0.05)
 
     # -- nodes as hosts (--isolation netns) ------------------------------------------------------------
     def _require_netns(self, name: str) -> None:
         if not self.netns:
-            raise ConfigError(f"this cluster shares the host's network (isolation {self.isolation.value}): start it "
-                              "with `devcluster up --isolation netns` to cut or slow a node's link")
+            raise ConfigError(
+                f"this cluster shares the host's network (isolation {self.isolation.value}): start it "
+                "with `devcluster up --isolation netns` to cut or slow a node's link"
+            )
         if name not in self.names():
             raise ConfigError(f"unknown node {name!r}; known: {', '.join(self.names())}")
 
@@ -394,8 +480,11 @@ class DevCluster:
             return None
         for p in psutil.process_iter(["name"]):
             with contextlib.suppress(psutil.Error, OSError):
-                if (p.info["name"] == "slurmctld" and p.environ().get(MARKER) == str(self.state_dir)
-                        and os.stat(f"/proc/{p.pid}/ns/net").st_ino == ctl):
+                if (
+                    p.info["name"] == "slurmctld"
+                    and p.environ().get(MARKER) == str(self.state_dir)
+                    and os.stat(f"/proc/{p.pid}/ns/net").st_ino == ctl
+                ):
                     p.kill()
                     log.info("devcluster_controller_killed", pid=p.pid)
                     return p.pid
@@ -449,8 +538,10 @@ class DevCluster:
         """Start everything (unless already up) and wait for every node idle; returns seconds taken."""
         if self.needs_root_entry():
             # MariaDB's set-up and the wait for idle nodes run Slurm's and MariaDB's clients: from inside the root.
-            raise EnvironmentMissing(f"Slurm {self.release.value} runs inside its root: start this cluster with "
-                                     f"`hpresilience devcluster up --slurm {self.release.value}`")
+            raise EnvironmentMissing(
+                f"Slurm {self.release.value} runs inside its root: start this cluster with "
+                f"`hpresilience devcluster up --slurm {self.release.value}`"
+            )
         self.check_installed()
         started = time.monotonic()
         if self.is_up() and self.conf_path.exists():
@@ -467,8 +558,9 @@ class DevCluster:
         (self.state_dir / ISOLATION_FILE).write_text(self.isolation.value + "\n")
         accounting = self.accounting_wanted()
         if self.want_accounting is None and not accounting:
-            log.warning("devcluster_accounting_off", missing=devaccounting.missing_tools(),
-                        install=devaccounting.APT_LINE)
+            log.warning(
+                "devcluster_accounting_off", missing=devaccounting.missing_tools(), install=devaccounting.APT_LINE
+            )
         try:
             if self.netns:
                 netns.destroy(self.base_port)  # what a crashed cluster on these ports left
@@ -483,12 +575,18 @@ class DevCluster:
                 # No -c: on taking over, the backup loads the state the primary saved (the same directory). Its own
                 # pid file: a slurmctld starting kills the one named in its pid file ("killing old slurmctld").
                 backup_conf = self.state_dir / "slurm-backup.conf"
-                backup_conf.write_text(self.conf_path.read_text().replace(
-                    f"SlurmctldPidFile={self.state_dir}/slurmctld.pid", f"SlurmctldPidFile={self.state_dir}/backup.pid")
-                    .replace("log/slurmctld.log", "log/slurmctld-backup.log"))
-                self._spawn([self._tool("slurmctld"), "-f", str(backup_conf)],
-                            where=[*netns.enter(netns.backup_ns(self.base_port)),
-                                   *netns.with_hostname(netns.BACKUP_NAME)])
+                backup_conf.write_text(
+                    self.conf_path.read_text()
+                    .replace(
+                        f"SlurmctldPidFile={self.state_dir}/slurmctld.pid",
+                        f"SlurmctldPidFile={self.state_dir}/backup.pid",
+                    )
+                    .replace("log/slurmctld.log", "log/slurmctld-backup.log")
+                )
+                self._spawn(
+                    [self._tool("slurmctld"), "-f", str(backup_conf)],
+                    where=[*netns.enter(netns.backup_ns(self.base_port)), *netns.with_hostname(netns.BACKUP_NAME)],
+                )
             else:
                 self._spawn([self._tool("slurmctld"), "-c", "-f", str(self.conf_path)])
             for name in self.names():
@@ -500,10 +598,17 @@ class DevCluster:
             self.down(remove=False)
             raise
         took = time.monotonic() - started
-        log.info("devcluster_up", slurm=self.release.value, isolation=self.isolation.value, nodes=self.nodes,
-                 extra_nodes=self.extra_nodes,
-                 accounting=accounting,
-                 proctrack=self.resolved_proctrack(), seconds=round(took, 2), slurm_conf=str(self.conf_path))
+        log.info(
+            "devcluster_up",
+            slurm=self.release.value,
+            isolation=self.isolation.value,
+            nodes=self.nodes,
+            extra_nodes=self.extra_nodes,
+            accounting=accounting,
+            proctrack=self.resolved_proctrack(),
+            seconds=round(took, 2),
+            slurm_conf=str(self.conf_path),
+        )
         return took
 
     def wait_idle(self, timeout: float = 30.0, progress: Callable[[str], None] | None = None) -> list[Node]:
@@ -587,8 +692,10 @@ def cgroup_v1_usable() -> bool:
 
 def _port_listening(port: int) -> bool:
     try:
-        return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                   for c in psutil.net_connections(kind="tcp"))
+        return any(
+            c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+            for c in psutil.net_connections(kind="tcp")
+        )
     except (psutil.AccessDenied, OSError):
         return False
 

@@ -76,14 +76,27 @@ class FakeImds:
         with self._lock:
             self.spot = {"action": action, "time": iso(time.time() + in_s)}
 
-    def announce_maintenance(self, code: str = "system-reboot", description: str = "scheduled reboot",
-                             in_s: float = 600.0, duration_s: float = 3600.0) -> str:
+    def announce_maintenance(
+        self,
+        code: str = "system-reboot",
+        description: str = "scheduled reboot",
+        in_s: float = 600.0,
+        duration_s: float = 3600.0,
+    ) -> str:
         """A scheduled event starting `in_s` from now; returns its EventId."""
         event_id = "instance-event-" + secrets.token_hex(8)
         start = time.time() + in_s
         with self._lock:
-            self.events.append({"NotBefore": event_date(start), "Code": code, "Description": description,
-                                "EventId": event_id, "NotAfter": event_date(start + duration_s), "State": "active"})
+            self.events.append(
+                {
+                    "NotBefore": event_date(start),
+                    "Code": code,
+                    "Description": description,
+                    "EventId": event_id,
+                    "NotAfter": event_date(start + duration_s),
+                    "State": "active",
+                }
+            )
         return event_id
 
     def cancel_maintenance(self, event_id: str) -> None:
@@ -152,8 +165,11 @@ class FakeImds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hpresilience.testing.fakeimds", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m hpresilience.testing.fakeimds",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8169)
     ap.add_argument("--spot", choices=("terminate", "stop", "hibernate"), help="announce a spot interruption")

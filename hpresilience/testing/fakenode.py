@@ -239,8 +239,7 @@ class FakeNode:
         kb = spec["mem_gib"] * 1024 * 1024
         _w(
             p / "meminfo",
-            f"MemTotal:       {kb - 2_000_000} kB\nMemFree:        {kb // 2} kB\n"
-            f"MemAvailable:   {kb - 8_000_000} kB\n",
+            f"MemTotal:       {kb - 2_000_000} kB\nMemFree:        {kb // 2} kB\nMemAvailable:   {kb - 8_000_000} kB\n",
         )
         _w(
             p / "mounts",
@@ -250,9 +249,7 @@ class FakeNode:
         _w(p / "stat", "cpu  1 2 3 4\nbtime 1763860000\n")
         _w(p / "sys/kernel/random/boot_id", f"{uuid.uuid4()}\n")
         _w(self.kmsg, "")
-        gpus = [
-            healthy_gpu(i, b, spec["gpu_name"], spec.get("pcie_gen", 4)) for i, b in enumerate(spec["gpus"])
-        ]
+        gpus = [healthy_gpu(i, b, spec["gpu_name"], spec.get("pcie_gen", 4)) for i, b in enumerate(spec["gpus"])]
         for g in gpus:
             pci = s / "bus/pci/devices" / g["pci_bus_id"][4:].lower()
             _w(pci / "vendor", "0x10de\n")
@@ -317,9 +314,7 @@ class FakeNode:
         if name == "xid":
             code, gpu = int(args[0]), int(args[1]) if len(args) > 1 else 0
             bus = self.gpu_bus(gpu) if self.read_nvml()["gpus"] else "0000:53:00"
-            self.log(
-                f"NVRM: Xid (PCI:{bus}): {code}, pid='<unknown>', name=<unknown>, injected by hpresilience"
-            )
+            self.log(f"NVRM: Xid (PCI:{bus}): {code}, pid='<unknown>', name=<unknown>, injected by hpresilience")
         elif name == "neuron_hw_err":
             dev = args[1] if len(args) > 1 else "0"
             self.log(
@@ -351,9 +346,7 @@ class FakeNode:
             path = self.sys / f"devices/virtual/neuron_device/neuron{dev}" / rel
             path.write_text(f"{int(path.read_text()) + 1}\n")
         elif name == "efa_down":
-            (self.sys / f"class/infiniband/rdmap{args[0] if args else 0}s0/ports/1/state").write_text(
-                "1: DOWN\n"
-            )
+            (self.sys / f"class/infiniband/rdmap{args[0] if args else 0}s0/ports/1/state").write_text("1: DOWN\n")
         elif name == "efa_counter":
             dev, counter, n = args[0], args[1], int(args[2])
             path = self.sys / f"class/infiniband/rdmap{dev}s0/ports/1/hw_counters/{counter}"
@@ -394,9 +387,7 @@ class FakeNode:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m hpresilience.testing.fakenode", description=__doc__.split("\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog="python -m hpresilience.testing.fakenode", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make", help="build a healthy fake node root")
     mk.add_argument("root")

@@ -60,8 +60,9 @@ class FakeRunner(CommandRunner):
         if version is not None:
             self.answer("scontrol", "--version", stdout=f"slurm {version}\n")
 
-    def answer(self, *prefix: str, stdout: str = "", stderr: str = "", exit_code: int = 0,
-               timeout: bool = False) -> FakeRunner:
+    def answer(
+        self, *prefix: str, stdout: str = "", stderr: str = "", exit_code: int = 0, timeout: bool = False
+    ) -> FakeRunner:
         """Script the answer to commands starting with `prefix`; returns self, so answers chain."""
         if not prefix:
             raise ValueError("an answer needs at least the tool's name")
@@ -71,11 +72,12 @@ class FakeRunner(CommandRunner):
     def path_of(self, tool: str) -> str:
         return tool
 
-    def execute(self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None,
-                input_text: str | None) -> Result:
+    def execute(
+        self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None, input_text: str | None
+    ) -> Result:
         args = (os.path.basename(argv[0]), *argv[1:])
         self.calls.append(Call(args, timeout, dict(env), cwd, input_text))
-        matches = [p for p in self._answers if args[:len(p)] == p]
+        matches = [p for p in self._answers if args[: len(p)] == p]
         if not matches:
             raise NoAnswer(f"FakeRunner has no answer for `{' '.join(args)}`")
         queue = self._answers[max(matches, key=len)]

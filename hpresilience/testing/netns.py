@@ -69,8 +69,9 @@ class NamespaceRunner(CommandRunner):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.ns_prefix = ns_prefix
 
-    def execute(self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None,
-                input_text: str | None) -> Result:
+    def execute(
+        self, argv: list[str], timeout: float, env: Mapping[str, str], cwd: str | None, input_text: str | None
+    ) -> Result:
         return super().execute([*self.ns_prefix, *argv], timeout, env, cwd, input_text)
 
 
@@ -158,8 +159,9 @@ def create(base_port: int, nodes: list[str], backup: bool = False) -> None:
             ns = node_ns(base_port, node)
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "-n", ctl, "link", "add", bridge_port(node), "type", "veth", "peer", "name", NODE_IF,
-                 "netns", ns)
+            _run(
+                "ip", "-n", ctl, "link", "add", bridge_port(node), "type", "veth", "peer", "name", NODE_IF, "netns", ns
+            )
             _run("ip", "-n", ctl, "link", "set", bridge_port(node), "master", BRIDGE)
             _run("ip", "-n", ctl, "link", "set", bridge_port(node), "up")
             _run("ip", "-n", ns, "addr", "add", f"{node_addr(i)}/24", "dev", NODE_IF)
@@ -194,8 +196,9 @@ def destroy(base_port: int) -> list[str]:
 
 def _known(base_port: int, node: str) -> None:
     if node_ns(base_port, node) not in existing(base_port):
-        raise ConfigError(f"node {node!r} has no namespace {node_ns(base_port, node)}: is the cluster up with "
-                          "--isolation netns?")
+        raise ConfigError(
+            f"node {node!r} has no namespace {node_ns(base_port, node)}: is the cluster up with --isolation netns?"
+        )
 
 
 def partition(base_port: int, node: str) -> None:
@@ -224,15 +227,22 @@ def slow(base_port: int, node: str, delay_ms: int) -> None:
     for ns, dev in ends:
         if delay_ms == 0:
             res = proc.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], IP_TIMEOUT_S)
-            if not res.ok and "No such file" not in res.stderr and "Cannot delete qdisc with handle of zero" \
-                    not in res.stderr:
+            if (
+                not res.ok
+                and "No such file" not in res.stderr
+                and "Cannot delete qdisc with handle of zero" not in res.stderr
+            ):
                 raise NetnsError(f"removing the delay of {node} failed: {res.describe(tail=300)}")
             continue
-        res = proc.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", "delay", f"{delay_ms}ms"],
-                       IP_TIMEOUT_S)
+        res = proc.run(
+            ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", "delay", f"{delay_ms}ms"], IP_TIMEOUT_S
+        )
         if not res.ok:
-            hint = (" (this kernel has no sch_netem: the netem qdisc is a kernel module, CONFIG_NET_SCH_NETEM)"
-                    if "qdisc kind is unknown" in res.stderr else "")
+            hint = (
+                " (this kernel has no sch_netem: the netem qdisc is a kernel module, CONFIG_NET_SCH_NETEM)"
+                if "qdisc kind is unknown" in res.stderr
+                else ""
+            )
             raise NetnsError(f"netem on {node} failed{hint}: {res.stderr.strip()[:300]}")
 
 

@@ -42,8 +42,13 @@ def _check(rc: int, what: str) -> None:
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
-    rc = _libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None,
-                     ctypes.c_ulong(flags), None)
+    rc = _libc.mount(
+        source.encode() if source else None,
+        target.encode(),
+        fstype.encode() if fstype else None,
+        ctypes.c_ulong(flags),
+        None,
+    )
     _check(rc, f"mount {source or fstype} on {target}")
 
 
@@ -78,7 +83,7 @@ def main(args: list[str]) -> int:
         print("usage: rootexec.py ROOT [BIND...] -- ARGV...", file=sys.stderr)
         return 2
     sep = args.index("--")
-    root, binds, argv = args[0].rstrip("/"), args[1:sep], args[sep + 1:]
+    root, binds, argv = args[0].rstrip("/"), args[1:sep], args[sep + 1 :]
     if not argv:
         print("rootexec.py: no command after --", file=sys.stderr)
         return 2

@@ -35,8 +35,16 @@ ROOTS_DIR = Path("/var/cache/hpresilience/roots")
 MIRROR = "http://deb.debian.org/debian"
 # libffi8, libnsl2, libsqlite3-0, libexpat1: what the virtualenv's interpreter (ctypes, pyexpat; Debian's own
 # python3.11 itself) links that minbase lacks.
-PACKAGES = ("slurm-wlm", "slurmdbd", "mariadb-server", "mariadb-client", "libffi8", "libnsl2",
-            "libsqlite3-0", "libexpat1")
+PACKAGES = (
+    "slurm-wlm",
+    "slurmdbd",
+    "mariadb-server",
+    "mariadb-client",
+    "libffi8",
+    "libnsl2",
+    "libsqlite3-0",
+    "libexpat1",
+)
 RELEASE_FILE = "slurm-release"  # in a cluster's state directory: which release its daemons run
 # Inside a root: libraries that replace the root's own for slurmdbd. Slurm 24.11.5's and 26.05.5's slurmdbd cannot
 # use the MariaDB Connector/C of trixie and sid (libmariadb3 11.8): its first query fails with "5027 Number of
@@ -116,8 +124,10 @@ def interpreter_binds() -> list[str]:
         return [sys.base_prefix]
     exe = os.path.realpath(sys.executable)
     if is_system_path(exe):
-        raise EnvironmentMissing(f"this virtualenv's python is {exe}, which inside a Slurm root is the root's own "
-                                 f"Python; recreate the virtualenv with `python3 -m venv --copies`")
+        raise EnvironmentMissing(
+            f"this virtualenv's python is {exe}, which inside a Slurm root is the root's own "
+            f"Python; recreate the virtualenv with `python3 -m venv --copies`"
+        )
     return [sysconfig.get_path("stdlib")]
 
 
@@ -141,8 +151,10 @@ def prefix(release: SlurmRelease, binds: list[str] | None = None) -> list[str]:
     if root is None or inside_root():
         return []
     if not is_ready(release):
-        raise EnvironmentMissing(f"the Slurm {release.value} root {root} is not built; "
-                                 f"run: hpresilience devcluster up --slurm {release.value}")
+        raise EnvironmentMissing(
+            f"the Slurm {release.value} root {root} is not built; "
+            f"run: hpresilience devcluster up --slurm {release.value}"
+        )
     if os.geteuid() != 0:
         raise EnvironmentMissing(f"running Slurm {release.value} from its root needs root (mount namespaces, chroot)")
     return [sys.executable, "-I", "-S", rootexec.__file__, str(root), *default_binds(binds), "--"]
@@ -164,8 +176,13 @@ def ensure(release: SlurmRelease, progress: Callable[[str], None] | None = None)
     if partial.exists():
         shutil.rmtree(partial)
     started = time.monotonic()
-    _step(["debootstrap", "--variant=minbase", release.suite, str(partial), MIRROR],
-          f"debootstrap {release.suite}", logfile, 900, progress)
+    _step(
+        ["debootstrap", "--variant=minbase", release.suite, str(partial), MIRROR],
+        f"debootstrap {release.suite}",
+        logfile,
+        900,
+        progress,
+    )
     for name in ("etc/hosts", "etc/resolv.conf"):
         shutil.copyfile(f"/{name}", partial / name)
     # Never start a daemon while installing (mariadb-server would start a system mysqld in the root).
@@ -175,15 +192,27 @@ def ensure(release: SlurmRelease, progress: Callable[[str], None] | None = None)
     env_argv = ["env", "DEBIAN_FRONTEND=noninteractive", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
     into = [sys.executable, "-I", "-S", rootexec.__file__, str(partial), "--", *env_argv]
     # sid's Release file carries a Valid-Until that a mirror snapshot can be past.
-    _step([*into, "apt-get", "-q", "-o", "Acquire::Check-Valid-Until=false", "update"], "apt-get update", logfile,
-          600, progress)
-    _step([*into, "apt-get", "-q", "-y", "-o", "Dpkg::Use-Pty=0", "install", "--no-install-recommends", *PACKAGES],
-          f"installing {' '.join(PACKAGES)}", logfile, 900, progress)
+    _step(
+        [*into, "apt-get", "-q", "-o", "Acquire::Check-Valid-Until=false", "update"],
+        "apt-get update",
+        logfile,
+        600,
+        progress,
+    )
+    _step(
+        [*into, "apt-get", "-q", "-y", "-o", "Dpkg::Use-Pty=0", "install", "--no-install-recommends", *PACKAGES],
+        f"installing {' '.join(PACKAGES)}",
+        logfile,
+        900,
+        progress,
+    )
     _step([*into, "apt-get", "clean"], "apt-get clean", logfile, 60, progress)
     if release.needs_old_libmariadb:
         if not HOST_LIBMARIADB.exists():
-            raise EnvironmentMissing(f"{HOST_LIBMARIADB} not found (Slurm {release.value}'s slurmdbd needs bookworm's "
-                                     "MariaDB client library): apt-get install -y libmariadb3")
+            raise EnvironmentMissing(
+                f"{HOST_LIBMARIADB} not found (Slurm {release.value}'s slurmdbd needs bookworm's "
+                "MariaDB client library): apt-get install -y libmariadb3"
+            )
         compat = partial / COMPAT_DIR.lstrip("/")
         compat.mkdir(parents=True, exist_ok=True)
         shutil.copy2(HOST_LIBMARIADB, compat / HOST_LIBMARIADB.name)
@@ -196,8 +225,7 @@ def ensure(release: SlurmRelease, progress: Callable[[str], None] | None = None)
     return root
 
 
-def _step(argv: list[str], what: str, logfile: Path, timeout: float,
-          progress: Callable[[str], None] | None) -> None:
+def _step(argv: list[str], what: str, logfile: Path, timeout: float, progress: Callable[[str], None] | None) -> None:
     """Run one build step with its output appended to the build log; report progress every 5 s."""
     result: list[proc.Result] = []
     with open(logfile, "a+b") as out:
@@ -227,8 +255,9 @@ def _last_line(path: Path) -> str:
         return ""
 
 
-def exec_in(release: SlurmRelease, argv: list[str], env: dict[str, str] | None = None,
-            binds: list[str] | None = None) -> NoReturn:
+def exec_in(
+    release: SlurmRelease, argv: list[str], env: dict[str, str] | None = None, binds: list[str] | None = None
+) -> NoReturn:
     """Replace this process with argv run inside the release's root (directly for the host release or when
     already inside). Used by the CLI: `devcluster exec`, and any devcluster command on a newer release."""
     full = [*prefix(release, binds), *argv]

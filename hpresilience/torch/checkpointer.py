@@ -50,9 +50,7 @@ class TieredCheckpointer:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         if cfg.world_size is not None and cfg.world_size != self.world:
-            raise ConfigError(
-                f"checkpoint world_size is {cfg.world_size} but the process group has {self.world}"
-            )
+            raise ConfigError(f"checkpoint world_size is {cfg.world_size} but the process group has {self.world}")
         self.local_ranks = min(cfg.local_ranks(), self.world)
         self.tier = MemoryTier(cfg.memory_dir, cfg.namespace)
         self.peer = peer_of(self.rank, self.world, self.local_ranks) if cfg.replicate else None
@@ -67,9 +65,7 @@ class TieredCheckpointer:
         # Every rank creates the same groups in the same order (new_group is itself collective).
         self._save_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self._repl_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
-        self._s3_pg = (
-            dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.durable else None
-        )
+        self._s3_pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed and self.durable else None
         self._stager = CachedStager(
             background=cfg.background_staging, inline_below=int(cfg.inline_staging_below_mib * (1 << 20))
         )
@@ -78,20 +74,36 @@ class TieredCheckpointer:
         self._step_hook = (
             register_optimizer_step_pre_hook(self._before_optimizer_step) if cfg.background_staging else None
         )
-        self._forward_hook = (
-            register_module_forward_pre_hook(self._before_forward) if cfg.background_staging else None
-        )
+        self._forward_hook = register_module_forward_pre_hook(self._before_forward) if cfg.background_staging else None
         self._inflight: Future[Any] | None = None
         self._inflight_posted = threading.Event()
         self._capacity_checked = shard > 0
         # Tests set this to crash a rank between writing its shard and renaming it into place.
         self.fault_hook: Any = None
-        self._post = PostCommit(cfg, self.tier, self.durable, rank=self.rank, world=self.world,
-                                distributed=self.distributed, peer=self.peer, source=self.source,
-                                repl_pg=self._repl_pg, s3_pg=self._s3_pg)
-        self._loader = Loader(cfg, self.tier, self.durable, rank=self.rank, world=self.world,
-                              distributed=self.distributed, save_pg=self._save_pg, repl_pg=self._repl_pg,
-                              flush=self.flush, prepared=self._set_last_committed)
+        self._post = PostCommit(
+            cfg,
+            self.tier,
+            self.durable,
+            rank=self.rank,
+            world=self.world,
+            distributed=self.distributed,
+            peer=self.peer,
+            source=self.source,
+            repl_pg=self._repl_pg,
+            s3_pg=self._s3_pg,
+        )
+        self._loader = Loader(
+            cfg,
+            self.tier,
+            self.durable,
+            rank=self.rank,
+            world=self.world,
+            distributed=self.distributed,
+            save_pg=self._save_pg,
+            repl_pg=self._repl_pg,
+            flush=self.flush,
+            prepared=self._set_last_committed,
+        )
         self.stats: CheckpointStats = self._post.stats
         self._post.start()
 
@@ -229,8 +241,9 @@ class TieredCheckpointer:
         node, the peer copy, the durable tier where due (or as `to_s3` says) and retention. Call it on
         every rank."""
         self._check_to_s3(to_s3)
-        return DirectWriter(self.tier, step, world_size=self.world, to_s3=to_s3, submit=self.submit,
-                            fault_hook=self.fault_hook)
+        return DirectWriter(
+            self.tier, step, world_size=self.world, to_s3=to_s3, submit=self.submit, fault_hook=self.fault_hook
+        )
 
     def submit(self, job: Committed | DirectSave) -> None:
         """Queue a saved step's post-commit work (for DirectWriter; save()/async_save() do it themselves)."""
@@ -256,8 +269,9 @@ class TieredCheckpointer:
         """
         return self._loader.load(state_dict, step)
 
-    def prepare_load(self, step: int | None = None, *, verify_first: bool = False,
-                     state_dict: dict[str, Any] | None = None) -> tuple[int, TierStorageReader] | None:
+    def prepare_load(
+        self, step: int | None = None, *, verify_first: bool = False, state_dict: dict[str, Any] | None = None
+    ) -> tuple[int, TierStorageReader] | None:
         """Collective: choose the step, bring what this rank needs into reach, verify it; the step and a
         reader for it (None: nothing loadable). `load()` is this plus dcp.load; call `finish_load(step)`
         after reading."""

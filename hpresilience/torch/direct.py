@@ -25,8 +25,16 @@ from hpresilience.torch.storage import TierStorageWriter
 class DirectWriter(TierStorageWriter):
     """Writes `step` into `tier` and hands the outcome to `submit` (the checkpointer's post-commit queue)."""
 
-    def __init__(self, tier: MemoryTier, step: int, *, world_size: int, to_s3: bool | None,
-                 submit: Callable[[DirectSave], None], fault_hook: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        tier: MemoryTier,
+        step: int,
+        *,
+        world_size: int,
+        to_s3: bool | None,
+        submit: Callable[[DirectSave], None],
+        fault_hook: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__(tier, step, world_size=world_size)
         self.managed = True
         self.fault_hook = fault_hook

@@ -106,9 +106,7 @@ def gather_shards(
         try:
             if not all((into / n).is_file() for n in shard_names(r)):
                 if ck.durable is None or step not in s3_steps:
-                    raise HPResilienceError(
-                        f"saved rank {r}'s shard of step {step} is on no node and not in S3"
-                    )
+                    raise HPResilienceError(f"saved rank {r}'s shard of step {step} is on no node and not in S3")
                 ck.durable.download_shard(step, r, into)
         except (HPResilienceError, OSError) as err:
             problem = problem or str(err)

@@ -62,8 +62,9 @@ def _stack_signal() -> int:
 class Heartbeat:
     """The heartbeat of one process (rank). Thread-safe; cheap when nothing is written (two clock reads)."""
 
-    def __init__(self, env: dict[str, str] | None = None, fd: int = 2,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, env: dict[str, str] | None = None, fd: int = 2, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         e = dict(os.environ if env is None else env)
         self.enabled = bool(e.get(JOB_ENV))
         try:
@@ -112,8 +113,9 @@ class Heartbeat:
             self._stack_signal = 0
             return
         if _int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0")) > 0:
-            threading.Thread(target=self._flight_recorder_on_request, args=(d,), name="hpr-fr-dump",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._flight_recorder_on_request, args=(d,), name="hpr-fr-dump", daemon=True
+            ).start()
 
     def _flight_recorder_on_request(self, d: str) -> None:
         """gloo records collectives (TORCH_FR_BUFFER_SIZE) but never dumps them: when the wrapper asks
@@ -252,6 +254,7 @@ def working() -> contextlib.AbstractContextManager[None]:
 
 def blocking(kind: Literal["checkpoint", "restore"]) -> Callable[[F], F]:
     """Decorator: the call's duration is time training was blocked on a checkpoint (`Heartbeat.blocked`)."""
+
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -263,5 +266,7 @@ def blocking(kind: Literal["checkpoint", "restore"]) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
             finally:
                 hb.blocked(kind, time.monotonic() - start)
+
         return timed  # type: ignore[return-value]
+
     return wrap

@@ -108,9 +108,7 @@ class SageMakerTieredStorageWriter(DirectWriter):
         if step < 0:
             m = _STEP_IN_PATH.search(str(path))
             if m is None:
-                raise ConfigError(
-                    f"invalid step value: give step=N or a path containing step_N (got {path!r})"
-                )
+                raise ConfigError(f"invalid step value: give step=N or a path containing step_N (got {path!r})")
             step = int(m.group(1))
         ck = checkpointer_for(checkpoint_config)
         # Read at creation, as HyperPod does: set config.save_to_s3 before making the step's writer.
@@ -160,9 +158,7 @@ class SageMakerTieredStorageReader(StorageReader):
             raise RuntimeError("read_metadata() must come first (dcp.load calls it)")
         return self._inner
 
-    def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
-    ) -> None:
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._reader().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:

@@ -61,9 +61,7 @@ def hasher(algo: str) -> Callable[[Any], int]:
         return zlib.crc32
     if algo == "xxh3_64":
         if _xxhash is None:
-            raise ChecksumError(
-                "checkpoint was written with xxh3_64 checksums but the xxhash package is missing"
-            )
+            raise ChecksumError("checkpoint was written with xxh3_64 checksums but the xxhash package is missing")
         fn: Callable[[Any], int] = _xxhash.xxh3_64_intdigest
         return fn
     raise ChecksumError(f"unknown checksum algorithm {algo!r}")
@@ -307,9 +305,7 @@ class MemoryTier:
         if committed_step not in kept:
             return []
         # Saves run one at a time, so an uncommitted step older than a committed one is a dead partial.
-        gone = [
-            s for s in steps if s not in pinned and (s < kept[0] or (s < committed_step and s not in kept))
-        ]
+        gone = [s for s in steps if s not in pinned and (s < kept[0] or (s < committed_step and s not in kept))]
         for s in gone:
             d = self.step_dir(s)
             data, idx = (d / n for n in shard_names(rank))

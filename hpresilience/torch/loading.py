@@ -43,9 +43,20 @@ class Loader:
     """Restores one rank's state. `flush` is the checkpointer's (pending saves settle before a load looks);
     `prepared` is told each step a load prepared (the checkpointer's last committed step from then on)."""
 
-    def __init__(self, cfg: CheckpointConfig, tier: MemoryTier, durable: DurableTier | None, *, rank: int,
-                 world: int, distributed: bool, save_pg: Any, repl_pg: Any, flush: Callable[[], bool],
-                 prepared: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        tier: MemoryTier,
+        durable: DurableTier | None,
+        *,
+        rank: int,
+        world: int,
+        distributed: bool,
+        save_pg: Any,
+        repl_pg: Any,
+        flush: Callable[[], bool],
+        prepared: Callable[[int], None],
+    ) -> None:
         self.cfg = cfg
         self.tier = tier
         self.durable = durable
@@ -94,7 +105,7 @@ class Loader:
                     self.last_skipped += [
                         f"step {chosen} (resharded), read by rank {r}: {err.failures[r][0]}" for r in damaged
                     ]
-                    log.warning("checkpoint_step_skipped", step=chosen, errors=self.last_skipped[-len(damaged):])
+                    log.warning("checkpoint_step_skipped", step=chosen, errors=self.last_skipped[-len(damaged) :])
                     continue
                 if self.rank in damaged:
                     # Whatever its source, the shard was read from this rank's step folder: drop it, or
@@ -106,9 +117,7 @@ class Loader:
                     self.last_skipped.append(
                         f"step {chosen}, rank {r} from {self._name(self._last_sources[r])}: {err.failures[r][0]}"
                     )
-                    log.warning(
-                        "checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0])
-                    )
+                    log.warning("checkpoint_shard_skipped", step=chosen, rank=r, error=str(err.failures[r][0]))
                 continue
             finally:
                 self.finish_load(chosen)
@@ -209,9 +218,7 @@ class Loader:
     def finish_load(self, step: int) -> None:
         elastic.cleanup(self, step)
         shutil.rmtree(self._fetch_dir(), ignore_errors=True)
-        log.info(
-            "checkpoint_loaded", step=step, rank=self.rank, source=self.last_source, skipped=self.last_skipped
-        )
+        log.info("checkpoint_loaded", step=step, rank=self.rank, source=self.last_source, skipped=self.last_skipped)
 
     def _name(self, src: Source) -> str:
         if src[0] == "s3":

@@ -45,9 +45,20 @@ class PostCommit:
     """The background work after each commit: one thread for markers, peer copy and retention, one for
     uploads (when there is a durable tier). `start()` them, `submit()` jobs, `settle()` to wait."""
 
-    def __init__(self, cfg: CheckpointConfig, tier: MemoryTier, durable: DurableTier | None, *, rank: int,
-                 world: int, distributed: bool, peer: int | None, source: int | None, repl_pg: Any,
-                 s3_pg: Any) -> None:
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        tier: MemoryTier,
+        durable: DurableTier | None,
+        *,
+        rank: int,
+        world: int,
+        distributed: bool,
+        peer: int | None,
+        source: int | None,
+        repl_pg: Any,
+        s3_pg: Any,
+    ) -> None:
         self.cfg = cfg
         self.tier = tier
         self.durable = durable
@@ -205,9 +216,7 @@ class PostCommit:
         d = self.tier.step_dir(step)
         into = self.tier.peer_dir(self.source, step)
         try:
-            exchange(
-                self._repl_pg, [d / n for n in names], self.peer, [into / n for n in src_names], self.source
-            )
+            exchange(self._repl_pg, [d / n for n in names], self.peer, [into / n for n in src_names], self.source)
         except Exception as err:  # noqa: BLE001 - any failure here must stop replication, not training
             # A broken exchange leaves the group's message order unknown: stop using it rather than hang.
             self._repl_ok = False

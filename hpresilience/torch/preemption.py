@@ -106,16 +106,20 @@ def untrusted_notice(path: str, owner: int = 0) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file"
     if st.st_uid != owner or st.st_mode & 0o022:
-        return f"file owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (want uid {owner}, not " \
-               f"writable by others)"
+        return (
+            f"file owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (want uid {owner}, not "
+            f"writable by others)"
+        )
     parent = os.path.dirname(os.path.abspath(path))
     try:
         dst = os.lstat(parent)
     except OSError as err:
         return f"directory unreadable: {err}"
     if not stat.S_ISDIR(dst.st_mode) or dst.st_uid != owner or dst.st_mode & 0o022:
-        return f"directory {parent} owned by uid {dst.st_uid} with mode {stat.S_IMODE(dst.st_mode):o} " \
-               f"(want uid {owner}, not writable by others)"
+        return (
+            f"directory {parent} owned by uid {dst.st_uid} with mode {stat.S_IMODE(dst.st_mode):o} "
+            f"(want uid {owner}, not writable by others)"
+        )
     return None
 
 

@@ -95,9 +95,7 @@ class TierStorageReader(StorageReader):
         md.storage_meta.load_id = uuid.uuid4().hex
         return md
 
-    def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
-    ) -> None:
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.storage_data = cast(dict[MetadataIndex, ItemLoc], metadata.storage_data or {})
         rank = kwargs.get("rank")
         if rank is not None:

@@ -110,9 +110,7 @@ class Transfer:
             self.stack.close()
 
 
-def exchange(
-    group: Any, send: Sequence[Path], dst: int | None, recv: Sequence[Path], src: int | None
-) -> None:
+def exchange(group: Any, send: Sequence[Path], dst: int | None, recv: Sequence[Path], src: int | None) -> None:
     """Send `send` to `dst` while receiving `recv` from `src` (the replication ring: everyone does both).
 
     Headers go first with non-blocking calls so that a ring of blocking sends cannot deadlock.

@@ -9,8 +9,9 @@ from typing import Any
 Source = tuple[str, int]
 
 
-def _candidates(invs: list[dict[str, Any]], s3_steps: set[int], wanted: int | None,
-                exclude: Collection[int]) -> list[int]:
+def _candidates(
+    invs: list[dict[str, Any]], s3_steps: set[int], wanted: int | None, exclude: Collection[int]
+) -> list[int]:
     """Committed steps (a COMMIT marker seen by any rank, or S3's marker), newest first, or just `wanted`
     when it is committed; `exclude` left out."""
     committed: set[int] = set(s3_steps)

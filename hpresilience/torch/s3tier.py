@@ -33,9 +33,7 @@ class S3Tier:
     def __init__(self, cfg: CheckpointConfig, client: Any = None) -> None:
         self.bucket, prefix = cfg.s3_bucket_prefix()
         self.base = f"{prefix}/{cfg.namespace}" if prefix else cfg.namespace
-        self.client = client or boto3.client(
-            "s3", endpoint_url=cfg.s3_endpoint_url, region_name=cfg.s3_region
-        )
+        self.client = client or boto3.client("s3", endpoint_url=cfg.s3_endpoint_url, region_name=cfg.s3_region)
         part = cfg.s3_part_size_mib << 20
         self.transfer = TransferConfig(
             multipart_threshold=part,
@@ -102,9 +100,7 @@ class S3Tier:
     def world_of(self, step: int) -> int | None:
         """The world size recorded in a step's marker (None: unreadable, or an older marker without it)."""
         try:
-            body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
-                "Body"
-            ]
+            body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))["Body"]
             return int(json.loads(body.read())["world_size"])
         except (HPResilienceError, ValueError, KeyError, TypeError):
             return None
@@ -128,9 +124,7 @@ class S3Tier:
 
     def download_metadata(self, step: int, dest_dir: Path) -> None:
         self._download(self.key(step, METADATA), dest_dir / METADATA)
-        body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))[
-            "Body"
-        ].read()
+        body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=self.marker(step))["Body"].read()
         atomic_write(dest_dir / COMMIT, body, make_parents=False)
 
     def prune(self, keep: int) -> list[int]:

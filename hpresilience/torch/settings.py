@@ -89,9 +89,7 @@ class CheckpointConfig(Section):
     @classmethod
     def _namespace_is_a_name(cls, v: str) -> str:
         if not _NAME.match(v):
-            raise ValueError(
-                "must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a folder)"
-            )
+            raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a folder)")
         return v
 
     @field_validator("s3_base")

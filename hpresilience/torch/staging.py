@@ -204,5 +204,4 @@ def _same(dst: torch.Tensor, src: torch.Tensor) -> bool:
         return bool(torch.equal(dst.to(src.device), src))
     a, b = dst.reshape(-1), src.reshape(-1)
     step = max(1, _COMPARE_CHUNK_BYTES // max(1, src.element_size()))
-    return all(bool(torch.equal(a[i:i + step].to(src.device), b[i:i + step])) for i in range(0, a.numel(), step))
-
+    return all(bool(torch.equal(a[i : i + step].to(src.device), b[i : i + step])) for i in range(0, a.numel(), step))

@@ -222,9 +222,7 @@ class TierStorageWriter(StorageWriter):
                     del keep_alive
                     index.items[_key(item.index)] = loc
                     if item.index in primary:
-                        results.append(
-                            WriteResult(index=item.index, size_in_bytes=loc.length, storage_data=loc)
-                        )
+                        results.append(WriteResult(index=item.index, size_in_bytes=loc.length, storage_data=loc))
                     offset += loc.length
                 os.ftruncate(fd, offset)
                 index.size = offset

@@ -47,13 +47,15 @@ class Collector:
 
 
 def agent(slurm: SlurmClient, tmp_path: Path, name: str, collector: Collector) -> Agent:
-    settings = AgentSettings(node_name=name, state_dir=str(tmp_path / "agent"), metrics_address="",
-                             active_interval_s=0.01)
+    settings = AgentSettings(
+        node_name=name, state_dir=str(tmp_path / "agent"), metrics_address="", active_interval_s=0.01
+    )
     return Agent(settings, slurm, collector)
 
 
 def test_a_job_submitted_during_the_active_checks_waits_until_they_are_over(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     seen: dict[str, object] = {}
 
     def submit_a_job() -> None:
@@ -78,7 +80,8 @@ def test_a_job_submitted_during_the_active_checks_waits_until_they_are_over(
 
 
 def test_no_active_checks_on_a_node_someone_else_drained_or_reserved(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     slurm.set_node_state(["n2"], "drain", "maintenance: new NIC firmware")
     drained = Collector()
     agent(slurm, tmp_path / "n2", "n2", drained).cycle()
@@ -102,7 +105,8 @@ def test_a_dry_run_runs_no_active_checks(cluster: DevCluster, slurm: SlurmClient
 
 
 def test_a_job_that_lands_between_the_look_and_the_drain_cancels_the_run(
-        cluster: DevCluster, slurm: SlurmClient) -> None:
+    cluster: DevCluster, slurm: SlurmClient
+) -> None:
     looked = slurm.node("n4")
     assert looked.is_idle
     job = slurm.wait_running(slurm.sbatch("--nodelist=n4", "--output=/dev/null", "--wrap=sleep 30"))
@@ -112,15 +116,26 @@ def test_a_job_that_lands_between_the_look_and_the_drain_cancels_the_run(
 
 
 def test_a_hold_left_by_a_run_killed_mid_check_is_given_back_by_the_next_run(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """Slurm kills `agent --once` (HealthCheckProgram) after HealthCheckTimeout, here mid-stress-ng: the node
     stays drained under the hold. The next run, even one that runs no active checks, gives it back."""
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({"agent": {"state_dir": str(tmp_path / "agent"), "metrics_address": ""},
-                                   "health": {"state_dir": str(tmp_path / "health"), "profile": "generic"}}))
-    killed = subprocess.Popen([sys.executable, "-m", "hpresilience", "--config", str(cfg), "agent", "--once",
-                               "--node", "n1"], env=cluster.env(), start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "agent": {"state_dir": str(tmp_path / "agent"), "metrics_address": ""},
+                "health": {"state_dir": str(tmp_path / "health"), "profile": "generic"},
+            }
+        )
+    )
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "hpresilience", "--config", str(cfg), "agent", "--once", "--node", "n1"],
+        env=cluster.env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while not hold.is_hold(slurm.node("n1")):
@@ -131,8 +146,13 @@ def test_a_hold_left_by_a_run_killed_mid_check_is_given_back_by_the_next_run(
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait(timeout=10)
     assert hold.is_hold(slurm.node("n1"))
-    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path / "agent"), metrics_address="",
-                             active_checks=False, resume_when_clear=False)
+    settings = AgentSettings(
+        node_name="n1",
+        state_dir=str(tmp_path / "agent"),
+        metrics_address="",
+        active_checks=False,
+        resume_when_clear=False,
+    )
     Agent(settings, slurm, Collector()).cycle()
     n1 = slurm.node("n1")
     assert not n1.has("DRAIN") and not n1.reason

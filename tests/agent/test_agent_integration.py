@@ -34,20 +34,31 @@ class Agents:
             node = FakeNode.make(self.root / name, "p5.48xlarge")
             cfg = yaml.safe_load((node.root / "config.yaml").read_text())
             cfg["logging"] = {"level": "debug", "json": True}
-            cfg["agent"] = {"node_name": name, "passive_interval_s": 1.0, "metrics_address": "",
-                            "state_dir": str(node.root / "agent"), "active_checks": False, **agent_settings}
+            cfg["agent"] = {
+                "node_name": name,
+                "passive_interval_s": 1.0,
+                "metrics_address": "",
+                "state_dir": str(node.root / "agent"),
+                "active_checks": False,
+                **agent_settings,
+            }
             (node.root / "agent.yaml").write_text(yaml.safe_dump(cfg))
             log = open(node.root / "agent.log", "wb")  # noqa: SIM115 - closed with the process
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "hpresilience", "--config", str(node.root / "agent.yaml"), "agent"],
-                env=self.cluster.env(), stdout=log, stderr=subprocess.STDOUT)
+                env=self.cluster.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             self.nodes[name] = node
         self.wait_cycles(1)
 
     def wait_cycles(self, n: int, timeout: float = 30.0) -> None:
         """Until every agent has logged at least n more finished cycles (decisions) than now."""
+
         def count(name: str) -> int:
             return (self.nodes[name].root / "agent.log").read_text(errors="replace").count('"check_cycle_finished"')
+
         start = {n: count(n) for n in self.nodes}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

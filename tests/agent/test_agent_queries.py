@@ -24,13 +24,20 @@ pytestmark = pytest.mark.integration
 FULL_TABLE = ("sinfo --json", "squeue --json")
 
 
-def make_agent(cl: DevCluster, root: Path, name: str = "n1",
-               **settings: object) -> tuple[Agent, CountingRunner, FakeNode]:
+def make_agent(
+    cl: DevCluster, root: Path, name: str = "n1", **settings: object
+) -> tuple[Agent, CountingRunner, FakeNode]:
     node = FakeNode.make(root / name, "p5.48xlarge")
     collector = HealthCollector(load_config(node.root / "config.yaml").health, sources=[])
     runner = CountingRunner.like(cl.client().runner)
-    opts = {"node_name": name, "state_dir": str(root / "agent"), "metrics_address": "", "active_checks": False,
-            "required_repeats": 1, **settings}
+    opts = {
+        "node_name": name,
+        "state_dir": str(root / "agent"),
+        "metrics_address": "",
+        "active_checks": False,
+        "required_repeats": 1,
+        **settings,
+    }
     client = SlurmClient(runner)
     assert client.version  # probed once per process (`scontrol --version`), not per cycle
     runner.calls.clear()
@@ -58,8 +65,9 @@ def test_healthy_cycle_runs_no_slurm_command(cluster: DevCluster, tmp_path: Path
     assert runner2.calls == []
 
 
-def test_busy_node_is_looked_at_again_only_at_the_active_interval(cluster: DevCluster, tmp_path: Path,
-                                                                   slurm: SlurmClient) -> None:
+def test_busy_node_is_looked_at_again_only_at_the_active_interval(
+    cluster: DevCluster, tmp_path: Path, slurm: SlurmClient
+) -> None:
     """Active checks are due but the node runs a job: one look at its own node, then none until the
     active-check interval has passed again."""
     job = slurm.sbatch("-w", "n1", "-o", "/dev/null", "--wrap", "sleep 60")
@@ -77,8 +85,9 @@ def test_busy_node_is_looked_at_again_only_at_the_active_interval(cluster: DevCl
     assert runner.commands() == [node_read(cluster, "n1")]
 
 
-def test_fault_reads_own_node_then_the_ceiling_view_then_marks(cluster: DevCluster, tmp_path: Path,
-                                                              slurm: SlurmClient) -> None:
+def test_fault_reads_own_node_then_the_ceiling_view_then_marks(
+    cluster: DevCluster, tmp_path: Path, slurm: SlurmClient
+) -> None:
     """A confirmed fault reads this node, then the ceiling's view (its partition grouped by reason, not the
     whole table), marks, and checks the ceiling again; once clear the agent lifts its own mark and goes quiet."""
     agent, runner, node = make_agent(cluster, tmp_path, name="n2")
@@ -113,8 +122,9 @@ def test_a_corrupt_state_file_is_logged_and_the_agent_starts_afresh(cluster: Dev
     assert again.memory.streaks == {} and again.memory.marked is None
 
 
-def test_a_mark_past_the_fleet_ceiling_is_held_on_the_real_cluster(cluster: DevCluster, tmp_path: Path,
-                                                                   slurm: SlurmClient) -> None:
+def test_a_mark_past_the_fleet_ceiling_is_held_on_the_real_cluster(
+    cluster: DevCluster, tmp_path: Path, slurm: SlurmClient
+) -> None:
     """4 nodes, ceiling max(1, 10 %) = 1: with n3 under repair by the controller, n2's confirmed fault is held
     (logged, counted) and n2 stays in service; with n3 back, the same fault marks n2."""
     from structlog.testing import capture_logs
@@ -133,8 +143,9 @@ def test_a_mark_past_the_fleet_ceiling_is_held_on_the_real_cluster(cluster: DevC
     assert agent.cycle().kind == "mark" and slurm.node("n2").has("FAIL")
 
 
-def test_two_agents_marking_at_once_keep_only_what_the_ceiling_allows(cluster: DevCluster, tmp_path: Path,
-                                                                       slurm: SlurmClient) -> None:
+def test_two_agents_marking_at_once_keep_only_what_the_ceiling_allows(
+    cluster: DevCluster, tmp_path: Path, slurm: SlurmClient
+) -> None:
     """Both pass the ceiling before either marked (as when a fault hits the fleet in the same second): after
     marking, the later one in (reason time, name) order backs out, so one node is out, not two."""
     a, _, na = make_agent(cluster, tmp_path / "a", name="n1")

@@ -15,8 +15,16 @@ from hpresilience.health.base import CheckResult, Kind, Status
 from hpresilience.reasons import Action
 from hpresilience.slurm.models import Node, ReasonGroup
 
-XID = CheckResult("xid", "xid", Kind.PASSIVE, Status.FAIL, Action.REPLACE, "XID 79 (fallen off the bus)",
-                  key="nvidia:79:0000:53:00", certain=True)
+XID = CheckResult(
+    "xid",
+    "xid",
+    Kind.PASSIVE,
+    Status.FAIL,
+    Action.REPLACE,
+    "XID 79 (fallen off the bus)",
+    key="nvidia:79:0000:53:00",
+    certain=True,
+)
 OK = CheckResult("gpu.count", "gpu", Kind.PASSIVE, Status.OK, reason="8 GPU(s) present")
 
 
@@ -61,8 +69,7 @@ class Checks:
 
 
 def agent(tmp_path: Path, checks: Checks, slurm: Slurm, **kw: object) -> Agent:
-    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path), metrics_address="", active_checks=False,
-                             **kw)  # type: ignore[arg-type]
+    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path), metrics_address="", active_checks=False, **kw)  # type: ignore[arg-type]
     return Agent(settings, slurm, checks)  # type: ignore[arg-type]
 
 
@@ -127,8 +134,9 @@ def test_a_check_in_observe_mode_is_counted_not_acted_on_while_the_others_enforc
     a.memory.marked = False
     assert a.cycle().kind is DecisionKind.WOULD_MARK and slurm.updates == []
     assert sample(a, "hpr_agent_decisions_total", decision="would_mark", action="Replace") == 1
-    ecc = CheckResult("gpu.memory", "gpu", Kind.PASSIVE, Status.FAIL, Action.REPLACE, "uncorrected ECC",
-                      key="gpu.ecc", certain=True)
+    ecc = CheckResult(
+        "gpu.memory", "gpu", Kind.PASSIVE, Status.FAIL, Action.REPLACE, "uncorrected ECC", key="gpu.ecc", certain=True
+    )
     b = agent(tmp_path / "b", ObservedChecks([XID, ecc]), slurm)
     assert b.cycle().kind is DecisionKind.MARK and "gpu.memory" in slurm.updates[-1][2]
 
@@ -138,7 +146,9 @@ def test_a_mark_over_the_fleet_ceiling_is_held_counted_and_not_applied(tmp_path:
     slurm = Slurm(size=10)
     other = ReasonGroup("p", 1, ("x0",), "[hpr-controller] repairing: reboot", int(time.time()))
     slurm.reason_groups = lambda partitions=(): [  # type: ignore[method-assign]
-        other, ReasonGroup("p", 9, ("n1", *(f"x{i}" for i in range(1, 9))))]
+        other,
+        ReasonGroup("p", 9, ("n1", *(f"x{i}" for i in range(1, 9)))),
+    ]
     a = agent(tmp_path, Checks([XID]), slurm)
     d = a.cycle()
     assert d.kind is DecisionKind.HOLD and d.held_by_ceiling and slurm.updates == []

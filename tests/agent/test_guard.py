@@ -14,8 +14,14 @@ NOW = 1_800_000_000.0
 
 
 def node(name: str, states: set[str] | None = None, reason: str = "", changed: float | None = None) -> Node:
-    return Node(name=name, address="", hostname="", states=frozenset(states or {"IDLE"}), reason=reason,
-                reason_changed_at=int(changed) if changed else None)
+    return Node(
+        name=name,
+        address="",
+        hostname="",
+        states=frozenset(states or {"IDLE"}),
+        reason=reason,
+        reason_changed_at=int(changed) if changed else None,
+    )
 
 
 def fault(check: str, action: Action, reason: str, key: str = "", certain: bool = False) -> CheckResult:
@@ -27,8 +33,9 @@ ECC = fault("gpu.memory", Action.REPLACE, "uncorrected ECC 3", "gpu.ecc")
 PENDING = fault("gpu.memory", Action.REBOOT, "row remap pending", "gpu.remap", certain=True)
 
 
-def run(n: Node, findings: list[CheckResult], cluster: list[Node] | None = None, memory: Memory | None = None,
-        **kw: object) -> Decision:
+def run(
+    n: Node, findings: list[CheckResult], cluster: list[Node] | None = None, memory: Memory | None = None, **kw: object
+) -> Decision:
     mem = memory or Memory()
     mem.observe(findings)
     cl = cluster if cluster is not None else [n] + [node(f"x{i}") for i in range(19)]
@@ -71,8 +78,10 @@ def test_already_marked_is_not_marked_again_but_escalates() -> None:
 def test_ceiling_holds_a_mark_while_a_tenth_of_the_partition_is_out_for_hpresilience() -> None:
     """20 nodes, 10 %: one node marked by an agent and one under repair by the controller -> the third is held,
     however long ago the others went out (a ceiling on how many are out, not a rate)."""
-    others = [node("x0", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW - 86400),
-              node("x1", {"IDLE", "DRAIN"}, "[hpr-controller] repairing: reboot (attempt 1)", NOW - 7 * 86400)]
+    others = [
+        node("x0", {"IDLE", "FAIL"}, agent_reason(Action.REPLACE, "x"), NOW - 86400),
+        node("x1", {"IDLE", "DRAIN"}, "[hpr-controller] repairing: reboot (attempt 1)", NOW - 7 * 86400),
+    ]
     cluster = [node("n1")] + others + [node(f"y{i}") for i in range(17)]
     d = run(cluster[0], [XID79], cluster=cluster)
     assert d.kind == "hold" and d.held_by_ceiling and "fleet ceiling reached" in d.why and "x0, x1" in d.why
@@ -117,9 +126,11 @@ def test_resume_only_what_the_agent_marked() -> None:
 def test_operator_reason_quoting_the_agent_tag_is_not_resumed() -> None:
     """Issue 14 item 14: ownership was a substring match, so an operator's reason that merely mentions
     `[hpr-agent]` handed the node to the agent, which resumed it as soon as its own checks were clean."""
-    for reason in ("maintenance: bad DIMM, do not trust [hpr-agent] here",
-                   "Action:Replace see ticket 12 [hpr-agent]",
-                   "operator [hpr-agent]"):
+    for reason in (
+        "maintenance: bad DIMM, do not trust [hpr-agent] here",
+        "Action:Replace see ticket 12 [hpr-agent]",
+        "operator [hpr-agent]",
+    ):
         theirs = node("n1", {"IDLE", "DRAIN"}, reason, NOW - 5)
         assert run(theirs, []).kind == "none", reason
         assert run(theirs, [XID79]).kind == "hold", reason  # and never overwritten either
@@ -128,9 +139,11 @@ def test_operator_reason_quoting_the_agent_tag_is_not_resumed() -> None:
 def test_results_that_ask_for_no_action_are_not_faults() -> None:
     """decide() takes a cycle's CheckResults as they come: a warning, an unknown, or a failure without an
     action neither marks nor counts toward a streak."""
-    quiet = [CheckResult("gpu.pcie", "gpu", Kind.PASSIVE, Status.WARN, reason="x8"),
-             CheckResult("ib.ports", "infiniband", Kind.PASSIVE, Status.UNKNOWN, reason="timed out"),
-             fault("efa.count", Action.NONE, "2 of 4 EFA devices")]
+    quiet = [
+        CheckResult("gpu.pcie", "gpu", Kind.PASSIVE, Status.WARN, reason="x8"),
+        CheckResult("ib.ports", "infiniband", Kind.PASSIVE, Status.UNKNOWN, reason="timed out"),
+        fault("efa.count", Action.NONE, "2 of 4 EFA devices"),
+    ]
     mem = Memory()
     assert run(node("n1"), quiet, memory=mem).kind is DecisionKind.NONE and mem.streaks == {}
 
@@ -148,9 +161,16 @@ def test_the_worst_fault_by_action_rank_decides_and_certainty_breaks_ties() -> N
     assert run(node("n1"), [ECC, sure]).finding is sure
 
 
-@pytest.mark.parametrize("kind,text", [(DecisionKind.MARK, "mark"), (DecisionKind.RESUME, "resume"),
-                                       (DecisionKind.HOLD, "hold"), (DecisionKind.NONE, "none"),
-                                       (DecisionKind.WOULD_MARK, "would_mark")])
+@pytest.mark.parametrize(
+    "kind,text",
+    [
+        (DecisionKind.MARK, "mark"),
+        (DecisionKind.RESUME, "resume"),
+        (DecisionKind.HOLD, "hold"),
+        (DecisionKind.NONE, "none"),
+        (DecisionKind.WOULD_MARK, "would_mark"),
+    ],
+)
 def test_decision_kinds_keep_the_text_of_logs_and_metric_labels(kind: DecisionKind, text: str) -> None:
     assert kind.value == text and DecisionKind(text) is kind
     assert len(DecisionKind) == 5

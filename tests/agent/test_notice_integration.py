@@ -31,22 +31,33 @@ pytestmark = pytest.mark.integration
 
 def agent_argv(node: FakeNode, name: str, imds_url: str, notice: Path, **agent: object) -> list[str]:
     cfg = yaml.safe_load((node.root / "config.yaml").read_text())
-    cfg["agent"] = {"node_name": name, "metrics_address": "", "state_dir": str(node.root / "agent"),
-                    "active_checks": False, **agent,
-                    "notices": {"ec2_endpoint": imds_url, "notice_file": str(notice), "poll_interval_s": 0.5}}
+    cfg["agent"] = {
+        "node_name": name,
+        "metrics_address": "",
+        "state_dir": str(node.root / "agent"),
+        "active_checks": False,
+        **agent,
+        "notices": {"ec2_endpoint": imds_url, "notice_file": str(notice), "poll_interval_s": 0.5},
+    }
     (node.root / "agent.yaml").write_text(yaml.safe_dump(cfg))
     return [sys.executable, "-m", "hpresilience", "--config", str(node.root / "agent.yaml"), "agent"]
 
 
 def agent_once(cluster: DevCluster, node: FakeNode, name: str, imds_url: str, notice: Path) -> str:
-    res = subprocess.run([*agent_argv(node, name, imds_url, notice), "--once"], env=cluster.env(),
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [*agent_argv(node, name, imds_url, notice), "--once"],
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stderr
 
 
 def test_spot_reclaim_drains_the_node_tells_the_ranks_and_is_not_repaired(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     node = FakeNode.make(tmp_path / "n2", "p5.48xlarge")
     notice = tmp_path / "run" / "notice.json"
     ranks = PreemptionWatcher(PreemptionConfig(notice_file=str(notice), signals=())).start()
@@ -77,15 +88,20 @@ def test_spot_reclaim_drains_the_node_tells_the_ranks_and_is_not_repaired(
 
 
 def test_the_daemon_drains_within_seconds_of_a_reclaim_between_its_check_cycles(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """The agent daemon checks every 60 s; a reclaim announced after its first cycle is acted on at the next
     notice poll (0.5 s here, 5 s by default), not a minute later."""
     node = FakeNode.make(tmp_path / "n3", "p5.48xlarge")
     notice = tmp_path / "run" / "notice.json"
     with FakeImds() as imds:
         log = open(node.root / "agent.log", "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(agent_argv(node, "n3", imds.url, notice, passive_interval_s=60.0),
-                                env=cluster.env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            agent_argv(node, "n3", imds.url, notice, passive_interval_s=60.0),
+            env=cluster.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 30
             while b"notice_source_on" not in (node.root / "agent.log").read_bytes():  # its first cycle

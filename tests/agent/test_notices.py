@@ -52,22 +52,42 @@ def test_scheduled_events_keep_only_those_still_to_come_with_notbefore_as_deadli
     assert n.detail == "ec2 system-reboot: scheduled reboot" and n.key == "instance-event-0d59937288b749b32"
 
 
-@pytest.mark.parametrize("body", [
-    b"", b"not json", b"\xff\xfe", b"[" * 100_000, b"null", b"42", b'"terminate"', b"[]",
-    b'{"action": "explode", "time": "2026-11-25T20:12:00Z"}',
-    b'{"action": "terminate", "time": "tomorrow"}',
-    b'{"action": "terminate", "time": "0001-01-01T00:00:00Z"}',
-    b'{"action": ["terminate"], "time": 5}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not json",
+        b"\xff\xfe",
+        b"[" * 100_000,
+        b"null",
+        b"42",
+        b'"terminate"',
+        b"[]",
+        b'{"action": "explode", "time": "2026-11-25T20:12:00Z"}',
+        b'{"action": "terminate", "time": "tomorrow"}',
+        b'{"action": "terminate", "time": "0001-01-01T00:00:00Z"}',
+        b'{"action": ["terminate"], "time": 5}',
+    ],
+)
 def test_a_bad_or_hostile_spot_document_is_skipped_not_raised(body: bytes) -> None:
     assert parse_instance_action(body) == []
 
 
 def test_bad_scheduled_events_are_skipped_one_by_one_and_text_is_made_one_safe_line() -> None:
-    good = {"Code": "instance-stop", "NotBefore": "1 Dec 2026 08:00:00 GMT", "State": "active",
-            "Description": 'stop "now"\n' + "x" * 500}
-    events = [7, "x", {"Code": "system-reboot"}, {"Code": "rm -rf /", "NotBefore": "1 Dec 2026 08:00:00 GMT"},
-              {"Code": "system-reboot", "NotBefore": "31 Feb 2026 08:00:00 GMT"}, good]
+    good = {
+        "Code": "instance-stop",
+        "NotBefore": "1 Dec 2026 08:00:00 GMT",
+        "State": "active",
+        "Description": 'stop "now"\n' + "x" * 500,
+    }
+    events = [
+        7,
+        "x",
+        {"Code": "system-reboot"},
+        {"Code": "rm -rf /", "NotBefore": "1 Dec 2026 08:00:00 GMT"},
+        {"Code": "system-reboot", "NotBefore": "31 Feb 2026 08:00:00 GMT"},
+        good,
+    ]
     [n] = parse_scheduled_events(json.dumps(events))
     assert n.deadline == epoch("2026-12-01T08:00:00Z") and "\n" not in n.detail and len(n.detail) < 100
     reason = n.reason

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,8 +38,10 @@ class Slurm:
         return self.me
 
     def reason_groups(self, partitions: Iterable[str] = ()) -> list[ReasonGroup]:
-        return [ReasonGroup("p", 1, ("n1",), self.me.reason if self.me.is_unavailable else ""),
-                ReasonGroup("p", 99, tuple(f"x{i}" for i in range(99)))]
+        return [
+            ReasonGroup("p", 1, ("n1",), self.me.reason if self.me.is_unavailable else ""),
+            ReasonGroup("p", 99, tuple(f"x{i}" for i in range(99))),
+        ]
 
     def set_node_state(self, names: Iterable[str], action: str, reason: str = "") -> None:
         self.updates.append((action, reason))
@@ -74,14 +77,21 @@ class Cloud:
 
 DEADLINE = float(int(time.time()) + 120)
 RECLAIM = Notice(PlannedKind.RECLAIM, DEADLINE, "ec2 spot terminate", "cloud", "spot")
-REASON = f"[hpr-agent] Planned:Reclaim by {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(DEADLINE))} " \
-         "ec2 spot terminate"
+REASON = (
+    f"[hpr-agent] Planned:Reclaim by {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(DEADLINE))} ec2 spot terminate"
+)
 
 
-def make(tmp_path: Path, slurm: Slurm, cloud: Cloud, checks: Checks | None = None, **kw: object) -> Agent:
+def make(tmp_path: Path, slurm: Slurm, cloud: Cloud, checks: Checks | None = None, **kw: Any) -> Agent:
     notices = NoticeSettings(notice_file=str(tmp_path / "run" / "notice.json"))
-    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path / "state"), metrics_address="",
-                             active_checks=False, notices=notices, **kw)  # type: ignore[arg-type]
+    settings = AgentSettings(
+        node_name="n1",
+        state_dir=str(tmp_path / "state"),
+        metrics_address="",
+        active_checks=False,
+        notices=notices,
+        **kw,
+    )
     a = Agent(settings, slurm, checks or Checks(OK))  # type: ignore[arg-type]
     a.notices = NoticeWatcher(notices, [cloud])
     return a
@@ -106,8 +116,9 @@ def test_a_reclaim_drains_the_node_once_with_the_planned_reason_and_writes_the_n
     b.cycle()
     b.cycle()
     assert slurm.updates == [("drain", REASON)] and slurm.reads == 2
-    assert a.registry.get_sample_value("hpr_agent_planned_drains_total",
-                                       {"kind": "Reclaim", "decision": "drained"}) == 1
+    assert (
+        a.registry.get_sample_value("hpr_agent_planned_drains_total", {"kind": "Reclaim", "decision": "drained"}) == 1
+    )
 
 
 def test_a_persons_reason_is_not_overwritten_but_the_ranks_are_still_told(tmp_path: Path) -> None:
@@ -158,8 +169,10 @@ def test_observe_mode_drains_nothing_and_writes_no_file(tmp_path: Path) -> None:
     a = make(tmp_path, slurm, cloud, mode="observe")
     a.cycle()
     assert slurm.updates == [] and not (tmp_path / "run" / "notice.json").exists()
-    assert a.registry.get_sample_value("hpr_agent_planned_drains_total",
-                                       {"kind": "Reclaim", "decision": "would_drain"}) == 1
+    assert (
+        a.registry.get_sample_value("hpr_agent_planned_drains_total", {"kind": "Reclaim", "decision": "would_drain"})
+        == 1
+    )
 
 
 def test_a_notice_directory_others_can_write_is_refused(tmp_path: Path) -> None:

@@ -51,8 +51,14 @@ def test_daemon_and_healthcheck_program_running_at_once_lose_no_repeat_count(tmp
     no Slurm is needed; the counters and the lock are the same in enforce."""
     node = FakeNode.make(tmp_path / "n1", "p5.48xlarge")
     node.inject("gpu_missing")
-    agent_section = {"node_name": "n1", "state_dir": str(tmp_path / "agent"), "metrics_address": "",
-                     "active_checks": False, "mode": "observe", "required_repeats": 20}
+    agent_section = {
+        "node_name": "n1",
+        "state_dir": str(tmp_path / "agent"),
+        "metrics_address": "",
+        "active_checks": False,
+        "mode": "observe",
+        "required_repeats": 20,
+    }
     cfg = yaml.safe_load((node.root / "config.yaml").read_text())
     cfg["agent"] = agent_section
     config = tmp_path / "config.yaml"
@@ -66,8 +72,13 @@ def test_daemon_and_healthcheck_program_running_at_once_lose_no_repeat_count(tmp
     try:
         env = {**os.environ, "HPRESILIENCE_CONFIG": str(config)}
         for _ in range(6):
-            r = subprocess.run([sys.executable, "-m", "hpresilience", "--config", str(config), "--json",
-                                "agent", "--once"], capture_output=True, text=True, timeout=120, env=env)
+            r = subprocess.run(
+                [sys.executable, "-m", "hpresilience", "--config", str(config), "--json", "agent", "--once"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
             assert r.returncode == 0, r.stderr[-2000:]
             assert "skipped" not in json.loads(r.stdout)["why"]
             once_runs += 1
@@ -83,8 +94,10 @@ def test_a_once_run_skips_when_the_daemon_holds_the_lock_past_its_wait(tmp_path:
     """Slurm kills a HealthCheckProgram after 60 s: `--once` waits a bounded time, then skips its cycle
     (logged) instead of running the checks a second time beside the daemon's."""
     settings = AgentSettings(node_name="n1", state_dir=str(tmp_path), metrics_address="", mode="observe")  # type: ignore[arg-type]
-    checks = SlowChecks(HealthCollector(load_config(FakeNode.make(tmp_path / "n", "generic").root / "config.yaml")
-                                        .health, sources=[]), 0.0)
+    checks = SlowChecks(
+        HealthCollector(load_config(FakeNode.make(tmp_path / "n", "generic").root / "config.yaml").health, sources=[]),
+        0.0,
+    )
     once = Agent(settings, SlurmClient(), checks, lock_wait_s=0.2)
     with locked(tmp_path / "state.lock", 1.0) as got:
         assert got

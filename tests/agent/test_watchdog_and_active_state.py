@@ -67,7 +67,8 @@ def test_a_stalled_loop_outside_any_cycle_is_not_pinged_for() -> None:
 
 @pytest.mark.integration
 def test_agent_pings_the_watchdog_while_an_active_check_outlasts_watchdog_sec(
-        slurm: SlurmClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm: SlurmClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """WatchdogSec=0.4 s, an active check of 1.5 s: systemd still hears WATCHDOG=1 during the check."""
     path = str(tmp_path / "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -77,8 +78,9 @@ def test_agent_pings_the_watchdog_while_an_active_check_outlasts_watchdog_sec(
     monkeypatch.setenv("WATCHDOG_USEC", "400000")
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     collector = Collector(active_s=1.5)
-    settings = AgentSettings(node_name="n1", state_dir=str(tmp_path / "state"), metrics_address="",
-                             passive_interval_s=5)
+    settings = AgentSettings(
+        node_name="n1", state_dir=str(tmp_path / "state"), metrics_address="", passive_interval_s=5
+    )
     agent = Agent(settings, slurm, collector)
     pings: list[float] = []
     t = threading.Thread(target=agent.run)

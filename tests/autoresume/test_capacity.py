@@ -20,12 +20,16 @@ pytestmark = pytest.mark.integration
 def capacity_for(client: SlurmClient, job_id: int, tmp_path: Path) -> tuple[Capacity, WrapperState, Path]:
     store = StateStore(tmp_path, job_id)
     state = WrapperState(job_id)
-    return Capacity(client, job_id, state, Reporter(store, job_id, None), grow=True, replace_timeout_s=5), \
-        state, store.events_path
+    return (
+        Capacity(client, job_id, state, Reporter(store, job_id, None), grow=True, replace_timeout_s=5),
+        state,
+        store.events_path,
+    )
 
 
-def test_with_slurmdbd_bad_nodes_are_released_at_every_fault(cluster: DevCluster, slurm: SlurmClient,
-                                                              tmp_path: Path) -> None:
+def test_with_slurmdbd_bad_nodes_are_released_at_every_fault(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """Two faults in one job: each bad node leaves the allocation (the once-per-job limit is gone)."""
     job_id = slurm.sbatch("-N4", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
     job = slurm.wait_running(job_id)
@@ -65,9 +69,11 @@ class RefusingClient(SlurmClient):
     unreachable slurmdbd (recorded on Slurm 22.05): the refusal that no retry ever clears."""
 
     def shrink_job(self, job_id: int, keep: object, timeout: float = 30.0) -> object:  # type: ignore[override]
-        raise SlurmError(["scontrol", "update", f"jobid={job_id}", "NodeList=n1"], 1,
-                         "Job update not available right now, the DB index is being set, try again in a bit "
-                         f"for JobId={job_id}")
+        raise SlurmError(
+            ["scontrol", "update", f"jobid={job_id}", "NodeList=n1"],
+            1,
+            f"Job update not available right now, the DB index is being set, try again in a bit for JobId={job_id}",
+        )
 
 
 def test_a_db_index_refusal_is_final_for_the_job(cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:

@@ -20,8 +20,23 @@ pytestmark = pytest.mark.integration
 
 def fill_the_rest(cluster: DevCluster, slurm: SlurmClient, run: Recipe, used: int) -> int:
     """Another job on every node the recipe does not hold: no idle node, no replacement at hand."""
-    res = subprocess.run(["sbatch", "--parsable", "-N", str(len(cluster.names()) - used), "--exclusive", "-o",
-                          "/dev/null", "--wrap", "sleep 600"], env=run.env, capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N",
+            str(len(cluster.names()) - used),
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+        env=run.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     filler = int(res.stdout.strip().split(";")[0])
     run.wait(lambda: slurm.job(filler).is_running, "the job that fills the cluster")
     assert not slurm.idle_nodes()
@@ -29,12 +44,18 @@ def fill_the_rest(cluster: DevCluster, slurm: SlurmClient, run: Recipe, used: in
 
 
 def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_returns(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """3 nodes, --auto-resume-min-nodes=2, no spare: Action:Replace on one node relaunches the step on the other
     two within 3 s (world size 2, from the checkpoint, HPR_NODES_NOW=2); the node resumed, the step moves back
     to 3 nodes (a planned move, not a restart) and the job completes all its steps, never requeued."""
-    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2",
-                 extra_env={"TRAIN_STEP_SLEEP": "0.4"})
+    run = Recipe(
+        cluster,
+        tmp_path,
+        sbatch_args=("-N", "3"),
+        srun_args="--auto-resume-min-nodes=2",
+        extra_env={"TRAIN_STEP_SLEEP": "0.4"},
+    )
     run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
     fill_the_rest(cluster, slurm, run, 3)
     run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
@@ -58,8 +79,10 @@ def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_
     saved = re.search(r"moving: saved at step (\d+)", run.out)
     assert saved, run.out
     ended = run.named("attempt_ended")[1]
-    print(f"fault -> step on 2 nodes: {short['restart_latency_s']:.2f} s; "
-          f"notice -> step ended: {ended['time'] - notice['time']:.2f} s")
+    print(
+        f"fault -> step on 2 nodes: {short['restart_latency_s']:.2f} s; "
+        f"notice -> step ended: {ended['time'] - notice['time']:.2f} s"
+    )
     assert ended["time"] - notice["time"] < 10 and not run.named("step_move_overdue")
     run.wait_finished()
     assert re.findall(r"resumed from step (\d+)", run.out)[-1] == saved.group(1)  # back at 3 from that checkpoint
@@ -72,13 +95,19 @@ def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_
 
 
 def test_a_drained_node_is_a_planned_move_the_ranks_save_at_the_notice_and_go_on_without_it(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """A node of the step drained (maintenance, a reclaim notice; not FAIL/DOWN): the ranks are told, save
     and exit at the same step, and the step goes on on the other nodes from that checkpoint; once a node of
     the partition is idle again the job grows into it and the step moves back to 3 nodes; no move counts
     against the restart budget and the job completes."""
-    run = Recipe(cluster, tmp_path, sbatch_args=("-N", "3"), srun_args="--auto-resume-min-nodes=2",
-                 extra_env={"TRAIN_STEP_SLEEP": "0.4"})
+    run = Recipe(
+        cluster,
+        tmp_path,
+        sbatch_args=("-N", "3"),
+        srun_args="--auto-resume-min-nodes=2",
+        extra_env={"TRAIN_STEP_SLEEP": "0.4"},
+    )
     run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
     filler = fill_the_rest(cluster, slurm, run, 3)
     run.wait(lambda: "step=6\n" in run.out, "step 6", timeout=120)
@@ -92,8 +121,10 @@ def test_a_drained_node_is_a_planned_move_the_ranks_save_at_the_notice_and_go_on
     assert "drained" in moved["why"] and victim not in moved["nodes"].split(",") and moved["nodes_now"] == 2
     saved = re.search(r"moving: saved at step (\d+)", run.out)
     assert saved, run.out
-    print(f"drain -> notice written: {notice['time'] - drained_at:.2f} s; "
-          f"notice -> step ended: {run.named('attempt_ended')[0]['time'] - notice['time']:.2f} s")
+    print(
+        f"drain -> notice written: {notice['time'] - drained_at:.2f} s; "
+        f"notice -> step ended: {run.named('attempt_ended')[0]['time'] - notice['time']:.2f} s"
+    )
     run.wait(lambda: "resumed from step" in run.out, "the step on 2 nodes")
     assert re.findall(r"resumed from step (\d+)", run.out)[-1] == saved.group(1)
     slurm.cancel(filler)  # a node of the partition is idle again

@@ -33,8 +33,8 @@ def wait(probe: Callable[[], object], what: str, timeout: float = 60.0) -> objec
 
 
 def test_three_faults_in_a_row_on_different_nodes_are_each_recovered_in_the_same_job(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path,
-        start_controller: Callable[[Controller], Controller]) -> None:  # noqa: F811 - the fixture
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, start_controller: Callable[[Controller], Controller]
+) -> None:
     """(c) Default settings, no spares, the controller repairing what an operator marks: each fault shrinks
     the job and grows it back (into an idle node, then into a repaired one), three times in one job."""
     scripts = write_scripts(tmp_path / "scripts", cluster)
@@ -64,8 +64,14 @@ def test_three_faults_in_a_row_on_different_nodes_are_each_recovered_in_the_same
 def pgid_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """3 nodes with Slurm's default SlurmdTimeout (300 s) and process tracking by process group."""
     require_slurm()
-    cl = DevCluster(state_dir=tmp_path_factory.mktemp("pgid") / "cluster", nodes=3, base_port=TEST_BASE_PORT + 600,
-                    overrides={"SlurmdTimeout": "300"}, accounting=False, proctrack="pgid")
+    cl = DevCluster(
+        state_dir=tmp_path_factory.mktemp("pgid") / "cluster",
+        nodes=3,
+        base_port=TEST_BASE_PORT + 600,
+        overrides={"SlurmdTimeout": "300"},
+        accounting=False,
+        proctrack="pgid",
+    )
     cl.up(timeout=60)
     yield cl
     cl.down()
@@ -88,14 +94,22 @@ def attempt_of(p: psutil.Process) -> str | None:
 
 
 def test_a_node_that_dies_outright_is_replaced_by_the_spare_long_before_slurmd_timeout(
-        pgid_cluster: DevCluster, tmp_path: Path) -> None:
+    pgid_cluster: DevCluster, tmp_path: Path
+) -> None:
     """(f) n2's slurmd and its task are killed at once (a kernel panic; nobody marks the node) under a 2-node
     step with a hot spare: the step is relaunched on the survivor and the spare within 10 s, although Slurm
     would call n2 down only after SlurmdTimeout (300 s here)."""
     slurm = pgid_cluster.client()
     token = unique_token()
-    run = Run(pgid_cluster, slurm, tmp_path, "--auto-resume-spares=1", f"{TRAINER} {token}", nodes=3,
-              env={"TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"})
+    run = Run(
+        pgid_cluster,
+        slurm,
+        tmp_path,
+        "--auto-resume-spares=1",
+        f"{TRAINER} {token}",
+        nodes=3,
+        env={"TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"},
+    )
     try:
         run.wait_output("step=3 ")
         assert run.named("attempt_started")[0]["nodes"] == "n1,n2"
@@ -118,15 +132,21 @@ def test_a_node_that_dies_outright_is_replaced_by_the_spare_long_before_slurmd_t
         pgid_cluster.start_node("n2")
 
 
-def test_a_task_that_escaped_its_step_is_killed_before_the_relaunch(
-        pgid_cluster: DevCluster, tmp_path: Path) -> None:
+def test_a_task_that_escaped_its_step_is_killed_before_the_relaunch(pgid_cluster: DevCluster, tmp_path: Path) -> None:
     """Under proctrack/pgid a child in a session of its own (as torchrun's workers are) outlives the
     cancelled step: it is found by the job's marker, killed and reported before the next attempt starts."""
     slurm = pgid_cluster.client()
     wait(lambda: all(n.is_idle for n in slurm.nodes()), "an idle cluster", 60)
     token = unique_token()
-    run = Run(pgid_cluster, slurm, tmp_path, "--auto-resume-spares=1", str(TRAINER), nodes=3,
-              env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2", "ORPHAN": token})
+    run = Run(
+        pgid_cluster,
+        slurm,
+        tmp_path,
+        "--auto-resume-spares=1",
+        str(TRAINER),
+        nodes=3,
+        env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2", "ORPHAN": token},
+    )
     try:
         run.wait_output("step=3 ")
         assert len(processes_with(f"orphan-{token}")) == 2
@@ -149,7 +169,8 @@ def test_a_task_that_escaped_its_step_is_killed_before_the_relaunch(
 
 
 def test_a_step_whose_tasks_ended_while_an_escaped_process_holds_its_output_ends_and_is_not_hung(
-        pgid_cluster: DevCluster, tmp_path: Path) -> None:
+    pgid_cluster: DevCluster, tmp_path: Path
+) -> None:
     """Hang detection on by default, a floor of 5 s: the tasks finish, but a process that escaped the step
     (setsid; proctrack/pgid) keeps srun's output open, so srun would wait silently for EioTimeout (60 s). The
     wrapper counts the step's tasks before calling the silence a hang, finds none, reaps the escaped
@@ -159,8 +180,15 @@ def test_a_step_whose_tasks_ended_while_an_escaped_process_holds_its_output_ends
     token = unique_token()
     config = tmp_path / "config.yaml"
     config.write_text("autoresume:\n  full_node_check_s: 0.5\n  hang_floor_s: 5\n")
-    run = Run(pgid_cluster, slurm, tmp_path, "", str(TRAINER), nodes=2,
-              env={"TRAIN_STEPS": "8", "STEP_SLEEP": "0.2", "ORPHAN": token, "HPRESILIENCE_CONFIG": str(config)})
+    run = Run(
+        pgid_cluster,
+        slurm,
+        tmp_path,
+        "",
+        str(TRAINER),
+        nodes=2,
+        env={"TRAIN_STEPS": "8", "STEP_SLEEP": "0.2", "ORPHAN": token, "HPRESILIENCE_CONFIG": str(config)},
+    )
     try:
         run.wait_output("training finished", timeout=60)
         finished = time.time()

@@ -66,10 +66,13 @@ def test_the_step_runs_with_the_flight_recorder_dumping_into_its_evidence_dir_un
 
     env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
     flight_recorder_env(env, "/shared/jobs/7.evidence/attempt-2", 2000)
-    assert env == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_FR_BUFFER_SIZE": "2000",
-                   "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                   "TORCH_FR_DUMP_TEMP_FILE": "/shared/jobs/7.evidence/attempt-2/fr-dump-rank",
-                   "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/shared/jobs/7.evidence/attempt-2/fr-dump-rank"}
+    assert env == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "50",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": "/shared/jobs/7.evidence/attempt-2/fr-dump-rank",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/shared/jobs/7.evidence/attempt-2/fr-dump-rank",
+    }
     off: dict[str, str] = {}
     flight_recorder_env(off, "/x", 0)
     assert off == {}

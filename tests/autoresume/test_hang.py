@@ -85,8 +85,7 @@ def test_a_stopped_rank_is_named_unambiguously_with_its_node() -> None:
 
 
 def test_a_rank_that_wrote_no_stack_when_asked_is_a_suspect() -> None:
-    reports = {"n1": parse_probe_lines(PROBE_N1)[0],
-               "n2": parse_probe_lines(PROBE_N2.replace(" T 1 ", " S 1 "))[0]}
+    reports = {"n1": parse_probe_lines(PROBE_N1)[0], "n2": parse_probe_lines(PROBE_N2.replace(" T 1 ", " S 1 "))[0]}
     v = attribute(["n1", "n2"], reports, {101: True, 201: False}, {})
     assert v.unambiguous and v.nodes == ["n2"] and "no Python stack" in v.suspects[0].why
 

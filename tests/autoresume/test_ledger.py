@@ -15,26 +15,47 @@ def ev(t: float, event: str, **fields: Any) -> dict[str, Any]:
     return {"time": T0 + t, "event": event, "job_id": 7, **fields}
 
 
-def ended(t: float, attempt: int, decided: float, first: tuple[float, int] | None, last: tuple[float, int] | None,
-          step_s: float | None) -> dict[str, Any]:
-    return ev(t, "attempt_ended", attempt=attempt, decided_at=T0 + decided,
-              first_progress_at=T0 + first[0] if first else None, first_step=first[1] if first else None,
-              last_progress_at=T0 + last[0] if last else None, last_step=last[1] if last else None, step_s=step_s)
+def ended(
+    t: float,
+    attempt: int,
+    decided: float,
+    first: tuple[float, int] | None,
+    last: tuple[float, int] | None,
+    step_s: float | None,
+) -> dict[str, Any]:
+    return ev(
+        t,
+        "attempt_ended",
+        attempt=attempt,
+        decided_at=T0 + decided,
+        first_progress_at=T0 + first[0] if first else None,
+        first_step=first[1] if first else None,
+        last_progress_at=T0 + last[0] if last else None,
+        last_step=last[1] if last else None,
+        step_s=step_s,
+    )
 
 
 def one_fault(*, requeue: bool = False) -> list[dict[str, Any]]:
     """Attempt 1: launched 0, step 1 at 10, 1 s steps, node n2 marked at 30 (seen at 31), old tasks gone at 32,
     relaunched at 35 on other nodes; attempt 2 resumes after checkpoint 10 (first step 11 at 45), ends at 71."""
-    out = [ev(0, "supervisor_started"), ev(0, "attempt_started", attempt=1, nodes="n1,n2"),
-           ev(31, "node_fault_seen", node="n2", detection_latency_s=1.0),
-           ended(31.1, 1, 31, (10, 1), (30.5, 21), 1.0),
-           ev(31.2, "fault_seen", cause="hardware", nodes="n2", attempt=1), ev(32, "old_tasks_checked")]
+    out = [
+        ev(0, "supervisor_started"),
+        ev(0, "attempt_started", attempt=1, nodes="n1,n2"),
+        ev(31, "node_fault_seen", node="n2", detection_latency_s=1.0),
+        ended(31.1, 1, 31, (10, 1), (30.5, 21), 1.0),
+        ev(31.2, "fault_seen", cause="hardware", nodes="n2", attempt=1),
+        ev(32, "old_tasks_checked"),
+    ]
     if requeue:
         out += [ev(33, "no_replacement"), ev(33, "job_requeue_requested"), ev(40, "supervisor_started")]
     else:
         out += [ev(35, "step_relaunching", nodes="n1,n3")]
-    out += [ev(35, "attempt_started", attempt=2, nodes="n1,n3"), ended(71, 2, 71, (45, 11), (70, 36), 1.0),
-            ev(71, "job_step_succeeded", attempt=2)]
+    out += [
+        ev(35, "attempt_started", attempt=2, nodes="n1,n3"),
+        ended(71, 2, 71, (45, 11), (70, 36), 1.0),
+        ev(71, "job_step_succeeded", attempt=2),
+    ]
     return out
 
 
@@ -52,7 +73,12 @@ def test_each_second_of_a_relaunch_lands_in_its_category_and_the_parts_sum_to_th
     assert (r.cause, r.nodes, r.action) == ("hardware", ["n2"], "relaunch") and r.lost_s == pytest.approx(11)
     assert r.badput_s == pytest.approx(11 + 1 + 1 + 3 + 9)  # lost, detection, stop, replacement, reinit
     assert {k: v for k, v in r.to_dict()["by_category"].items()} == {
-        "lost_work": 11, "detection": 1, "stop": 1, "replacement": 3, "reinit": 9}
+        "lost_work": 11,
+        "detection": 1,
+        "stop": 1,
+        "replacement": 3,
+        "reinit": 9,
+    }
     assert led.ended and led.lost_work_known
 
 
@@ -75,20 +101,32 @@ def test_steps_kept_past_the_fault_are_work_not_detection() -> None:
 
 
 def test_a_hang_starts_at_the_last_progress() -> None:
-    events = [ev(0, "attempt_started", attempt=1, nodes="n1"), ended(60, 1, 60, (10, 1), (20, 11), 1.0),
-              ev(60.5, "fault_seen", cause="hang", nodes=""), ev(61, "old_tasks_checked"),
-              ev(61, "step_relaunching", nodes="n1"), ev(61, "attempt_started", attempt=2, nodes="n1"),
-              ended(80, 2, 80, (70, 6), (79, 15), 1.0), ev(80, "job_step_succeeded")]
+    events = [
+        ev(0, "attempt_started", attempt=1, nodes="n1"),
+        ended(60, 1, 60, (10, 1), (20, 11), 1.0),
+        ev(60.5, "fault_seen", cause="hang", nodes=""),
+        ev(61, "old_tasks_checked"),
+        ev(61, "step_relaunching", nodes="n1"),
+        ev(61, "attempt_started", attempt=2, nodes="n1"),
+        ended(80, 2, 80, (70, 6), (79, 15), 1.0),
+        ev(80, "job_step_succeeded"),
+    ]
     led = compute(7, events)
     assert led.badput_s["detection"] == pytest.approx(40)
     assert led.restarts[0].lost_s == pytest.approx(6)  # 5 steps kept (1..5), 14 -> 20 redone
 
 
 def test_a_step_without_progress_reports_gets_the_wrappers_categories_and_says_lost_work_is_unknown() -> None:
-    events = [ev(0, "attempt_started", attempt=1, nodes="n1"), ended(50, 1, 50, None, None, None),
-              ev(50, "fault_seen", cause="application", nodes=""), ev(52, "old_tasks_checked"),
-              ev(52, "step_relaunching", nodes="n1"), ev(53, "attempt_started", attempt=2, nodes="n1"),
-              ended(90, 2, 90, None, None, None), ev(90, "job_step_succeeded")]
+    events = [
+        ev(0, "attempt_started", attempt=1, nodes="n1"),
+        ended(50, 1, 50, None, None, None),
+        ev(50, "fault_seen", cause="application", nodes=""),
+        ev(52, "old_tasks_checked"),
+        ev(52, "step_relaunching", nodes="n1"),
+        ev(53, "attempt_started", attempt=2, nodes="n1"),
+        ended(90, 2, 90, None, None, None),
+        ev(90, "job_step_succeeded"),
+    ]
     led = compute(7, events)
     assert not led.lost_work_known and not led.progress_seen
     assert led.productive_s == pytest.approx(87) and led.badput_s["stop"] == pytest.approx(2)
@@ -115,8 +153,7 @@ def test_a_running_job_is_closed_at_now() -> None:
 def test_a_job_killed_before_its_last_attempt_ended_still_resolves_the_fault_from_attempt_progress() -> None:
     """scancel past KillWait: no attempt_ended for attempt 2, only its attempt_progress record; the job's end
     comes from Slurm (`now`)."""
-    events = [e for e in one_fault() if e["event"] not in ("attempt_ended", "job_step_succeeded")
-              or e["attempt"] == 1]
+    events = [e for e in one_fault() if e["event"] not in ("attempt_ended", "job_step_succeeded") or e["attempt"] == 1]
     events.append(ev(45.5, "attempt_progress", attempt=2, first_step=11, first_progress_at=T0 + 45))
     led = compute(7, events, now=T0 + 71)
     assert led.restarts[0].lost_s == pytest.approx(11) and led.lost_work_known

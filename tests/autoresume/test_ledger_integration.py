@@ -42,7 +42,7 @@ class Watch:
         lines = self.run.out.splitlines()
         if lines and not self.run.out.endswith("\n"):
             lines.pop()  # a line still being written
-        self.lines.extend((now, ln) for ln in lines[len(self.lines):])
+        self.lines.extend((now, ln) for ln in lines[len(self.lines) :])
 
     def until(self, pattern: str, timeout: float = 90.0, after: int = 0) -> tuple[float, re.Match[str]]:
         deadline = time.monotonic() + timeout
@@ -61,8 +61,9 @@ class Watch:
 
 
 def hpr(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpresilience", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hpresilience", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def ledger_of(run: Recipe) -> dict[str, Any]:
@@ -72,14 +73,19 @@ def ledger_of(run: Recipe) -> dict[str, Any]:
 
 
 def test_ledger_matches_ground_truth_for_two_node_replacements_in_the_recipe(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """Two faults (Action:Replace on the non-batch node, each time after some steps past a checkpoint): the
     ledger has one restart per fault naming the node, lost work within 25 % (or 1.5 s) of what the output
     shows was redone, productive time near the steps times the step time, and the categories plus the
     productive time sum to the wall time. `hpresilience job` finds it from another directory, and the
     wrapper printed the same summary into the job's output."""
-    run = Recipe(cluster, tmp_path / "job", steps=STEPS, extra_env={"CKPT_EVERY": str(CKPT_EVERY),
-                                                                         "TRAIN_STEP_SLEEP": STEP_SLEEP})
+    run = Recipe(
+        cluster,
+        tmp_path / "job",
+        steps=STEPS,
+        extra_env={"CKPT_EVERY": str(CKPT_EVERY), "TRAIN_STEP_SLEEP": STEP_SLEEP},
+    )
     watch = Watch(run)
     faults: list[tuple[str, float]] = []
     after = 0
@@ -125,14 +131,16 @@ def test_ledger_matches_ground_truth_for_two_node_replacements_in_the_recipe(
     shown = json.loads(res.stdout)
     assert shown["job_id"] == run.job_id and shown["goodput"] == ledger["goodput"]
     assert shown["badput_s"] == ledger["badput_s"] and [r["nodes"] for r in shown["restarts"]] == [
-        r["nodes"] for r in restarts]
+        r["nodes"] for r in restarts
+    ]
     text = hpr(run.env, elsewhere, "job", str(run.job_id)).stdout
     assert f"job {run.job_id}: goodput" in text and faults[0][0] in text
     assert f"[hpresilience] job {run.job_id}: goodput {ledger['goodput'] * 100:.1f} %" in run.out
 
 
 def test_goodput_over_finished_jobs_is_the_sum_of_their_ledgers(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """Two finished recipe jobs: `hpresilience goodput` lists both from slurmdbd with their ledgers' figures,
     and its totals, category by category, are the sums over the jobs it lists. (One after the other: the
     recipe's fixed master port would collide on the devcluster's one host.)"""
@@ -165,10 +173,13 @@ def test_goodput_over_finished_jobs_is_the_sum_of_their_ledgers(
     for job_id, ledger in ledgers.items():
         who = {"job_id": str(job_id), "user": by_id[job_id]["user"], "partition": by_id[job_id]["partition"]}
         assert who["user"] and registry.get_sample_value("hpr_job_goodput_ratio", who) == pytest.approx(
-            ledger["goodput"], abs=1e-3)
+            ledger["goodput"], abs=1e-3
+        )
         assert registry.get_sample_value("hpr_job_badput_seconds", {**who, "category": "reinit"}) == pytest.approx(
-            ledger["badput_s"]["reinit"], abs=1e-3)
+            ledger["badput_s"]["reinit"], abs=1e-3
+        )
     assert registry.get_sample_value("hpr_cluster_badput_seconds_total", {"category": "reinit"}) == pytest.approx(
-        data["badput_s"]["reinit"], abs=0.01)
+        data["badput_s"]["reinit"], abs=0.01
+    )
     for category, seconds in data["badput_s"].items():
         assert seconds == pytest.approx(sum(j["badput_s"][category] for j in data["jobs"]), abs=0.01)

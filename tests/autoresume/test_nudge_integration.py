@@ -40,7 +40,8 @@ def wait_for(what: str, check: Any, timeout: float) -> Any:
 
 
 def test_a_controllers_mark_reaches_the_running_wrapper_within_2_s_by_its_nudge_and_no_task_gets_it(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     scripts = write_scripts(tmp_path / "scripts", cluster)
     task = tmp_path / "task.py"
     task.write_text(TASK)

@@ -16,24 +16,33 @@ from hpresilience.errors import ConfigError
 
 
 def test_config_values_apply_and_command_line_wins(tmp_path: Path) -> None:
-    settings = AutoResumeSettings(poll_interval_s=2.5, master_port_base=31000, metrics_file="/m/x.prom",
-                                  script_timeout_s=30, requeue_wait_s=10, state_dir=str(tmp_path))
+    settings = AutoResumeSettings(
+        poll_interval_s=2.5,
+        master_port_base=31000,
+        metrics_file="/m/x.prom",
+        script_timeout_s=30,
+        requeue_wait_s=10,
+        state_dir=str(tmp_path),
+    )
     args = parse_srun_args(["-N2", "train.sh"], frozenset(), frozenset())
     env = {"SLURM_JOB_ID": "7"}
     opts = options_from(settings, args, "/usr/bin/srun", env)
     assert (opts.poll_interval_s, opts.master_port_base, opts.metrics_path) == (2.5, 31000, "/m/x.prom")
     assert (opts.script_timeout_s, opts.requeue_wait_s, opts.state_dir) == (30, 10, tmp_path)
-    cli = options_from(settings, args, "/usr/bin/srun", env, poll_interval_s=0.5, master_port_base=40000,
-                       metrics_path="")
+    cli = options_from(
+        settings, args, "/usr/bin/srun", env, poll_interval_s=0.5, master_port_base=40000, metrics_path=""
+    )
     assert (cli.poll_interval_s, cli.master_port_base, cli.metrics_path) == (0.5, 40000, None)
     textfiles = tmp_path / "node-exporter"
     textfiles.mkdir()
-    default = options_from(AutoResumeSettings(state_dir=str(tmp_path), metrics_dir=str(textfiles)), args,
-                           "/usr/bin/srun", env)
+    default = options_from(
+        AutoResumeSettings(state_dir=str(tmp_path), metrics_dir=str(textfiles)), args, "/usr/bin/srun", env
+    )
     assert default.metrics_path == str(textfiles / "hpresilience_job_7.prom") and default.poll_interval_s == 1.0
     # No node_exporter directory: no file at all, rather than one nobody reads.
-    nowhere = options_from(AutoResumeSettings(state_dir=str(tmp_path), metrics_dir=str(tmp_path / "absent")), args,
-                           "/usr/bin/srun", env)
+    nowhere = options_from(
+        AutoResumeSettings(state_dir=str(tmp_path), metrics_dir=str(tmp_path / "absent")), args, "/usr/bin/srun", env
+    )
     assert nowhere.metrics_path is None
 
 
@@ -42,8 +51,9 @@ def _srun(*args: str, job_id: str | None = "12") -> subprocess.CompletedProcess[
     if job_id is not None:
         env["SLURM_JOB_ID"] = job_id
     env["HPRESILIENCE_REAL_SRUN"] = "/bin/false"  # a run that got past validation would exec this, not srun
-    return subprocess.run([sys.executable, "-m", "hpresilience", "srun", *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "hpresilience", "srun", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 @pytest.mark.parametrize("value", ["yes", "true", "on", "-1", "1.0", ""])
@@ -54,10 +64,15 @@ def test_auto_resume_value_follows_the_shim(value: str) -> None:
     assert "Traceback" not in res.stderr
 
 
-@pytest.mark.parametrize(("option", "value"), [
-    ("--auto-resume-replace-timeout", "nan"), ("--auto-resume-replace-timeout", "inf"),
-    ("--auto-resume-poll-interval", "nan"), ("--auto-resume-shutdown-timeout", "inf"),
-])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--auto-resume-replace-timeout", "nan"),
+        ("--auto-resume-replace-timeout", "inf"),
+        ("--auto-resume-poll-interval", "nan"),
+        ("--auto-resume-shutdown-timeout", "inf"),
+    ],
+)
 def test_nan_and_infinite_wrapper_durations_are_refused(option: str, value: str) -> None:
     """Issue 14 item 8: `--auto-resume-replace-timeout nan` passed click's range check (NaN compares false)."""
     res = _srun("--auto-resume=1", f"{option}={value}", "true")

@@ -49,7 +49,8 @@ def _resolve(given: dict[str, Any], tmp_path: Path) -> WrapperOptions:
 
 @pytest.mark.parametrize("option", SRUN_OPTIONS, ids=lambda o: o.name)
 def test_every_option_is_a_click_option_found_by_the_scan_and_mapped_where_it_acts(
-        option: SrunOption, tmp_path: Path) -> None:
+    option: SrunOption, tmp_path: Path
+) -> None:
     value = _example(option, tmp_path)
     words = _words(option, value)
     before = _parsed_by_click(words)
@@ -123,7 +124,9 @@ def test_a_value_among_srun_options_gets_the_same_check_as_one_given_before_them
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SLURM_JOB_ID="12", HPRESILIENCE_REAL_SRUN="/bin/false")
     for args in (["--auto-resume-spares=-1", "-N2", "true"], ["-N2", "--auto-resume-spares=-1", "true"]):
-        res = subprocess.run([sys.executable, "-m", "hpresilience", "srun", *args], capture_output=True, text=True,
-                             timeout=60, env=env)
+        res = subprocess.run(
+            [sys.executable, "-m", "hpresilience", "srun", *args], capture_output=True, text=True, timeout=60, env=env
+        )
         assert res.returncode == 2 and "Invalid value for '--auto-resume-spares': -1 is not in the range x>=0" in (
-            res.stderr), res.stderr
+            res.stderr
+        ), res.stderr

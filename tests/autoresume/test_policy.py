@@ -23,9 +23,10 @@ class Clock:
 
 
 def settings(**kw: Any) -> RunPolicySettings:
-    base: dict[str, Any] = {"jobMaxRetryCount": 50, "restartPolicy": {"numRestartBeforeFullJobRestart": 3,
-                                                                      "evalPeriodSeconds": 6 * HOUR,
-                                                                      "maxFullJobRestarts": 1}}
+    base: dict[str, Any] = {
+        "jobMaxRetryCount": 50,
+        "restartPolicy": {"numRestartBeforeFullJobRestart": 3, "evalPeriodSeconds": 6 * HOUR, "maxFullJobRestarts": 1},
+    }
     base.update(kw)
     return RunPolicySettings.model_validate(base)
 
@@ -74,10 +75,12 @@ def test_job_max_retry_count_caps_process_restarts_over_the_job_life() -> None:
 
 
 def test_zero_restarts_before_full_restart_goes_straight_to_requeue() -> None:
-    p = RestartPolicy(settings(restartPolicy={"numRestartBeforeFullJobRestart": 0, "maxFullJobRestarts": 2}),
-                      Clock())
+    p = RestartPolicy(settings(restartPolicy={"numRestartBeforeFullJobRestart": 0, "maxFullJobRestarts": 2}), Clock())
     assert [p.decide(FailureKind.NODE_FAULT).action for _ in range(3)] == [
-        Action.FULL_RESTART, Action.FULL_RESTART, Action.GIVE_UP]
+        Action.FULL_RESTART,
+        Action.FULL_RESTART,
+        Action.GIVE_UP,
+    ]
 
 
 def test_application_error_is_not_retried_by_default() -> None:
@@ -136,18 +139,23 @@ def test_state_survives_a_requeue_through_json() -> None:
 
 
 def test_slurm_restart_count_uses_up_the_full_restart_budget() -> None:
-    p = RestartPolicy(settings(restartPolicy={"numRestartBeforeFullJobRestart": 0, "maxFullJobRestarts": 1}),
-                      Clock())
+    p = RestartPolicy(settings(restartPolicy={"numRestartBeforeFullJobRestart": 0, "maxFullJobRestarts": 1}), Clock())
     p.observe_job_start(1)  # Slurm requeued the job itself once already
     assert p.decide(FailureKind.NODE_FAULT).action is Action.GIVE_UP
     p.observe_job_start(0)
     assert p.full_restarts == 1  # never counts down
 
 
-@pytest.mark.parametrize("data", [
-    {"version": 2}, {"version": 1, "process_restarts": -1}, {"version": 1, "full_restarts": "x"},
-    {"version": 1, "window": "x"}, {"version": 1, "window": ["soon"]},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"version": 2},
+        {"version": 1, "process_restarts": -1},
+        {"version": 1, "full_restarts": "x"},
+        {"version": 1, "window": "x"},
+        {"version": 1, "window": ["soon"]},
+    ],
+)
 def test_unreadable_state_is_a_clear_error(data: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="restart policy state is not readable"):
         RestartPolicy.from_dict(settings(), data)

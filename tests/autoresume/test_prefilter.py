@@ -10,18 +10,21 @@ import pytest
 from hpresilience.autoresume.prefilter import required_literal
 
 
-@pytest.mark.parametrize(("pattern", "literal"), [
-    (".*Experiment configuration.*", "Experiment configuration"),
-    (r".*\[Epoch 0 Batch \d+.*'training_loss_step': (\d+(\.\d+)?).*", "'training_loss_step': "),
-    (r".*'samples\/sec': (\d+(\.\d+)?).*", "'samples/sec': "),
-    ("ab(cd)ef", "abcdef"),          # a group continues the run around it
-    ("(?:xyz)+q", "xyz"),            # a repeat of at least one keeps its own literal
-    ("^Saving data*", "Saving dat"),  # the starred last letter is optional
-    ("a|bcd", ""),                   # neither branch is required
-    ("(?i).*NCCL error", ""),        # case-insensitive: no literal can be trusted
-    ("x(?i:abcdef)y", "x"),
-    ("(", ""),                       # invalid: no prefilter, never an exception
-])
+@pytest.mark.parametrize(
+    ("pattern", "literal"),
+    [
+        (".*Experiment configuration.*", "Experiment configuration"),
+        (r".*\[Epoch 0 Batch \d+.*'training_loss_step': (\d+(\.\d+)?).*", "'training_loss_step': "),
+        (r".*'samples\/sec': (\d+(\.\d+)?).*", "'samples/sec': "),
+        ("ab(cd)ef", "abcdef"),  # a group continues the run around it
+        ("(?:xyz)+q", "xyz"),  # a repeat of at least one keeps its own literal
+        ("^Saving data*", "Saving dat"),  # the starred last letter is optional
+        ("a|bcd", ""),  # neither branch is required
+        ("(?i).*NCCL error", ""),  # case-insensitive: no literal can be trusted
+        ("x(?i:abcdef)y", "x"),
+        ("(", ""),  # invalid: no prefilter, never an exception
+    ],
+)
 def test_literal_extraction(pattern: str, literal: str) -> None:
     assert required_literal(pattern) == literal
 

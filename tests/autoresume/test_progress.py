@@ -19,10 +19,18 @@ class Clock:
         return self.t
 
 
-@pytest.mark.parametrize(("line", "value"), [
-    ("step 12", 12), ("step=12 loss=0.3", 12), ("Step 12 | loss 1.2", 12), ("iteration 12/1000 | lr 3e-4", 12),
-    ("global_step: 12", 12), ("train:  12/1000 [00:03<04:10,  3.9it/s]", 12), ("[Epoch 0 Batch 7] step: 12", 12),
-])
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [
+        ("step 12", 12),
+        ("step=12 loss=0.3", 12),
+        ("Step 12 | loss 1.2", 12),
+        ("iteration 12/1000 | lr 3e-4", 12),
+        ("global_step: 12", 12),
+        ("train:  12/1000 [00:03<04:10,  3.9it/s]", 12),
+        ("[Epoch 0 Batch 7] step: 12", 12),
+    ],
+)
 def test_each_documented_format_yields_its_counter(line: str, value: int) -> None:
     found = output_counter(line)
     assert found is not None and found[1] == value
@@ -64,8 +72,11 @@ def test_a_changed_counter_of_the_same_task_is_progress_a_repeated_one_is_not_an
 def test_heartbeats_round_trip_from_the_training_side_and_give_work_time_samples() -> None:
     r, w = os.pipe()
     clock = Clock()
-    hb = Heartbeat({"HPR_AUTORESUME_JOB": "7", "RANK": "3", "SLURMD_NODENAME": "n9",
-                    "HPR_HEARTBEAT_EVERY_S": "5"}, fd=w, clock=clock)
+    hb = Heartbeat(
+        {"HPR_AUTORESUME_JOB": "7", "RANK": "3", "SLURMD_NODENAME": "n9", "HPR_HEARTBEAT_EVERY_S": "5"},
+        fd=w,
+        clock=clock,
+    )
     for step in range(1, 13):
         with hb.working():
             clock.t += 0.3
@@ -94,18 +105,23 @@ def test_the_heartbeat_is_silent_outside_the_wrapper() -> None:
     assert os.read(r, 100) == b""
 
 
-@pytest.mark.parametrize("line", [
-    f"{PREFIX} rank=x pid=1 step=1", f"{PREFIX} rank=1 pid=1", f"{PREFIX} rank=1 pid=1 step=1 step_s=nan",
-    f"{PREFIX} rank=1 pid=1 step=99999999999999 ", f"{PREFIX} rank=1 pid=1 step=1 stack_signal=9999",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"{PREFIX} rank=x pid=1 step=1",
+        f"{PREFIX} rank=1 pid=1",
+        f"{PREFIX} rank=1 pid=1 step=1 step_s=nan",
+        f"{PREFIX} rank=1 pid=1 step=99999999999999 ",
+        f"{PREFIX} rank=1 pid=1 step=1 stack_signal=9999",
+    ],
+)
 def test_malformed_heartbeats_are_skipped(line: str) -> None:
     assert parse_heartbeat(line) is None
 
 
 def test_the_filter_removes_heartbeats_and_our_labels_even_when_split_across_reads() -> None:
     f = OutputFilter(strip_labels=True)
-    chunks = [b"0: step=1\n1: [hpr-he", b"artbeat] rank=1 pid=2 step=1\n 1", b"0: progress 50%\r", b"60%\n0: x",
-              b"yz"]
+    chunks = [b"0: step=1\n1: [hpr-he", b"artbeat] rank=1 pid=2 step=1\n 1", b"0: progress 50%\r", b"60%\n0: x", b"yz"]
     out = b"".join(f.push(c) for c in chunks) + f.flush()
     assert out == b"step=1\nprogress 50%\r60%\nxyz"
 
@@ -135,8 +151,7 @@ def test_the_pump_feeds_the_stream_and_the_rules_and_forwards_only_the_users_lin
     from hpresilience.autoresume.settings import LogRuleSettings
     from hpresilience.autoresume.stream import Pump, RuleFeed
 
-    rule = LogRuleSettings.model_validate({"name": "beat", "logPattern": ".*hpr-heartbeat.*",
-                                           "faultOnMatch": True})
+    rule = LogRuleSettings.model_validate({"name": "beat", "logPattern": ".*hpr-heartbeat.*", "faultOnMatch": True})
     feed = RuleFeed(RuleSet([rule], strip_task_label=True))
     stream = ProgressStream()
     stream.reset(["n1", "n2"])
@@ -152,11 +167,15 @@ def test_the_pump_feeds_the_stream_and_the_rules_and_forwards_only_the_users_lin
     assert feed.tick() == []  # the rules never saw the heartbeat line
 
 
-@pytest.mark.parametrize("line", [
-    "slurmstepd-n1: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***",
-    "slurmstepd: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***",
-    "srun: Job step 34017002.0 aborted before step completely launched.",
-    "0: slurmstepd-n1: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "slurmstepd-n1: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***",
+        "slurmstepd: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***",
+        "srun: Job step 34017002.0 aborted before step completely launched.",
+        "0: slurmstepd-n1: error: *** STEP 34017002.0 ON n1 CANCELLED AT 2026-11-25T17:45:50 ***",
+    ],
+)
 def test_slurms_own_lines_about_the_step_are_not_its_progress(line: str) -> None:
     """A cancelled step's `STEP <job>.<step>` line once counted as step 34017002 (the goodput ledger's step
     range, and a hang clock reset by Slurm's own words)."""

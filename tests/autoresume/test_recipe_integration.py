@@ -73,8 +73,16 @@ def job_notices(slurm: SlurmClient, every_s: float = 0.5) -> Iterator[None]:
 class Recipe:
     """The recipe copied into a submit directory and submitted from there, as a user would."""
 
-    def __init__(self, cluster: DevCluster, tmp: Path, steps: int = STEPS, extra_env: dict[str, str] | None = None,
-                 sbatch_args: tuple[str, ...] = (), inject: bool = False, srun_args: str = "") -> None:
+    def __init__(
+        self,
+        cluster: DevCluster,
+        tmp: Path,
+        steps: int = STEPS,
+        extra_env: dict[str, str] | None = None,
+        sbatch_args: tuple[str, ...] = (),
+        inject: bool = False,
+        srun_args: str = "",
+    ) -> None:
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         for f in ("batch.sh", "train_auto_resume.sh", "train.py"):
@@ -90,11 +98,24 @@ class Recipe:
             batch = tmp / "batch.sh"
             batch.write_text(batch.read_text().replace("srun --auto-resume=1", f"srun --auto-resume=1 {srun_args}"))
         env = cluster.env()
-        env.update({"PATH": f"{SHIM_DIR}:{VENV_BIN}:{env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),
-                    "TRAIN_STEPS": str(steps), "TRAIN_STEP_SLEEP": "0.25", **(extra_env or {})})
+        env.update(
+            {
+                "PATH": f"{SHIM_DIR}:{VENV_BIN}:{env.get('PATH', '')}",
+                "CKPT_DIR": str(tmp / "ckpt"),
+                "TRAIN_STEPS": str(steps),
+                "TRAIN_STEP_SLEEP": "0.25",
+                **(extra_env or {}),
+            }
+        )
         self.env = env
-        res = subprocess.run(["sbatch", "--parsable", *sbatch_args, "batch.sh"], cwd=tmp, env=env,
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            ["sbatch", "--parsable", *sbatch_args, "batch.sh"],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         self.job_id = int(res.stdout.strip().split(";")[0])
         self.state = tmp / ".hpresilience" / "jobs"
 
@@ -119,8 +140,11 @@ class Recipe:
         return value
 
     def wait_finished(self, timeout: float = 150.0) -> float:
-        line = self.wait(lambda: re.search(r"training finished step=(\d+) weight0=(\S+)", self.out),
-                         "the training to finish", timeout)
+        line = self.wait(
+            lambda: re.search(r"training finished step=(\d+) weight0=(\S+)", self.out),
+            "the training to finish",
+            timeout,
+        )
         assert int(line.group(1)) == STEPS
         return float(line.group(2))
 
@@ -137,7 +161,8 @@ def processes_of_attempt(job_id: int, attempt: int) -> list[psutil.Process]:
 
 
 def test_recipe_recovers_in_the_same_job_after_an_operator_replaces_a_node(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """(a) Default settings, no spares: Action:Replace on the non-batch node; the job grows into an idle node,
     torchrun starts again with the job's NodeList, the training resumes from the last checkpoint and ends
     with the uninterrupted weights, and no process of the first attempt is alive after the relaunch."""
@@ -161,22 +186,38 @@ def test_recipe_recovers_in_the_same_job_after_an_operator_replaces_a_node(
     views = [line for line in run.out.splitlines() if line.startswith("node=")][-2:]
     lists = {re.search(r"NODE_LIST=(\S+)", v).group(1) for v in views}  # type: ignore[union-attr]
     assert len(lists) == 1, views
-    hosts = subprocess.run(["scontrol", "show", "hostnames", lists.pop()], env=run.env, capture_output=True,
-                           text=True, check=True).stdout.split()
+    hosts = subprocess.run(
+        ["scontrol", "show", "hostnames", lists.pop()], env=run.env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert set(hosts) == set(starts[1]["nodes"].split(",")) and victim not in hosts
     assert slurm.job(run.job_id).job_id == run.job_id
 
 
 def test_recipe_on_a_full_cluster_recovers_in_place_once_the_failed_node_is_repaired(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """No idle node anywhere (another job holds the rest of the partition): Action:Replace on the non-batch
     node leaves the wrapper waiting; the failed node itself, resumed under its own name (HyperPod's repair),
     is the replacement: the step runs again in the same job within 3 s of the resume, no requeue."""
     run = Recipe(cluster, tmp_path / "job")
     run.wait(lambda: "step=4\n" in run.out, "step 4")
-    filler = subprocess.run(["sbatch", "--parsable", "-N", str(len(cluster.names()) - 2), "--exclusive", "-o",
-                             "/dev/null", "--wrap", "sleep 600"], env=run.env, capture_output=True, text=True,
-                            check=True)
+    filler = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N",
+            str(len(cluster.names()) - 2),
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+        env=run.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     filler_id = int(filler.stdout.strip().split(";")[0])
     run.wait(lambda: slurm.job(filler_id).is_running, "the job that fills the cluster")
     assert not slurm.idle_nodes()
@@ -201,21 +242,25 @@ def test_recipe_on_a_full_cluster_recovers_in_place_once_the_failed_node_is_repa
 
 
 def test_recipe_with_a_failed_batch_host_is_requeued_onto_healthy_nodes_and_released_at_once(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path,
-        start_controller: Callable[[Controller], Controller]) -> None:  # noqa: F811 - the fixture
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, start_controller: Callable[[Controller], Controller]
+) -> None:
     """(b) The batch host is marked Action:Replace: it cannot leave the job, so the wrapper requeues the job;
     the controller starts it again at once (no two-minute hold) and repairs the node; in the new run the
     job's NodeList (what the recipe reads) and the step agree, the training resumes and ends right."""
     scripts = write_scripts(tmp_path / "scripts", cluster)
-    start_controller(Controller(settings_for(scripts, tmp_path / "ctl", release_requeued_every_s=0.5,
-                                                   forced_down_after_s=60), slurm))
+    start_controller(
+        Controller(settings_for(scripts, tmp_path / "ctl", release_requeued_every_s=0.5, forced_down_after_s=60), slurm)
+    )
     run = Recipe(cluster, tmp_path / "job")
     run.wait(lambda: "step=8\n" in run.out, "step 8")
     batch_host = slurm.job(run.job_id).batch_host
     slurm.set_node_state([batch_host], "fail", "Action:Replace")
     requeued = run.wait(lambda: run.named("job_requeue_requested"), "the requeue")[0]
-    restarted = run.wait(lambda: [e for e in run.named("supervisor_started") if e["slurm_restart_count"] == 1],
-                         "the requeued batch run", timeout=60)[0]
+    restarted = run.wait(
+        lambda: [e for e in run.named("supervisor_started") if e["slurm_restart_count"] == 1],
+        "the requeued batch run",
+        timeout=60,
+    )[0]
     assert restarted["time"] - requeued["time"] < 60  # Slurm alone would hold it for cred_expire + 1 s (121 s)
     assert run.named("no_replacement")[0]["batch_host"] is True
     assert run.wait_finished() == pytest.approx(reference_weight(STEPS, 2), abs=1e-5)
@@ -224,17 +269,21 @@ def test_recipe_with_a_failed_batch_host_is_requeued_onto_healthy_nodes_and_rele
     node_lists = {re.search(r"NODE_LIST=(\S+)", v).group(1) for v in views}  # type: ignore[union-attr]
     assert len(node_lists) == 1
     step_nodes = set(run.named("attempt_started")[-1]["nodes"].split(","))
-    alloc = subprocess.run(["scontrol", "show", "hostnames", node_lists.pop()], env=run.env, capture_output=True,
-                           text=True, check=True).stdout.split()
+    alloc = subprocess.run(
+        ["scontrol", "show", "hostnames", node_lists.pop()], env=run.env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert set(alloc) == step_nodes
     assert "resumed from step" in run.out
     job = slurm.job(run.job_id)
-    assert job.restart_count == 1 and REQUEUE_MARKER not in slurm.runner.run(
-        "scontrol", "show", "job", str(run.job_id)).stdout
+    assert (
+        job.restart_count == 1
+        and REQUEUE_MARKER not in slurm.runner.run("scontrol", "show", "job", str(run.job_id)).stdout
+    )
 
 
 def test_a_state_file_left_by_an_earlier_job_with_the_same_id_is_set_aside(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """(e) A cluster reinstall hands out job ids again: the new job finds `<id>.json` of an earlier job
     (two attempts, its own batch host blamed) and runs as a fresh job, the old file set aside and logged."""
     first = Recipe(cluster, tmp_path, steps=3)
@@ -243,8 +292,14 @@ def test_a_state_file_left_by_an_earlier_job_with_the_same_id_is_set_aside(
     second = Recipe(cluster, tmp_path, steps=3, sbatch_args=("--hold",))
     batch_nodes = slurm.nodes()
     # What the earlier job of that id left: attempts, and blamed nodes that this job will be given.
-    old.update({"job_id": second.job_id, "attempts": 2, "blamed_nodes": [n.name for n in batch_nodes],
-                "kept_out": [n.name for n in batch_nodes]})
+    old.update(
+        {
+            "job_id": second.job_id,
+            "attempts": 2,
+            "blamed_nodes": [n.name for n in batch_nodes],
+            "kept_out": [n.name for n in batch_nodes],
+        }
+    )
     (second.state / f"{second.job_id}.json").write_text(json.dumps(old))
     (second.state / f"{second.job_id}.events.jsonl").write_text(json.dumps({"event": "old"}) + "\n")
     slurm.runner.run("scontrol", "release", str(second.job_id))
@@ -258,4 +313,3 @@ def test_a_state_file_left_by_an_earlier_job_with_the_same_id_is_set_aside(
     assert aside and json.loads(aside[0].read_text())["attempts"] == 2
     state = json.loads((second.state / f"{second.job_id}.json").read_text())
     assert state["attempts"] == 1 and state["blamed_nodes"] == [] and state["submit_time"]
-

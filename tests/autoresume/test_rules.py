@@ -48,8 +48,9 @@ def test_hang_rearms_after_a_new_match() -> None:
 
 
 def test_start_cutoff_counts_from_the_attempt_start() -> None:
-    rs = RuleSet([rule(name="JobStart", logPattern=".*Experiment configuration.*", expectedStartCutOffInSeconds=120)],
-                 now=1000)
+    rs = RuleSet(
+        [rule(name="JobStart", logPattern=".*Experiment configuration.*", expectedStartCutOffInSeconds=120)], now=1000
+    )
     rs.feed("loading data", 1100)
     assert rs.tick(1120) == []
     ev = rs.tick(1121)
@@ -76,9 +77,16 @@ def test_metric_counts_bad_points_across_one_block_in_order() -> None:
     assert len(ev) == 1 and ev[0].line == batch(4, 9)
 
 
-@pytest.mark.parametrize(("op", "bad", "good"), [
-    ("gt", 81, 80), ("gteq", 80, 79.9), ("lt", 79, 80), ("lteq", 80, 80.1), ("eq", 80, 80.5),
-])
+@pytest.mark.parametrize(
+    ("op", "bad", "good"),
+    [
+        ("gt", 81, 80),
+        ("gteq", 80, 79.9),
+        ("lt", 79, 80),
+        ("lteq", 80, 80.1),
+        ("eq", 80, 80.5),
+    ],
+)
 def test_each_operator_marks_the_bad_side(op: str, bad: float, good: float) -> None:
     rs = RuleSet([rule(logPattern=r".*'samples/sec': (\d+(\.\d+)?)", metricThreshold=80, operator=op)])
     assert rs.feed(f"'samples/sec': {good}", 1) == []
@@ -93,8 +101,17 @@ def test_uncapturable_metric_is_skipped_not_fatal() -> None:
 
 
 def test_stop_pattern_deactivates_the_rule_for_the_attempt() -> None:
-    rs = RuleSet([rule(logPattern=LOSS, stopPattern=".*Training complete.*", expectedRecurringFrequencyInSeconds=10,
-                       metricThreshold=5, operator="gt")])
+    rs = RuleSet(
+        [
+            rule(
+                logPattern=LOSS,
+                stopPattern=".*Training complete.*",
+                expectedRecurringFrequencyInSeconds=10,
+                metricThreshold=5,
+                operator="gt",
+            )
+        ]
+    )
     rs.feed(batch(1, 1), 0)
     # The stop line itself matches logPattern too: recorded, but its metric is not evaluated (HyperPod order).
     assert rs.feed_text(batch(2, 1) + " Training complete\n" + batch(3, 99) + "\n", 5) == []
@@ -117,9 +134,9 @@ def test_fault_on_match_trips_at_once() -> None:
 
 def test_patterns_are_anchored_at_line_start_like_re_match() -> None:
     rs = RuleSet([rule(logPattern="Loss", faultOnMatch=True), rule(name="S", logPattern="^x$", faultOnMatch=True)])
-    assert rs.feed_text("step 1 Loss 3\nab\nx\n", 1) == [RuleTripped("S", LogState.FAULTED,
-                                                                       "logPattern matched (faultOnMatch)", 1,
-                                                                       "restart", "x")]
+    assert rs.feed_text("step 1 Loss 3\nab\nx\n", 1) == [
+        RuleTripped("S", LogState.FAULTED, "logPattern matched (faultOnMatch)", 1, "restart", "x")
+    ]
     assert [e.rule for e in rs.feed("Loss 3", 2)] == ["R"]
 
 
@@ -131,10 +148,16 @@ def test_srun_task_labels_can_be_stripped() -> None:
 
 # --- the prefilter must never change a verdict: compare with a plain per-line HyperPod evaluator -------------
 
+
 def reference(rules: list[LogRuleSettings], lines: list[tuple[str, float]]) -> list[tuple[str, str, float]]:
     """HyperPod's per-line algorithm, written out naively: every regex on every line."""
-    ops = {"gt": lambda a, b: a > b, "gteq": lambda a, b: a >= b, "lt": lambda a, b: a < b,
-           "lteq": lambda a, b: a <= b, "eq": lambda a, b: a == b}
+    ops = {
+        "gt": lambda a, b: a > b,
+        "gteq": lambda a, b: a >= b,
+        "lt": lambda a, b: a < b,
+        "lteq": lambda a, b: a <= b,
+        "eq": lambda a, b: a == b,
+    }
     out = []
     for r in rules:
         active, count = True, 0
@@ -167,8 +190,14 @@ def reference(rules: list[LogRuleSettings], lines: list[tuple[str, float]]) -> l
 def test_prefiltered_engine_agrees_with_naive_evaluation(seed: int) -> None:
     rnd = random.Random(seed)
     rules = [
-        rule(name="loss", logPattern=LOSS, metricThreshold=3, operator="gt", metricEvaluationDataPoints=2,
-             stopPattern=".*Training complete.*"),
+        rule(
+            name="loss",
+            logPattern=LOSS,
+            metricThreshold=3,
+            operator="gt",
+            metricEvaluationDataPoints=2,
+            stopPattern=".*Training complete.*",
+        ),
         rule(name="nolit", logPattern=r"(\d+) it/s", metricThreshold=50, operator="lt"),
         rule(name="anch", logPattern=r"^\w+ (\d+) tflops", metricThreshold=100, operator="lteq"),
         rule(name="fault", logPattern=".*(NCCL|CUDA) error.*", faultOnMatch=True),
@@ -203,6 +232,7 @@ def test_prefiltered_engine_agrees_with_naive_evaluation(seed: int) -> None:
 
 # --- hostile output ---------------------------------------------------------------------------------------------
 
+
 def test_line_buffer_joins_partial_lines_and_splits_carriage_returns() -> None:
     lb = LineBuffer()
     assert lb.push(b"Batch 1 lo") == ""
@@ -227,8 +257,10 @@ def test_huge_lines_are_cut_and_their_rest_dropped() -> None:
 
 
 def test_rule_set_survives_hostile_input() -> None:
-    rs = RuleSet([rule(logPattern=LOSS, metricThreshold=1, operator="gt", expectedRecurringFrequencyInSeconds=5)],
-                 max_line_chars=4096)
+    rs = RuleSet(
+        [rule(logPattern=LOSS, metricThreshold=1, operator="gt", expectedRecurringFrequencyInSeconds=5)],
+        max_line_chars=4096,
+    )
     lb = LineBuffer(max_line_bytes=4096)
     rnd = random.Random(1)
     for k in range(200):
@@ -244,8 +276,11 @@ def test_catastrophic_backtracking_pattern_decides_a_hostile_line(key: str) -> N
     """Issue 14 item 6: `(a+)+$` on 40 characters took Python's `re` days, holding the GIL (the wrapper froze).
     On RE2 the line is decided in linear time; under `re` this test would run into pytest's timeout."""
     evil = "(a+)+$"
-    kw: dict[str, Any] = ({"logPattern": evil, "faultOnMatch": True} if key == "logPattern" else
-                          {"logPattern": "never", "stopPattern": evil, "expectedStartCutOffInSeconds": 60})
+    kw: dict[str, Any] = (
+        {"logPattern": evil, "faultOnMatch": True}
+        if key == "logPattern"
+        else {"logPattern": "never", "stopPattern": evil, "expectedStartCutOffInSeconds": 60}
+    )
     rs = RuleSet([rule(**kw)])
     hostile = "a" * 40 + "!"
     assert rs.feed(hostile * 1, 1.0) == [] and rs.feed_text((hostile + "\n") * 100, 2.0) == []

@@ -20,10 +20,42 @@ from hpresilience.autoresume.settings import load_rules_file
 from hpresilience.errors import HPResilienceError
 from tests.fuzz import HOSTILE_FLOATS, SCALARS, count, fuzz_settings, json_like, mutate_bytes, scratch_dir
 
-FRAGMENTS = ["a", "b", ".", ".*", "+", "*", "?", "(", ")", "(a+)+", "[", "]", "[0-9]", "{2}", "{1,}", "|",
-             "\\d", "\\", "\\1", "^", "$", "(?=x)", "(?P<n>", "(\\d+)", "\\.", "loss ", "é", "{999999}", "(?i)"]
-PATTERNS = st.one_of(st.lists(st.sampled_from(FRAGMENTS), max_size=8).map("".join), st.text(max_size=12),
-                     st.just(".*\\[Epoch 0 Batch \\d+.*'samples\\/sec': (\\d+(\\.\\d+)?).*"))
+FRAGMENTS = [
+    "a",
+    "b",
+    ".",
+    ".*",
+    "+",
+    "*",
+    "?",
+    "(",
+    ")",
+    "(a+)+",
+    "[",
+    "]",
+    "[0-9]",
+    "{2}",
+    "{1,}",
+    "|",
+    "\\d",
+    "\\",
+    "\\1",
+    "^",
+    "$",
+    "(?=x)",
+    "(?P<n>",
+    "(\\d+)",
+    "\\.",
+    "loss ",
+    "é",
+    "{999999}",
+    "(?i)",
+]
+PATTERNS = st.one_of(
+    st.lists(st.sampled_from(FRAGMENTS), max_size=8).map("".join),
+    st.text(max_size=12),
+    st.just(".*\\[Epoch 0 Batch \\d+.*'samples\\/sec': (\\d+(\\.\\d+)?).*"),
+)
 NUMBERS = st.one_of(st.integers(-3, 10**6), st.floats(allow_nan=True, allow_infinity=True), HOSTILE_FLOATS, SCALARS)
 KEYS: dict[str, st.SearchStrategy[Any]] = {
     "name": st.one_of(st.sampled_from(["A", "B", "C"]), st.text(min_size=1, max_size=6), SCALARS),
@@ -60,18 +92,33 @@ def _name(r: dict[str, Any]) -> str:
 def rules_files(draw: st.DrawFn) -> bytes:
     rules = draw(st.lists(rule(), max_size=3, unique_by=_name) if draw(st.booleans()) else st.lists(rule(), max_size=3))
     shape = draw(st.integers(0, 7)) % 6  # lists twice as often: the shape most rule files have
-    doc: Any = (rules if shape == 0 else {"logMonitoringConfiguration": rules} if shape == 1 else
-                {"runPolicy": {"logMonitoringConfiguration": rules, "jobMaxRetryCount": draw(NUMBERS)}}
-                if shape == 2 else {"spec": {"runPolicy": {"logMonitoringConfiguration": rules}}} if shape == 3 else
-                {"runPolicy": draw(json_like(4))} if shape == 4 else draw(json_like(6)))
+    doc: Any = (
+        rules
+        if shape == 0
+        else {"logMonitoringConfiguration": rules}
+        if shape == 1
+        else {"runPolicy": {"logMonitoringConfiguration": rules, "jobMaxRetryCount": draw(NUMBERS)}}
+        if shape == 2
+        else {"spec": {"runPolicy": {"logMonitoringConfiguration": rules}}}
+        if shape == 3
+        else {"runPolicy": draw(json_like(4))}
+        if shape == 4
+        else draw(json_like(6))
+    )
     text = yaml.safe_dump(doc, allow_unicode=draw(st.booleans()))
     data = text.encode("utf-8", "surrogatepass")
     return mutate_bytes(data, draw) if draw(st.booleans()) else data
 
 
-OUTPUT = st.lists(st.one_of(st.binary(max_size=60), st.sampled_from([
-    b"a" * 40 + b"!\n", b"loss 12.5\n", b"[Epoch 0 Batch 3 'samples/sec': 7.5}\n", b"\r\r\n", b"\xff\xfe\n"])),
-    max_size=6)
+OUTPUT = st.lists(
+    st.one_of(
+        st.binary(max_size=60),
+        st.sampled_from(
+            [b"a" * 40 + b"!\n", b"loss 12.5\n", b"[Epoch 0 Batch 3 'samples/sec': 7.5}\n", b"\r\r\n", b"\xff\xfe\n"]
+        ),
+    ),
+    max_size=6,
+)
 _DIR = scratch_dir()
 
 

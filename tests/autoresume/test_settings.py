@@ -70,19 +70,32 @@ def test_defaults_work_without_any_policy() -> None:
     assert s.shutdown_signal == "SIGTERM" and s.fallback_when_no_replacement == "requeue"
 
 
-@pytest.mark.parametrize(("rule", "expected"), [
-    ({"name": "R", "logPattern": "(", "expectedStartCutOffInSeconds": 5},
-     "rule 'R': logPattern is not a valid regular expression"),
-    ({"name": "R", "logPattern": "x", "stopPattern": "[", "expectedStartCutOffInSeconds": 5},
-     "rule 'R': stopPattern is not a valid regular expression"),
-    ({"name": "R", "logPattern": "loss (\\d+)", "metricThreshold": 1},
-     "rule 'R': metricThreshold and operator must be given together"),
-    ({"name": "R", "logPattern": "loss \\d+", "metricThreshold": 1, "operator": "gt"},
-     "rule 'R': metricThreshold needs a capture group"),
-    ({"name": "R", "logPattern": "x", "expectedStartCutOffInSeconds": 5, "metricEvaluationDataPoints": 3},
-     "rule 'R': metricEvaluationDataPoints needs metricThreshold"),
-    ({"name": "R", "logPattern": "x"}, "rule 'R' checks nothing"),
-])
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (
+            {"name": "R", "logPattern": "(", "expectedStartCutOffInSeconds": 5},
+            "rule 'R': logPattern is not a valid regular expression",
+        ),
+        (
+            {"name": "R", "logPattern": "x", "stopPattern": "[", "expectedStartCutOffInSeconds": 5},
+            "rule 'R': stopPattern is not a valid regular expression",
+        ),
+        (
+            {"name": "R", "logPattern": "loss (\\d+)", "metricThreshold": 1},
+            "rule 'R': metricThreshold and operator must be given together",
+        ),
+        (
+            {"name": "R", "logPattern": "loss \\d+", "metricThreshold": 1, "operator": "gt"},
+            "rule 'R': metricThreshold needs a capture group",
+        ),
+        (
+            {"name": "R", "logPattern": "x", "expectedStartCutOffInSeconds": 5, "metricEvaluationDataPoints": 3},
+            "rule 'R': metricEvaluationDataPoints needs metricThreshold",
+        ),
+        ({"name": "R", "logPattern": "x"}, "rule 'R' checks nothing"),
+    ],
+)
 def test_bad_rule_is_rejected_naming_the_rule(rule: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError) as err:
         config_from_mapping({"autoresume": {"runPolicy": {"logMonitoringConfiguration": [rule]}}}, "c.yaml")
@@ -91,8 +104,10 @@ def test_bad_rule_is_rejected_naming_the_rule(rule: dict[str, object], expected:
 
 
 def test_unknown_key_and_bad_operator_name_their_key_path() -> None:
-    rules = [{"name": "A", "logPattern": "x", "expectedStartCutOffInSeconds": 5},
-             {"name": "B", "logPattern": "(\\d)", "metricThreshold": 1, "operator": "gte", "bogusKey": 1}]
+    rules = [
+        {"name": "A", "logPattern": "x", "expectedStartCutOffInSeconds": 5},
+        {"name": "B", "logPattern": "(\\d)", "metricThreshold": 1, "operator": "gte", "bogusKey": 1},
+    ]
     with pytest.raises(ConfigError) as err:
         config_from_mapping({"autoresume": {"runPolicy": {"logMonitoringConfiguration": rules}}}, "c.yaml")
     text = str(err.value)
@@ -182,12 +197,15 @@ def test_hyperpod_documented_block_compiles_on_re2(tmp_path: Path) -> None:
     assert rules.states()["JobHangingDetection"].value == "HEALTHY"
 
 
-@pytest.mark.parametrize(("pattern", "why"), [
-    ("(a)\\1", "invalid escape sequence"),            # backreference
-    ("(?=loss).*", "invalid perl operator"),          # lookahead
-    ("(?<!x)loss", "invalid perl operator"),          # lookbehind
-    ("x{1001}", "invalid repetition size"),
-])
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("(a)\\1", "invalid escape sequence"),  # backreference
+        ("(?=loss).*", "invalid perl operator"),  # lookahead
+        ("(?<!x)loss", "invalid perl operator"),  # lookbehind
+        ("x{1001}", "invalid repetition size"),
+    ],
+)
 def test_patterns_re2_cannot_run_are_refused_naming_the_rule(pattern: str, why: str) -> None:
     """Issue 14 item 6: refused at load with the rule's name, not accepted and run on a backtracking engine."""
     rule = {"name": "Bad", "logPattern": pattern, "expectedStartCutOffInSeconds": 5}
@@ -202,15 +220,24 @@ def test_catastrophic_pattern_loads_because_re2_runs_it_in_linear_time() -> None
     assert rp.log_monitoring_configuration[0].name == "Evil"
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("metricThreshold", float("nan")),
-    ("expectedRecurringFrequencyInSeconds", float("inf")),
-    ("expectedStartCutOffInSeconds", 1e12),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("metricThreshold", float("nan")),
+        ("expectedRecurringFrequencyInSeconds", float("inf")),
+        ("expectedStartCutOffInSeconds", 1e12),
+    ],
+)
 def test_nan_threshold_and_infinite_timers_are_refused(key: str, value: float) -> None:
     """Issue 14 item 8: a NaN threshold never compares true; an infinite frequency never fires."""
-    rule = {"name": "R", "logPattern": ".*loss (\\d+).*", "operator": "gt", "metricThreshold": 1.0,
-            "expectedStartCutOffInSeconds": 60, key: value}
+    rule = {
+        "name": "R",
+        "logPattern": ".*loss (\\d+).*",
+        "operator": "gt",
+        "metricThreshold": 1.0,
+        "expectedStartCutOffInSeconds": 60,
+        key: value,
+    }
     with pytest.raises(ConfigError, match=rf"logMonitoringConfiguration\[0\]\.{key}"):
         config_from_mapping({"autoresume": {"runPolicy": {"logMonitoringConfiguration": [rule]}}}, "c.yaml")
 

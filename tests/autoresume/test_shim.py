@@ -36,8 +36,9 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run(tree: Path, *args: str, path: list[str] | None = None, env: dict[str, str] | None = None,
-        shim: Path | None = None) -> tuple[int, dict[str, list[str]], str, int]:
+def run(
+    tree: Path, *args: str, path: list[str] | None = None, env: dict[str, str] | None = None, shim: Path | None = None
+) -> tuple[int, dict[str, list[str]], str, int]:
     dirs = path if path is not None else [str(tree / "shim"), str(tree / "slurm"), str(tree / "hpbin")]
     # Only our directories: the shim and the fakes use shell builtins alone, and a real srun may be installed.
     e = {"PATH": ":".join(dirs), **(env or {})}
@@ -78,23 +79,29 @@ def test_auto_resume_zero_is_plain_srun_without_the_option(tree: Path, flag: lis
     assert rc == 0 and out["who"] == ["real"] and out["arg"] == ["-N2", "train.sh"]
 
 
-@pytest.mark.parametrize("args", [
-    ["-N2", "train.sh", "--auto-resume=1"],      # the flag belongs to train.sh
-    ["-N", "2", "train.sh", "--auto-resume", "1"],
-    ["--", "--auto-resume=1", "x"],               # after `--` nothing is srun's
-    ["-n", "--auto-resume=1", "x"],               # the value of -n, however odd
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-N2", "train.sh", "--auto-resume=1"],  # the flag belongs to train.sh
+        ["-N", "2", "train.sh", "--auto-resume", "1"],
+        ["--", "--auto-resume=1", "x"],  # after `--` nothing is srun's
+        ["-n", "--auto-resume=1", "x"],  # the value of -n, however odd
+    ],
+)
 def test_flag_after_the_command_is_the_commands(tree: Path, args: list[str]) -> None:
     rc, out, _, _ = run(tree, *args)
     assert rc == 0 and out["who"] == ["real"] and out["arg"] == args
 
 
-@pytest.mark.parametrize("args", [
-    ["-lN", "2", "--auto-resume=1", "x"],          # a cluster ending in an option that takes the next word
-    ["-N2", "-l", "--auto-resume=1", "x"],
-    ["--nodel", "n1", "--auto-resume=1", "x"],     # getopt_long accepts unique prefixes
-    ["--export=ALL", "-K", "--jobid", "5", "--auto-resume=1", "x"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-lN", "2", "--auto-resume=1", "x"],  # a cluster ending in an option that takes the next word
+        ["-N2", "-l", "--auto-resume=1", "x"],
+        ["--nodel", "n1", "--auto-resume=1", "x"],  # getopt_long accepts unique prefixes
+        ["--export=ALL", "-K", "--jobid", "5", "--auto-resume=1", "x"],
+    ],
+)
 def test_options_and_their_values_are_skipped_while_scanning(tree: Path, args: list[str]) -> None:
     rc, out, _, _ = run(tree, *args)
     assert rc == 0 and out["who"] == ["hp"]
@@ -102,10 +109,34 @@ def test_options_and_their_values_are_skipped_while_scanning(tree: Path, args: l
 
 
 def test_wrapper_options_go_before_the_separator_in_order(tree: Path) -> None:
-    _, out, _, _ = run(tree, "--auto-resume-rules", "it's r.yaml", "--auto-resume=1", "-N2", "--auto-resume-grow",
-                       "--auto-resume-spares=1", "--pre-train-script", "/p.sh", "x", "--auto-resume-spares", "3")
-    assert out["arg"] == ["srun", "--auto-resume-rules", "it's r.yaml", "--auto-resume-grow", "--auto-resume-spares=1",
-                          "--pre-train-script", "/p.sh", "--", "-N2", "x", "--auto-resume-spares", "3"]
+    _, out, _, _ = run(
+        tree,
+        "--auto-resume-rules",
+        "it's r.yaml",
+        "--auto-resume=1",
+        "-N2",
+        "--auto-resume-grow",
+        "--auto-resume-spares=1",
+        "--pre-train-script",
+        "/p.sh",
+        "x",
+        "--auto-resume-spares",
+        "3",
+    )
+    assert out["arg"] == [
+        "srun",
+        "--auto-resume-rules",
+        "it's r.yaml",
+        "--auto-resume-grow",
+        "--auto-resume-spares=1",
+        "--pre-train-script",
+        "/p.sh",
+        "--",
+        "-N2",
+        "x",
+        "--auto-resume-spares",
+        "3",
+    ]
 
 
 def test_wrapper_options_without_auto_resume_are_dropped_with_a_warning(tree: Path) -> None:
@@ -114,11 +145,14 @@ def test_wrapper_options_without_auto_resume_are_dropped_with_a_warning(tree: Pa
     assert "ignored without --auto-resume=1: --auto-resume-rules --auto-resume-spares" in err
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--auto-resume=yes", "x"], "invalid --auto-resume value 'yes'"),
-    (["-N2", "--auto-resume"], "requires a value"),
-    (["--auto-resume=1", "--auto-resume-rules"], "option '--auto-resume-rules' requires a value"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--auto-resume=yes", "x"], "invalid --auto-resume value 'yes'"),
+        (["-N2", "--auto-resume"], "requires a value"),
+        (["--auto-resume=1", "--auto-resume-rules"], "option '--auto-resume-rules' requires a value"),
+    ],
+)
 def test_bad_auto_resume_usage_exits_2_with_a_message(tree: Path, args: list[str], message: str) -> None:
     rc, out, err, _ = run(tree, *args)
     assert rc == 2 and message in err and "who" not in out
@@ -149,8 +183,9 @@ def test_environment_overrides_choose_real_srun_and_wrapper(tree: Path) -> None:
     hp = fake(tree / "venv" / "bin" / "hpresilience", "hp-venv")
     _, out, _, _ = run(tree, "x", env={"HPRESILIENCE_REAL_SRUN": str(other)})
     assert out["who"] == ["override"]
-    _, out, _, _ = run(tree, "--auto-resume=1", "x",
-                       env={"HPRESILIENCE_REAL_SRUN": str(other), "HPRESILIENCE_BIN": str(hp)})
+    _, out, _, _ = run(
+        tree, "--auto-resume=1", "x", env={"HPRESILIENCE_REAL_SRUN": str(other), "HPRESILIENCE_BIN": str(hp)}
+    )
     assert out["who"] == ["hp-venv"] and out["real"] == [str(other)]
 
 

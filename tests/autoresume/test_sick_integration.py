@@ -28,8 +28,11 @@ def rank_process(job_id: int, rank: int) -> psutil.Process | None:
     for p in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             env = p.environ()
-            if env.get("HPR_AUTORESUME_JOB") == str(job_id) and env.get("RANK") == str(rank) \
-                    and any(a.endswith(".py") and "train" in a for a in p.cmdline()):
+            if (
+                env.get("HPR_AUTORESUME_JOB") == str(job_id)
+                and env.get("RANK") == str(rank)
+                and any(a.endswith(".py") and "train" in a for a in p.cmdline())
+            ):
                 return p
     return None
 
@@ -46,7 +49,8 @@ def leftovers() -> Iterator[list[int]]:
 
 
 def test_a_stopped_rank_is_declared_hung_within_a_minute_its_node_named_and_the_job_completes(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, leftovers: list[int]) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, leftovers: list[int]
+) -> None:
     run = Recipe(cluster, tmp_path, inject=True)  # default settings: hang detection is on
     leftovers.append(run.job_id)
     run.wait(lambda: "step=8\n" in run.out, "step 8")
@@ -60,8 +64,9 @@ def test_a_stopped_rank_is_declared_hung_within_a_minute_its_node_named_and_the_
     assert 60 <= detected["silent_s"] < 60.5, detected  # declared at the threshold, not a poll tick after
     assert detected["time"] - stopped_at < 62
     attributed = run.wait(lambda: run.named("hang_attributed"), "hang_attributed")[0]
-    assert attributed["node"] == victim_node and attributed["rank"] == "1" and attributed["unambiguous"] is True, \
+    assert attributed["node"] == victim_node and attributed["rank"] == "1" and attributed["unambiguous"] is True, (
         attributed
+    )
     assert "stopped" in attributed["why"]
     evidence = Path(attributed["evidence"])
     assert (evidence / "hang.json").exists() and (evidence / f"procs-{victim_node}.txt").exists()
@@ -79,7 +84,8 @@ def test_a_stopped_rank_is_declared_hung_within_a_minute_its_node_named_and_the_
 
 
 def test_an_nccl_watchdog_abort_is_relaunched_on_the_same_nodes_and_the_job_completes(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, leftovers: list[int]) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, leftovers: list[int]
+) -> None:
     run = Recipe(cluster, tmp_path, inject=True, extra_env={"INJECT_ABORT_RANK": "1", "INJECT_ABORT_STEP": "8"})
     leftovers.append(run.job_id)
     assert run.wait_finished() == pytest.approx(reference_weight(STEPS, 2), abs=1e-5)
@@ -96,9 +102,11 @@ def test_an_nccl_watchdog_abort_is_relaunched_on_the_same_nodes_and_the_job_comp
 
 
 def test_a_rank_30_percent_slower_is_flagged_as_a_straggler_within_a_minute(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, leftovers: list[int]) -> None:
-    run = Recipe(cluster, tmp_path, steps=400, inject=True,
-                 extra_env={"INJECT_SLOW_RANK": "1", "INJECT_SLOW_FACTOR": "1.3"})
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, leftovers: list[int]
+) -> None:
+    run = Recipe(
+        cluster, tmp_path, steps=400, inject=True, extra_env={"INJECT_SLOW_RANK": "1", "INJECT_SLOW_FACTOR": "1.3"}
+    )
     leftovers.append(run.job_id)
     run.wait(lambda: "step=1\n" in run.out, "step 1", timeout=60)
     began = time.time()
@@ -111,13 +119,15 @@ def test_a_rank_30_percent_slower_is_flagged_as_a_straggler_within_a_minute(
 
 
 def test_a_healthy_job_logging_every_20_s_is_never_declared_hung(
-        cluster: DevCluster, tmp_path: Path, leftovers: list[int]) -> None:
+    cluster: DevCluster, tmp_path: Path, leftovers: list[int]
+) -> None:
     # A floor of 10 s: only the 10 x median interval rule (200 s) keeps this job alive, so the test fails
     # if hang detection ignored how often the job logs.
     config = tmp_path / "config.yaml"
     config.write_text("autoresume:\n  hang_floor_s: 10\n")
-    run = Recipe(cluster, tmp_path / "job", steps=3, extra_env={
-        "TRAIN_STEP_SLEEP": "20", "HPRESILIENCE_CONFIG": str(config)})
+    run = Recipe(
+        cluster, tmp_path / "job", steps=3, extra_env={"TRAIN_STEP_SLEEP": "20", "HPRESILIENCE_CONFIG": str(config)}
+    )
     leftovers.append(run.job_id)
     run.wait(lambda: run.named("job_step_succeeded") or run.named("hang_detected"), "the end", timeout=150)
     assert not run.named("hang_detected") and run.named("job_step_succeeded")
@@ -126,7 +136,8 @@ def test_a_healthy_job_logging_every_20_s_is_never_declared_hung(
 
 
 def test_with_exclude_stragglers_a_straggler_is_swapped_for_the_hot_spare_at_once(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """Small windows (2 s) keep it short; the stand-in trainer's ranks print their own step lines, so the
     step times come from the output of each task (no heartbeats)."""
     from tests.autoresume.test_wrapper_integration import TRAINER, Run
@@ -134,9 +145,21 @@ def test_with_exclude_stragglers_a_straggler_is_swapped_for_the_hot_spare_at_onc
     config = tmp_path / "config.yaml"
     config.write_text("autoresume:\n  exclude_stragglers: true\n  straggler_window_s: 2\n")
     (tmp_path / "job").mkdir()
-    run = Run(cluster, slurm, tmp_path / "job", "--auto-resume-spares=1 --auto-resume-shutdown-timeout=1",
-              str(TRAINER), nodes=3, env={"TRAIN_STEPS": "60", "STEP_SLEEP": "0.25", "SLOW_RANK": "1",
-                                          "SLOW_SLEEP": "0.4", "HPRESILIENCE_CONFIG": str(config)})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path / "job",
+        "--auto-resume-spares=1 --auto-resume-shutdown-timeout=1",
+        str(TRAINER),
+        nodes=3,
+        env={
+            "TRAIN_STEPS": "60",
+            "STEP_SLEEP": "0.25",
+            "SLOW_RANK": "1",
+            "SLOW_SLEEP": "0.4",
+            "HPRESILIENCE_CONFIG": str(config),
+        },
+    )
     assert run.wait_done(120) == "0", run.err
     flagged = run.named("straggler_detected")
     assert flagged and flagged[0]["node"] == "n2", run.events()

@@ -34,16 +34,32 @@ def test_noise_below_the_fraction_and_a_single_slow_window_are_not_stragglers() 
     assert found == []
 
 
-@pytest.mark.parametrize(("line", "kind"), [
-    ("[rank1]:[E1125 10:01:02.123 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
-     "WorkNCCL(SeqNum=12, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600012 milliseconds", "nccl_watchdog"),
-    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234",
-     "gloo_connection"),
-    ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 60000ms "
-     "for recv operation to complete", "gloo_timeout"),
-    ("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
-     "store_timeout"),
-])
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        (
+            "[rank1]:[E1125 10:01:02.123 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog "
+            "caught collective operation timeout: "
+            "WorkNCCL(SeqNum=12, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600012 milliseconds",
+            "nccl_watchdog",
+        ),
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+            "Connection closed by peer [10.0.0.2]:1234",
+            "gloo_connection",
+        ),
+        (
+            "RuntimeError: "
+            "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 60000ms "
+            "for recv operation to complete",
+            "gloo_timeout",
+        ),
+        (
+            "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+            "store_timeout",
+        ),
+    ],
+)
 def test_collective_failure_signatures_are_recognised(line: str, kind: str) -> None:
     assert match_signature(line) == kind
 

@@ -31,24 +31,47 @@ VENV_BIN = str(Path(sys.executable).parent)
 
 
 class Run:
-    def __init__(self, cluster: DevCluster, slurm: SlurmClient, tmp: Path, wrapper_args: str, command: str,
-                 nodes: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: DevCluster,
+        slurm: SlurmClient,
+        tmp: Path,
+        wrapper_args: str,
+        command: str,
+        nodes: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.slurm = slurm
         self.tmp = tmp
         self.state = tmp / "state"
         (tmp / "ckpt").mkdir()
         script = tmp / "job.sh"
-        script.write_text("#!/bin/bash\n"
-                          f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={self.state} "
-                          f"--auto-resume-poll-interval=0.5 --auto-resume-metrics-file={self.state}/$SLURM_JOB_ID.prom "
-                          f"{wrapper_args} {command}\n"
-                          "echo wrapper_rc=$?\n")
+        script.write_text(
+            "#!/bin/bash\n"
+            f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={self.state} "
+            f"--auto-resume-poll-interval=0.5 --auto-resume-metrics-file={self.state}/$SLURM_JOB_ID.prom "
+            f"{wrapper_args} {command}\n"
+            "echo wrapper_rc=$?\n"
+        )
         job_env = cluster.env()
-        job_env.update({"PATH": f"{VENV_BIN}:{job_env.get('PATH', '')}", "CKPT_DIR": str(tmp / "ckpt"),
-                        "HPRESILIENCE_CONFIG": self_watch_config(tmp / "config"),
-                        "HPR_CKPT_DIR": str(tmp / "ckpt"), **(env or {})})
-        self.job_id = slurm.sbatch(f"--nodes={nodes}", "--no-kill", f"--output={tmp}/out", f"--error={tmp}/err",
-                                   f"--chdir={tmp}", str(script), env=job_env)
+        job_env.update(
+            {
+                "PATH": f"{VENV_BIN}:{job_env.get('PATH', '')}",
+                "CKPT_DIR": str(tmp / "ckpt"),
+                "HPRESILIENCE_CONFIG": self_watch_config(tmp / "config"),
+                "HPR_CKPT_DIR": str(tmp / "ckpt"),
+                **(env or {}),
+            }
+        )
+        self.job_id = slurm.sbatch(
+            f"--nodes={nodes}",
+            "--no-kill",
+            f"--output={tmp}/out",
+            f"--error={tmp}/err",
+            f"--chdir={tmp}",
+            str(script),
+            env=job_env,
+        )
 
     @property
     def out(self) -> str:
@@ -84,11 +107,19 @@ def finished_steps(out: str) -> set[str]:
 
 
 def test_hot_spare_takes_the_failed_first_nodes_slot_and_training_resumes(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """2-node step + 1 spare; the first node is set FAIL Action:Replace: relaunch on spare + survivor within
     10 s, new MASTER_ADDR, same job id, resume from the last checkpoint, same final step."""
-    run = Run(cluster, slurm, tmp_path, "--auto-resume-spares=1", f"python {TRAIN_GLOO}", nodes=3,
-              env={"TRAIN_STEPS": "40", "TRAIN_STEP_SLEEP": "0.2", "CKPT_EVERY": "5"})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        "--auto-resume-spares=1",
+        f"python {TRAIN_GLOO}",
+        nodes=3,
+        env={"TRAIN_STEPS": "40", "TRAIN_STEP_SLEEP": "0.2", "CKPT_EVERY": "5"},
+    )
     run.wait_output("step=12 ")
     # Which 3 of the 4 nodes the job gets is Slurm's choice (24.11 sometimes skips a node just resumed): the
     # step runs on the job's first two, the third is the spare.
@@ -116,9 +147,17 @@ def test_hot_spare_takes_the_failed_first_nodes_slot_and_training_resumes(
 
 
 def test_without_spares_the_job_grows_back_with_an_idle_node(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
-    run = Run(cluster, slurm, tmp_path, "--auto-resume-grow --auto-resume-replace-timeout=30", str(TRAINER),
-              nodes=2, env={"TRAIN_STEPS": "25", "STEP_SLEEP": "0.2"})
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        "--auto-resume-grow --auto-resume-replace-timeout=30",
+        str(TRAINER),
+        nodes=2,
+        env={"TRAIN_STEPS": "25", "STEP_SLEEP": "0.2"},
+    )
     run.wait_output("step=5 ")
     job = slurm.job(run.job_id)  # Slurm may have placed it anywhere (nodes a test before used come last)
     victim = next(n for n in job.nodes if n != job.batch_host)
@@ -132,12 +171,20 @@ def test_without_spares_the_job_grows_back_with_an_idle_node(
 
 
 def test_killed_slurmd_under_no_kill_job_continues_on_a_replacement(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """A crashed node (slurmd killed; SlurmdTimeout=5 in the test cluster) under a --no-kill job: the step
     moves to the spare and makes progress there, in the same job."""
     token = unique_token()
-    run = Run(cluster, slurm, tmp_path, "--auto-resume-spares=1", f"{TRAINER} {token}", nodes=3,
-              env={"TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        "--auto-resume-spares=1",
+        f"{TRAINER} {token}",
+        nodes=3,
+        env={"TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"},
+    )
     run.wait_output("step=3 ")
     assert cluster.kill_node("n2")
     # Slurm needs SlurmdTimeout plus up to a few ping rounds to call the node NOT_RESPONDING.
@@ -166,11 +213,20 @@ def rules_file(tmp: Path, rules: list[dict[str, Any]]) -> str:
 
 
 def test_hang_trips_recurring_frequency_and_the_step_restarts(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
-    rules = rules_file(tmp_path, [{"name": "Progress", "logPattern": r".*step=(\d+)",
-                                   "expectedRecurringFrequencyInSeconds": 2}])
-    run = Run(cluster, slurm, tmp_path, f"--auto-resume-rules={rules} --auto-resume-shutdown-timeout=1",
-              str(TRAINER), nodes=2, env={"TRAIN_STEPS": "12", "HANG_AT": "4"})
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    rules = rules_file(
+        tmp_path, [{"name": "Progress", "logPattern": r".*step=(\d+)", "expectedRecurringFrequencyInSeconds": 2}]
+    )
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        f"--auto-resume-rules={rules} --auto-resume-shutdown-timeout=1",
+        str(TRAINER),
+        nodes=2,
+        env={"TRAIN_STEPS": "12", "HANG_AT": "4"},
+    )
     assert run.wait_done() == "0", run.err
     fired = run.named("rule_fired")
     assert [f["condition"] for f in fired] == ["LogStateHanging_Progress"]
@@ -181,12 +237,30 @@ def test_hang_trips_recurring_frequency_and_the_step_restarts(
 
 
 def test_loss_rule_trips_only_after_that_many_consecutive_bad_points(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
-    rules = rules_file(tmp_path, [{"name": "Loss", "logPattern": r"rank=0 step=\d+ loss=([\d.]+)",
-                                   "metricThreshold": 2.0, "operator": "gt", "metricEvaluationDataPoints": 3}])
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    rules = rules_file(
+        tmp_path,
+        [
+            {
+                "name": "Loss",
+                "logPattern": r"rank=0 step=\d+ loss=([\d.]+)",
+                "metricThreshold": 2.0,
+                "operator": "gt",
+                "metricEvaluationDataPoints": 3,
+            }
+        ],
+    )
     # Steps 1-7: two bad points, a good one, two bad, a good one, then three bad in a row at steps 7-9.
-    run = Run(cluster, slurm, tmp_path, f"--auto-resume-rules={rules} --auto-resume-shutdown-timeout=1",
-              str(TRAINER), nodes=1, env={"TRAIN_STEPS": "14", "LOSS_SEQ": "5 5 0.5 5 5 0.5 5 5 5 5 5 5 5 5"})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        f"--auto-resume-rules={rules} --auto-resume-shutdown-timeout=1",
+        str(TRAINER),
+        nodes=1,
+        env={"TRAIN_STEPS": "14", "LOSS_SEQ": "5 5 0.5 5 5 0.5 5 5 5 5 5 5 5 5"},
+    )
     assert run.wait_done() == "0", run.err
     fired = run.named("rule_fired")
     assert len(fired) == 1 and fired[0]["condition"] == "LogStateSlow_Loss"
@@ -197,7 +271,8 @@ def test_loss_rule_trips_only_after_that_many_consecutive_bad_points(
 
 
 def test_application_error_is_not_retried_and_the_wrapper_exits_with_its_code(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     run = Run(cluster, slurm, tmp_path, "", str(TRAINER), nodes=2, env={"FAIL_EXIT": "3"})
     assert run.wait_done() == "3", run.err
     assert len(run.named("attempt_started")) == 1
@@ -206,11 +281,19 @@ def test_application_error_is_not_retried_and_the_wrapper_exits_with_its_code(
 
 
 def test_exit_code_of_the_failing_rank_survives_srun_terminating_the_others(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """Rank 1 exits 3 while rank 0 trains on; srun ends rank 0 (143) and exits 143, yet the wrapper
     reports, judges and exits with 3."""
-    run = Run(cluster, slurm, tmp_path, "", str(TRAINER), nodes=2,
-              env={"FAIL_EXIT": "3", "FAIL_RANK": "1", "TRAIN_STEPS": "200"})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        "",
+        str(TRAINER),
+        nodes=2,
+        env={"FAIL_EXIT": "3", "FAIL_RANK": "1", "TRAIN_STEPS": "200"},
+    )
     assert run.wait_done() == "3", run.err
     assert run.named("step_exit_code_from_first_task")[0]["srun_exit_code"] == 143
     assert run.named("fault_seen")[0]["exit_code"] == 3
@@ -231,8 +314,15 @@ def processes_with(token: str) -> list[psutil.Process]:
 
 def test_scancel_leaves_no_process_behind(cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
     token = unique_token()
-    run = Run(cluster, slurm, tmp_path, "", f"{TRAINER} {shlex.quote(token)}", nodes=2,
-              env={"TRAIN_STEPS": "1000", "STEP_SLEEP": "0.2"})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        "",
+        f"{TRAINER} {shlex.quote(token)}",
+        nodes=2,
+        env={"TRAIN_STEPS": "1000", "STEP_SLEEP": "0.2"},
+    )
     run.wait_output("step=3 ")
     slurm.cancel(run.job_id)
 
@@ -251,45 +341,67 @@ def test_scancel_leaves_no_process_behind(cluster: DevCluster, slurm: SlurmClien
 
 
 def test_pre_and_post_train_scripts_run_once_per_node_around_the_attempt(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     log = tmp_path / "scripts.log"
     for which in ("pre", "post"):
         script = tmp_path / f"{which}.sh"
-        script.write_text(f'#!/bin/bash\necho "{which} $SLURMD_NODENAME attempt=$AUTORESUME_ATTEMPT '
-                          f'nodes=$NODE_LIST" >> {log}\n')
+        script.write_text(
+            f'#!/bin/bash\necho "{which} $SLURMD_NODENAME attempt=$AUTORESUME_ATTEMPT nodes=$NODE_LIST" >> {log}\n'
+        )
         script.chmod(0o755)
-    run = Run(cluster, slurm, tmp_path,
-              f"--pre-train-script={tmp_path}/pre.sh --post-train-script={tmp_path}/post.sh", str(TRAINER),
-              nodes=2, env={"TRAIN_STEPS": "3", "STEP_SLEEP": "0.1"})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        f"--pre-train-script={tmp_path}/pre.sh --post-train-script={tmp_path}/post.sh",
+        str(TRAINER),
+        nodes=2,
+        env={"TRAIN_STEPS": "3", "STEP_SLEEP": "0.1"},
+    )
     assert run.wait_done() == "0", run.err
     nodes = run.named("attempt_started")[0]["nodes"]  # whichever two nodes Slurm gave the job
     assert sorted(log.read_text().splitlines()) == sorted(
-        f"{which} {n} attempt=1 nodes={nodes}" for which in ("pre", "post") for n in nodes.split(","))
-    order = [e["event"] for e in run.events() if e["event"] in
-             ("pre_train_script_done", "attempt_started", "post_train_script_done")]
+        f"{which} {n} attempt=1 nodes={nodes}" for which in ("pre", "post") for n in nodes.split(",")
+    )
+    order = [
+        e["event"]
+        for e in run.events()
+        if e["event"] in ("pre_train_script_done", "attempt_started", "post_train_script_done")
+    ]
     assert order == ["pre_train_script_done", "attempt_started", "post_train_script_done"]
     assert finished_steps(run.out) == {"step=3"}
 
 
-def test_failing_pre_train_script_starts_no_training(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+def test_failing_pre_train_script_starts_no_training(cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
     script = tmp_path / "pre.sh"
     script.write_text("#!/bin/bash\necho 'pre: scratch disk missing' >&2\nexit 7\n")
     script.chmod(0o755)
-    run = Run(cluster, slurm, tmp_path, f"--pre-train-script={script}", str(TRAINER), nodes=2,
-              env={"TRAIN_STEPS": "3", "STEP_SLEEP": "0.1"})
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        f"--pre-train-script={script}",
+        str(TRAINER),
+        nodes=2,
+        env={"TRAIN_STEPS": "3", "STEP_SLEEP": "0.1"},
+    )
     assert run.wait_done() == "7", run.err
     assert run.named("pre_train_script_done")[0]["exit_code"] == 7
     assert "step=1 " not in run.out and "pre: scratch disk missing" in run.err
 
 
 def test_usr1_sent_to_the_wrapper_reaches_every_task_and_training_goes_on(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     run = Run(cluster, slurm, tmp_path, "", str(TRAINER), nodes=2, env={"TRAIN_STEPS": "25", "STEP_SLEEP": "0.2"})
     run.wait_output("step=3 ")
     marker = f"--auto-resume-state-dir={run.state}"
-    wrappers = [p for p in psutil.process_iter(["cmdline"])
-                if marker in (p.info["cmdline"] or []) and "srun" in (p.info["cmdline"] or [])]
+    wrappers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if marker in (p.info["cmdline"] or []) and "srun" in (p.info["cmdline"] or [])
+    ]
     assert len(wrappers) == 1, [p.info["cmdline"] for p in wrappers]
     wrappers[0].send_signal(signal.SIGUSR1)
     run.wait_output("rank=1 got SIGUSR1")
@@ -308,17 +420,32 @@ def test_no_replacement_requeues_the_job_and_the_controller_starts_it_again_at_o
     from tests.controller.conftest import settings_for, write_scripts
 
     require_slurm()
-    own = DevCluster(state_dir=tmp_path / "c3", nodes=2, base_port=TEST_BASE_PORT + 300,
-                     overrides={"SlurmdTimeout": "5"})
+    own = DevCluster(
+        state_dir=tmp_path / "c3", nodes=2, base_port=TEST_BASE_PORT + 300, overrides={"SlurmdTimeout": "5"}
+    )
     own.up(timeout=60)
     client = own.client()
-    ctl = Controller(settings_for(write_scripts(tmp_path / "scripts", own), tmp_path / "ctl",
-                                  forced_down_after_s=60, release_requeued_every_s=0.5), client)
+    ctl = Controller(
+        settings_for(
+            write_scripts(tmp_path / "scripts", own),
+            tmp_path / "ctl",
+            forced_down_after_s=60,
+            release_requeued_every_s=0.5,
+        ),
+        client,
+    )
     thread = threading.Thread(target=ctl.run, daemon=True)
     thread.start()
     try:
-        run = Run(own, client, tmp_path, "--auto-resume-replace-timeout=2", str(TRAINER), nodes=2,
-                  env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2"})
+        run = Run(
+            own,
+            client,
+            tmp_path,
+            "--auto-resume-replace-timeout=2",
+            str(TRAINER),
+            nodes=2,
+            env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2"},
+        )
         run.wait_output("step=5 ")
         client.set_node_state(["n2"], "fail", "Action:Replace")
         run.wait_output("wrapper_rc=0", timeout=120)

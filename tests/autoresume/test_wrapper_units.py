@@ -19,8 +19,7 @@ from hpresilience.slurm.models import Node
 
 
 def node(name: str, *states: str, reason: str = "") -> Node:
-    return Node(name=name, address="127.0.0.1", hostname="h", states=frozenset(states or ("ALLOCATED",)),
-                reason=reason)
+    return Node(name=name, address="127.0.0.1", hostname="h", states=frozenset(states or ("ALLOCATED",)), reason=reason)
 
 
 # -- srun arguments --------------------------------------------------------------------------------------
@@ -45,8 +44,11 @@ def test_tasks_per_node_from_ntasks_and_nodes() -> None:
 
 
 def test_wrapper_options_found_among_srun_options() -> None:
-    a = parse_srun_args(["-N", "2", "--auto-resume-spares", "1", "--auto-resume-grow", "cmd"],
-                        frozenset({"auto-resume-spares"}), frozenset({"auto-resume-grow"}))
+    a = parse_srun_args(
+        ["-N", "2", "--auto-resume-spares", "1", "--auto-resume-grow", "cmd"],
+        frozenset({"auto-resume-spares"}),
+        frozenset({"auto-resume-grow"}),
+    )
     assert a.own == {"auto-resume-spares": "1", "auto-resume-grow": "1"}
     assert a.command == ["cmd"] and a.nodes == 2
 
@@ -108,7 +110,7 @@ def test_srun_command_line_is_explicit_and_ordered() -> None:
     assert "--nodelist=n3,n3,n2,n2" in argv and "--distribution=arbitrary" in argv and "--ntasks=4" in argv
     assert "--kill-on-bad-exit=1" in argv and "--jobid=9" in argv
     # Slurm 24.11 and 26.05 refuse --nodes beside --distribution=arbitrary: the task list alone sets the nodes.
-    assert not any(a.startswith(("--nodes", "-N")) for a in argv[:argv.index("--job-name=step")])
+    assert not any(a.startswith(("--nodes", "-N")) for a in argv[: argv.index("--job-name=step")])
     assert argv[-2:] == ["--job-name=step", "train.sh"]  # our step name wins over the user's -J
     export = next(a for a in argv if a.startswith("--export="))
     assert "NODE_LIST" in export and "MASTER_ADDR" in export
@@ -172,13 +174,15 @@ def test_a_later_run_of_the_same_job_continues_its_state(tmp_path: Path) -> None
     assert loaded.attempts == 3 and loaded.submit_time == requeued.submit_time and store.set_aside is None
 
 
-@pytest.mark.parametrize(("saved", "why"), [
-    (WrapperState(7, cluster="hpdev", submit_time="2026-11-20T10:00:00"), "submitted at 2026-11-20T10:00:00"),
-    (WrapperState(7, cluster="other", submit_time=RUN.submit_time), "of cluster 'other'"),
-    (WrapperState(7, cluster="hpdev", submit_time="2026-11-20T10:00:00", slurm_restart_count=2), "restart 2"),
-])
-def test_the_state_of_another_job_with_the_same_id_is_set_aside(tmp_path: Path, saved: WrapperState,
-                                                                 why: str) -> None:
+@pytest.mark.parametrize(
+    ("saved", "why"),
+    [
+        (WrapperState(7, cluster="hpdev", submit_time="2026-11-20T10:00:00"), "submitted at 2026-11-20T10:00:00"),
+        (WrapperState(7, cluster="other", submit_time=RUN.submit_time), "of cluster 'other'"),
+        (WrapperState(7, cluster="hpdev", submit_time="2026-11-20T10:00:00", slurm_restart_count=2), "restart 2"),
+    ],
+)
+def test_the_state_of_another_job_with_the_same_id_is_set_aside(tmp_path: Path, saved: WrapperState, why: str) -> None:
     """A reinstalled cluster (same id, another submit time), another cluster sharing the directory, or a
     file counting more requeues than this job: never used, moved aside with its events, and said why."""
     store = StateStore(tmp_path, 7)

@@ -31,9 +31,7 @@ def test_on_this_gpu_less_machine_accelerators_are_not_applicable_and_system_pas
             assert st == "not_applicable", (name, data)
 
 
-def test_table_output_and_exit_1_on_a_faulty_fake_node(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_table_output_and_exit_1_on_a_faulty_fake_node(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     node = FakeNode.make(tmp_path / "n1", "p5.48xlarge")
     rc, out = run(capsys, "--config", str(node.root / "config.yaml"), "check")
     assert rc == 0 and "profile p5.48xlarge: OK" in out and "gpu.count" in out

@@ -11,8 +11,9 @@ from hpresilience import __version__
 
 
 def hpr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpresilience", *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "hpresilience", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_version() -> None:

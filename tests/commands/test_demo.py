@@ -22,8 +22,13 @@ def test_demo_runs_the_whole_story_and_leaves_nothing_behind(tmp_path: Path) -> 
     cfg.write_text(f"devcluster: {{base_port: {TEST_BASE_PORT + 400}}}\n")
     state = tmp_path / "cluster"
     env = {**os.environ, "HPRESILIENCE_DEVCLUSTER_DIR": str(state)}
-    res = subprocess.run([sys.executable, "-m", "hpresilience", "--config", str(cfg), "demo"], env=env,
-                         capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        [sys.executable, "-m", "hpresilience", "--config", str(cfg), "demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     out = res.stdout
     assert res.returncode == 0, out[-3000:] + res.stderr[-3000:]
     assert "FAULT INJECTED" in out
@@ -36,8 +41,12 @@ def test_demo_runs_the_whole_story_and_leaves_nothing_behind(tmp_path: Path) -> 
     assert re.search(rf"slurm: {node} is idle\+drain reason='Action:\w+ \[hpr-controller\] repairing", out)
     assert re.search(rf"slurm: {node} is idle$", out, re.M)
     assert re.search(r"COMPLETED: training finished step=60 ", out)
-    for label in ("node FAIL in Slurm (agent)", "step relaunched and running (wrapper)",
-                  "repaired and back idle (controller)", "training finished"):
+    for label in (
+        "node FAIL in Slurm (agent)",
+        "step relaunched and running (wrapper)",
+        "repaired and back idle (controller)",
+        "training finished",
+    ):
         assert re.search(re.escape(label) + r"\s+\d+\.\d+ s", out), label
     assert not state.exists()
     assert DevCluster(state).processes() == []

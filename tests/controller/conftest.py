@@ -46,14 +46,16 @@ def write_scripts(root: Path, cluster: DevCluster, provider_delay_s: float = 0.0
         "#!/bin/sh\n"
         f'echo "$1 $2" >> "{root}/provider_calls.log"\n'
         f"sleep {provider_delay_s}\n"
-        f'exec "{sys.executable}" -m hpresilience devcluster restart-node "$1" --state-dir "{cluster.state_dir}"\n')
+        f'exec "{sys.executable}" -m hpresilience devcluster restart-node "$1" --state-dir "{cluster.state_dir}"\n'
+    )
     gate = root / "gate.sh"
     gate.write_text(
         "#!/bin/sh\n"
         f'echo "$1" >> "{root}/gate_calls.log"\n'
         f'v=$(cat "{root}/gate-$1" 2>/dev/null || echo pass)\n'
         'echo "gate for $1: $v"\n'
-        '[ "$v" = pass ]\n')
+        '[ "$v" = pass ]\n'
+    )
     provider.chmod(0o755)
     gate.chmod(0o755)
     return Scripts(root, provider, gate)
@@ -61,9 +63,13 @@ def write_scripts(root: Path, cluster: DevCluster, provider_delay_s: float = 0.0
 
 def settings_for(scripts: Scripts, state_dir: Path, **changes: Any) -> ControllerSettings:
     data: dict[str, Any] = {
-        "poll_interval_s": 0.3, "state_dir": str(state_dir), "forced_down_after_s": 1.5,
-        "come_back_timeout_s": 20, "metrics_address": "",
-        "default_provider": "script", "default_options": {"command": [str(scripts.provider)], "timeout_s": 60},
+        "poll_interval_s": 0.3,
+        "state_dir": str(state_dir),
+        "forced_down_after_s": 1.5,
+        "come_back_timeout_s": 20,
+        "metrics_address": "",
+        "default_provider": "script",
+        "default_options": {"command": [str(scripts.provider)], "timeout_s": 60},
         "gate": {"kind": "command", "command": [str(scripts.gate), "{node}"], "timeout_s": 30},
     }
     data.update(changes)

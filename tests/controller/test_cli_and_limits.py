@@ -34,7 +34,8 @@ def slurm_env(cluster: DevCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_replace_sets_the_action_reason_and_refuses_someone_elses(
-        slurm_env: Path, slurm: SlurmClient, capsys: pytest.CaptureFixture[str]) -> None:
+    slurm_env: Path, slurm: SlurmClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["replace", "n3", "--reboot"]) == 0
     n3 = slurm.node("n3")
     assert n3.has("FAIL") and n3.reason.startswith("Action:Reboot requested by ")
@@ -48,8 +49,7 @@ def test_replace_sets_the_action_reason_and_refuses_someone_elses(
 
 
 def test_replace_refuses_a_node_already_under_repair(slurm_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rec = RepairRecord(node="n2", requested=Action.REPLACE, reason="Action:Replace", provider="script",
-                       detected_at=1.0)
+    rec = RepairRecord(node="n2", requested=Action.REPLACE, reason="Action:Replace", provider="script", detected_at=1.0)
     rec.move(Step.WAITING_BACK, "provider returned")
     StateStore(slurm_env).save(rec)
     assert main(["replace", "n2"]) == 2
@@ -58,9 +58,16 @@ def test_replace_refuses_a_node_already_under_repair(slurm_env: Path, capsys: py
 
 def test_status_shows_step_since_and_last_health(slurm_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = StateStore(slurm_env)
-    rec = RepairRecord(node="n2", requested=Action.REBOOT, reason="Action:Reboot", provider="script",
-                       detected_at=1.0, attempt=2, action=Action.REPLACE,
-                       last_health={"passed": False, "detail": "exit 1", "at": 5.0})
+    rec = RepairRecord(
+        node="n2",
+        requested=Action.REBOOT,
+        reason="Action:Reboot",
+        provider="script",
+        detected_at=1.0,
+        attempt=2,
+        action=Action.REPLACE,
+        last_health={"passed": False, "detail": "exit 1", "at": 5.0},
+    )
     rec.move(Step.GATING, "slurmd registered again")
     store.save(rec)
     done = RepairRecord(node="n1", requested=Action.REPLACE, reason="", provider="ec2", detected_at=1.0, why="resumed")
@@ -76,7 +83,8 @@ def test_status_shows_step_since_and_last_health(slurm_env: Path, capsys: pytest
 
 
 def test_dry_run_once_logs_the_decision_and_changes_nothing(
-        slurm_env: Path, slurm: SlurmClient, capsys: pytest.CaptureFixture[str]) -> None:
+    slurm_env: Path, slurm: SlurmClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     slurm.set_node_state(["n3"], "fail", "Action:Replace")
     assert main(["controller", "--once", "--dry-run", "--state-dir", str(slurm_env)]) == 0
     err = capsys.readouterr().err
@@ -85,7 +93,8 @@ def test_dry_run_once_logs_the_decision_and_changes_nothing(
 
 
 def test_concurrency_limit_keeps_the_second_node_waiting(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     scripts: Scripts = write_scripts(tmp_path / "scripts", cluster, provider_delay_s=1.5)
     ctl = Controller(settings_for(scripts, tmp_path / "state", max_concurrent=1), slurm)
     slurm.set_node_state(["n3", "n4"], "fail", "Action:Replace")
@@ -101,11 +110,16 @@ def test_concurrency_limit_keeps_the_second_node_waiting(
 
 
 def test_failing_provider_escalates_then_leaves_the_node_for_a_person(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """The devcluster has no RebootProgram, so `scontrol reboot` fails: each rung fails, the node stays out."""
     scripts = write_scripts(tmp_path / "scripts", cluster)
-    ctl = Controller(settings_for(scripts, tmp_path / "state", default_provider="reboot", default_options={},
-                                  ladder=["reboot", "replace"]), slurm)
+    ctl = Controller(
+        settings_for(
+            scripts, tmp_path / "state", default_provider="reboot", default_options={}, ladder=["reboot", "replace"]
+        ),
+        slurm,
+    )
     slurm.set_node_state(["n4"], "fail", "Action:Reboot")
     wait_until(lambda: cycled(ctl) and ctl.records["n4"].step == "given_up", "n4 to be given up", timeout=60)
     n4 = slurm.node("n4")

@@ -26,8 +26,9 @@ def counting_client(cl: DevCluster) -> tuple[SlurmClient, CountingRunner]:
     return client, runner
 
 
-def test_poll_reads_only_nodes_with_a_reason(cluster: DevCluster, slurm: SlurmClient, scripts: Scripts,
-                                             tmp_path: Path) -> None:
+def test_poll_reads_only_nodes_with_a_reason(
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     """All in service: one short listing. An operator's drain (never repaired) and a replace request: the
     listing, then those two nodes by name; the nodes in service are never read."""
     client, runner = counting_client(cluster)
@@ -42,8 +43,9 @@ def test_poll_reads_only_nodes_with_a_reason(cluster: DevCluster, slurm: SlurmCl
     assert list(ctl.records) == ["n2"]
 
 
-def test_node_under_repair_is_read_by_name_once_back_in_service(cluster: DevCluster, slurm: SlurmClient,
-                                                               scripts: Scripts, tmp_path: Path) -> None:
+def test_node_under_repair_is_read_by_name_once_back_in_service(
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     """A repair in progress needs its node also after it left the out-of-service list: it is read by name,
     and a node that is back in service outside the controller ends its record."""
     client, runner = counting_client(cluster)

@@ -37,8 +37,11 @@ def moto_url() -> Iterator[str]:
 
 @pytest.fixture()
 def ec2(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     client = boto3.client("ec2", endpoint_url=moto_url, region_name="us-east-1")
     requests = __import__("urllib.request").request
@@ -68,14 +71,22 @@ def node(name: str, address: str = "10.0.0.1", hostname: str = "") -> Node:
 
 
 def launch(ec2: Any, name: str, tag_key: str = "hpresilience:slurm-node") -> dict[str, Any]:
-    res = ec2.run_instances(ImageId=AMI, MinCount=1, MaxCount=1, InstanceType="p5.48xlarge",
-                            TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": tag_key, "Value": name}]}])
+    res = ec2.run_instances(
+        ImageId=AMI,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="p5.48xlarge",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": tag_key, "Value": name}]}],
+    )
     return dict(res["Instances"][0])
 
 
 def provider(moto_url: str, slurm: SlurmClient, **options: Any) -> Ec2Provider:
-    p = create_provider("ec2", {"endpoint_url": moto_url, "region": "us-east-1", "poll_s": 0.1, **options},
-                        ProviderContext(slurm, "gpu"))
+    p = create_provider(
+        "ec2",
+        {"endpoint_url": moto_url, "region": "us-east-1", "poll_s": 0.1, **options},
+        ProviderContext(slurm, "gpu"),
+    )
     assert isinstance(p, Ec2Provider)
     return p
 
@@ -91,23 +102,29 @@ def test_reboot_finds_the_instance_by_tag_and_reboots_it(ec2: Any, moto_url: str
 
 
 def test_replace_terminates_launches_from_template_with_same_name_and_repoints_slurm(ec2: Any, moto_url: str) -> None:
-    lt = ec2.create_launch_template(LaunchTemplateName="gpu-nodes",
-                                    LaunchTemplateData={"ImageId": AMI, "InstanceType": "p5.48xlarge"})
+    lt = ec2.create_launch_template(
+        LaunchTemplateName="gpu-nodes", LaunchTemplateData={"ImageId": AMI, "InstanceType": "p5.48xlarge"}
+    )
     old = launch(ec2, "gpu-7")
     slurm = RecordingSlurm()
-    p = provider(moto_url, slurm, launch_template_id=lt["LaunchTemplate"]["LaunchTemplateId"],
-                 tags={"team": "ml"})
+    p = provider(moto_url, slurm, launch_template_id=lt["LaunchTemplate"]["LaunchTemplateId"], tags={"team": "ml"})
     detail = p.act(node("gpu-7", address=old["PrivateIpAddress"]), Action.REPLACE)
 
     old_state = ec2.describe_instances(InstanceIds=[old["InstanceId"]])["Reservations"][0]["Instances"][0]
     assert old_state["State"]["Name"] == "terminated"
     new = p.find_instance(node("gpu-7"))
-    assert new["InstanceId"] != old["InstanceId"] and detail == f"terminated {old['InstanceId']}, launched " \
-                                                                f"{new['InstanceId']}"
+    assert (
+        new["InstanceId"] != old["InstanceId"]
+        and detail == f"terminated {old['InstanceId']}, launched {new['InstanceId']}"
+    )
     tags = {t["Key"]: t["Value"] for t in new["Tags"]}
     lt_id = lt["LaunchTemplate"]["LaunchTemplateId"]
-    assert tags == {"hpresilience:slurm-node": "gpu-7", "team": "ml", "aws:ec2launchtemplate:id": lt_id,
-                    "aws:ec2launchtemplate:version": "1"}
+    assert tags == {
+        "hpresilience:slurm-node": "gpu-7",
+        "team": "ml",
+        "aws:ec2launchtemplate:id": lt_id,
+        "aws:ec2launchtemplate:version": "1",
+    }
     assert new["ImageId"] == AMI and new["InstanceType"] == "p5.48xlarge"
     assert slurm.calls == [("scontrol", "update", "nodename=gpu-7", f"nodeaddr={new['PrivateIpAddress']}")]
 

@@ -34,15 +34,21 @@ def events_cli(*args: str) -> list[dict[str, object]]:
 
 @pytest.mark.integration
 def test_events_show_the_agents_mark_and_every_repair_step_by_whom_and_why(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path,
-        start_controller: Callable[[Controller], Controller]) -> None:
+    cluster: DevCluster,
+    slurm: SlurmClient,
+    scripts: Scripts,
+    tmp_path: Path,
+    start_controller: Callable[[Controller], Controller],
+) -> None:
     """A real agent marks n2 for an XID 79; the controller records that mark (by the agent, with its reason),
     then its own steps through the gate to the resume; --node, --since and --json select and shape them."""
     node = FakeNode.make(tmp_path / "n2", "p5.48xlarge")
     node.inject("xid:79:0")
-    agent = Agent(AgentSettings(node_name="n2", state_dir=str(tmp_path / "agent"), metrics_address="",
-                                active_checks=False), slurm,
-                  HealthCollector(load_config(node.root / "config.yaml").health, sources=[]))
+    agent = Agent(
+        AgentSettings(node_name="n2", state_dir=str(tmp_path / "agent"), metrics_address="", active_checks=False),
+        slurm,
+        HealthCollector(load_config(node.root / "config.yaml").health, sources=[]),
+    )
     assert agent.cycle().kind == "mark"
     state = tmp_path / "state"
     start_controller(Controller(settings_for(scripts, state), slurm))
@@ -71,8 +77,10 @@ def test_a_mark_is_recorded_once_and_its_lifting_outside_the_controller_too(tmp_
     seen = log.note_reasons({}, marked)
     seen = log.note_reasons(seen, marked)  # the same reason again: nothing new
     seen = log.note_reasons(seen, [])  # the agent lifted its mark
-    assert [(e["kind"], e["node"], e["by"]) for e in log.read()] == [("mark", "n3", "agent"),
-                                                                       ("back_in_service", "n3", "agent or operator")]
+    assert [(e["kind"], e["node"], e["by"]) for e in log.read()] == [
+        ("mark", "n3", "agent"),
+        ("back_in_service", "n3", "agent or operator"),
+    ]
     # A restarted controller knows the marks still out and records them no second time.
     log.note_reasons(seen, marked)
     assert EventLog(tmp_path).last_marks() == {"n3": (agent_reason_text(), 100)}

@@ -40,30 +40,39 @@ def counting(cl: DevCluster) -> tuple[SlurmClient, CountingRunner]:
 
 
 def test_job_thread_tells_the_job_on_a_bad_node_and_never_reads_the_pending_queue(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     job_id = slurm.sbatch("-N2", "-w", "n1,n2", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
     slurm.wait_running(job_id)
     pending = slurm.sbatch("-N4", "--begin=now+1hour", "-o", "/dev/null", "--wrap", "true")
     client, runner = counting(cluster)
-    ctl = Controller(settings_for(scripts, tmp_path / "state", release_scan_every_s=3600, watch_jobs_every_s=0),
-                     client)
+    ctl = Controller(settings_for(scripts, tmp_path / "state", release_scan_every_s=3600, watch_jobs_every_s=0), client)
     ctl.jobs_tick(time.monotonic())
     assert runner.commands() == [LIST_OUT_OF_SERVICE]  # all well: one short listing, no job read at all
     slurm.set_node_state(["n2"], "fail", "Action:Replace")
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 10)
     cmds = runner.commands()
-    assert cmds[:4] == [LIST_OUT_OF_SERVICE, node_read(cluster, "n2"),
-                        "squeue -h -t R,CG,S -w n2 -o %i|%N", f"scontrol show job {job_id}"]
+    assert cmds[:4] == [
+        LIST_OUT_OF_SERVICE,
+        node_read(cluster, "n2"),
+        "squeue -h -t R,CG,S -w n2 -o %i|%N",
+        f"scontrol show job {job_id}",
+    ]
     assert cmds[4].startswith(f"scontrol update jobid={job_id} AdminComment=hpr:bad=n2@")
-    assert cmds[5:] == [nudge_of(job_id),  # its wrapper reads the notice now
-                        f"squeue -h -j {job_id} -t PD -o %i|%r|%k"]  # the release: the told job only
+    assert cmds[5:] == [
+        nudge_of(job_id),  # its wrapper reads the notice now
+        f"squeue -h -j {job_id} -t PD -o %i|%r|%k",
+    ]  # the release: the told job only
     assert not any(c.startswith("squeue -h -t PD") for c in cmds) and str(pending) not in " ".join(cmds)
     assert set(read_notice(slurm, job_id).bad) == {"n2"}
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 20)  # nothing changed: no job is read or written again
-    assert runner.commands() == [LIST_OUT_OF_SERVICE, node_read(cluster, "n2"),
-                                 f"squeue -h -j {job_id} -t PD -o %i|%r|%k"]
+    assert runner.commands() == [
+        LIST_OUT_OF_SERVICE,
+        node_read(cluster, "n2"),
+        f"squeue -h -j {job_id} -t PD -o %i|%r|%k",
+    ]
     slurm.set_node_state(["n2"], "resume")
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 30)  # back in service: the word comes off
@@ -71,7 +80,8 @@ def test_job_thread_tells_the_job_on_a_bad_node_and_never_reads_the_pending_queu
 
 
 def test_the_wrapper_reads_its_own_job_each_poll_and_the_nodes_only_on_a_notice(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     job_id = slurm.sbatch("-N2", "-w", "n1,n2", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
     slurm.wait_running(job_id)
     client, runner = counting(cluster)
@@ -91,7 +101,8 @@ def test_the_wrapper_reads_its_own_job_each_poll_and_the_nodes_only_on_a_notice(
 
 
 def test_without_a_controller_the_wrapper_reads_its_nodes_every_full_check(
-        cluster: DevCluster, slurm: SlurmClient) -> None:
+    cluster: DevCluster, slurm: SlurmClient
+) -> None:
     job_id = slurm.sbatch("-N2", "-w", "n1,n2", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
     slurm.wait_running(job_id)
     client, runner = counting(cluster)
@@ -112,18 +123,24 @@ def wait_in_accounting(slurm: SlurmClient, job_id: int) -> None:
 
 
 def test_job_thread_leases_each_running_batch_job_from_accounting_once_per_renewal_and_not_salloc_jobs(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     job_id = slurm.sbatch("-N1", "-w", "n1", "-o", "/dev/null", "--wrap", "sleep 300")
-    alloc = subprocess.Popen(["salloc", "-N1", "-w", "n3", "--no-shell"], env=cluster.env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    alloc = subprocess.Popen(
+        ["salloc", "-N1", "-w", "n3", "--no-shell"],
+        env=cluster.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         slurm.wait_running(job_id)
         wait_in_accounting(slurm, job_id)
         salloc_job = next(j.job_id for j in slurm.jobs() if j.job_id != job_id and j.state == "RUNNING")
         slurm.sbatch("-N4", "--begin=now+1hour", "-o", "/dev/null", "--wrap", "true")  # pending: never read
         client, runner = counting(cluster)
-        ctl = Controller(settings_for(scripts, tmp_path / "state", watch_jobs_every_s=30,
-                                      release_scan_every_s=3600), client)
+        ctl = Controller(
+            settings_for(scripts, tmp_path / "state", watch_jobs_every_s=30, release_scan_every_s=3600), client
+        )
         t0 = time.monotonic()
         ctl.jobs_tick(t0)
         cmds = runner.commands()
@@ -152,7 +169,8 @@ def test_job_thread_leases_each_running_batch_job_from_accounting_once_per_renew
 
 
 def test_a_watched_wrapper_reads_its_job_only_when_nudged_or_at_the_safety_read_and_never_its_nodes(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     job_id = slurm.sbatch("-N2", "-w", "n1,n2", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
     slurm.wait_running(job_id)
     wait_in_accounting(slurm, job_id)
@@ -184,8 +202,8 @@ def test_a_watched_wrapper_reads_its_job_only_when_nudged_or_at_the_safety_read_
 
 
 def test_a_wrapper_whose_nudge_never_comes_back_keeps_polling_each_poll(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job_id = slurm.sbatch("-N1", "-w", "n1", "-o", "/dev/null", "--wrap", "sleep 300")
     slurm.wait_running(job_id)
     wait_in_accounting(slurm, job_id)

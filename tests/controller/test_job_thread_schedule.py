@@ -41,8 +41,10 @@ def test_a_released_job_is_one_the_controller_told(tmp_path: Path) -> None:
     ctl = controller(tmp_path, runner, release_scan_every_s=0)
     ctl.notifier.recent[7] = time.monotonic()
     assert ctl.release_requeued() == 1
-    assert runner.commands()[-2:] == ["scontrol update jobid=7 StartTime=now",
-                                      "scontrol update jobid=7 Comment=run a=1"]
+    assert runner.commands()[-2:] == [
+        "scontrol update jobid=7 StartTime=now",
+        "scontrol update jobid=7 Comment=run a=1",
+    ]
 
 
 def test_a_notice_refused_by_a_busy_slurmctld_is_written_on_the_next_pass(tmp_path: Path) -> None:
@@ -53,12 +55,22 @@ def test_a_notice_refused_by_a_busy_slurmctld_is_written_on_the_next_pass(tmp_pa
     runner.answer("scontrol", "update", stdout="")
     runner.answer("scancel", stdout="")
     notifier = controller(tmp_path, runner).notifier
-    bad = [Node(name="n2", address="a", hostname="h", states=frozenset({"ALLOCATED", "FAIL"}),
-                reason="Action:Replace", reason_changed_at=1764090077)]
+    bad = [
+        Node(
+            name="n2",
+            address="a",
+            hostname="h",
+            states=frozenset({"ALLOCATED", "FAIL"}),
+            reason="Action:Replace",
+            reason_changed_at=1764090077,
+        )
+    ]
     assert notifier.notify(bad) == 0
     assert notifier.notify(bad) == 1  # the same snapshot: tried again, not taken as done
-    assert runner.commands()[-2:] == ["scontrol update jobid=7 AdminComment=site note hpr:bad=n2@1764090077",
-                                      "scancel --signal=28 --full --batch 7"]  # written, then nudged
+    assert runner.commands()[-2:] == [
+        "scontrol update jobid=7 AdminComment=site note hpr:bad=n2@1764090077",
+        "scancel --signal=28 --full --batch 7",
+    ]  # written, then nudged
     assert notifier.notify(bad) == 0 and runner.commands().count("squeue -h -t R,CG,S -w n2 -o %i|%N") == 2
 
 

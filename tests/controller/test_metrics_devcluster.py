@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_cluster_nodes_counts_the_nodes_out_of_service_as_its_help_text_says(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """4 nodes, one drained by an operator: the gauge sums to 1 (by state drain, owner operator), and its help
     text says it counts nodes out of service and not those in service."""
     slurm.set_node_state(["n3"], "drain", "fan replaced, burn-in")

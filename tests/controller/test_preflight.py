@@ -30,8 +30,13 @@ pytestmark = pytest.mark.integration
 def rebooting_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """A one-node cluster whose slurmctld has a RebootProgram (the session cluster has none)."""
     require_slurm()
-    cl = DevCluster(state_dir=tmp_path_factory.mktemp("rebooting") / "cluster", nodes=1,
-                    base_port=TEST_BASE_PORT + 500, accounting=False, overrides={"RebootProgram": "/bin/true"})
+    cl = DevCluster(
+        state_dir=tmp_path_factory.mktemp("rebooting") / "cluster",
+        nodes=1,
+        base_port=TEST_BASE_PORT + 500,
+        accounting=False,
+        overrides={"RebootProgram": "/bin/true"},
+    )
     cl.up(timeout=60)
     yield cl
     cl.down()
@@ -45,8 +50,8 @@ def controller_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: De
 
 
 def test_reboot_provider_without_a_rebootprogram_stops_the_controller_at_start(
-        cluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    cluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The default provider on a cluster whose slurmctld has no RebootProgram: every repair would have been a
     provider error climbing the ladder to given_up. Now: exit 2 before the first cycle, one line."""
     rc = controller_once(tmp_path, monkeypatch, cluster, "  gate: {kind: none}\n")
@@ -58,21 +63,27 @@ def test_reboot_provider_without_a_rebootprogram_stops_the_controller_at_start(
 
 
 def test_reboot_provider_with_a_rebootprogram_starts(
-        rebooting_cluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    rebooting_cluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = controller_once(tmp_path, monkeypatch, rebooting_cluster, "  gate: {kind: none}\n")
     err = capsys.readouterr().err
     assert rc == 0 and "controller_started" in err and "RebootProgram" not in err
 
 
 def test_every_missing_piece_is_named_in_one_line(
-        cluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    cluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A group's script that is not there and a command gate whose tool is not there, together."""
-    rc = controller_once(tmp_path, monkeypatch, cluster, (
-        "  default_provider: script\n"
-        f"  default_options: {{command: [{tmp_path / 'no-such-ipmi'}]}}\n"
-        f"  gate: {{kind: command, command: [{tmp_path / 'no-ssh'}, '{{address}}']}}\n"))
+    rc = controller_once(
+        tmp_path,
+        monkeypatch,
+        cluster,
+        (
+            "  default_provider: script\n"
+            f"  default_options: {{command: [{tmp_path / 'no-such-ipmi'}]}}\n"
+            f"  gate: {{kind: command, command: [{tmp_path / 'no-ssh'}, '{{address}}']}}\n"
+        ),
+    )
     err = capsys.readouterr().err
     assert rc == 2
     [line] = [ln for ln in err.splitlines() if "cannot work on this cluster" in ln]
@@ -86,8 +97,9 @@ def test_slurm_gate_reservation_rights_are_read_from_the_cluster(cluster: DevClu
     assert reservation_rights_problem(slurm, "root", 0, config) is None
     problem = reservation_rights_problem(slurm, "nobody", 65534, config)
     assert problem is not None and "nobody" in problem and "Operator" in problem
-    settings = ControllerSettings.model_validate({"default_provider": "script",
-                                                  "default_options": {"command": [sys.executable]}})
+    settings = ControllerSettings.model_validate(
+        {"default_provider": "script", "default_options": {"command": [sys.executable]}}
+    )
     assert preflight(settings, slurm, user="root", uid=0) == []
     [gate_problem] = preflight(settings, slurm, user="nobody", uid=65534)
     assert gate_problem.startswith("gate slurm needs to create maintenance reservations: user nobody")
@@ -99,11 +111,14 @@ def test_slurm_gate_needs_srun_on_the_controller_host(cluster: DevCluster, tmp_p
     bin_dir.mkdir()
     (bin_dir / "scontrol").symlink_to(shutil.which("scontrol") or "scontrol")
     client = SlurmClient(CommandRunner(str(bin_dir), timeout=15, retries=1, env=cluster.env()))
-    settings = ControllerSettings.model_validate({"default_provider": "script",
-                                                  "default_options": {"command": [sys.executable]}})
+    settings = ControllerSettings.model_validate(
+        {"default_provider": "script", "default_options": {"command": [sys.executable]}}
+    )
     [problem] = preflight(settings, client, user="root", uid=0)
-    assert problem == f"gate slurm runs its job with srun: {bin_dir / 'srun'} is not an executable file (this host " \
-                      "must be a Slurm submit host)"
+    assert (
+        problem == f"gate slurm runs its job with srun: {bin_dir / 'srun'} is not an executable file (this host "
+        "must be a Slurm submit host)"
+    )
 
 
 @pytest.mark.parametrize(("provider", "wanted"), [("reboot", True), ("script", False)])
@@ -115,11 +130,13 @@ def test_installer_prints_the_slurm_conf_lines_the_provider_needs(tmp_path: Path
     options = "" if provider == "reboot" else f"\n  default_options: {{command: [{sys.executable}]}}"
     config.write_text(f"controller:\n  default_provider: {provider}{options}\n")
     load_config(config)
-    report = lay_out(layout, "controller", config=str(config), package_changed=False, use_systemd=False,
-                     slurm_conf=str(slurm_conf))
+    report = lay_out(
+        layout, "controller", config=str(config), package_changed=False, use_systemd=False, slurm_conf=str(slurm_conf)
+    )
     assert ("RebootProgram=/sbin/reboot" in report.slurm_lines) is wanted
     slurm_conf.write_text("RebootProgram=/usr/local/sbin/site-reboot\n")
-    report = lay_out(layout, "controller", config=str(config), package_changed=False, use_systemd=False,
-                     slurm_conf=str(slurm_conf))
+    report = lay_out(
+        layout, "controller", config=str(config), package_changed=False, use_systemd=False, slurm_conf=str(slurm_conf)
+    )
     assert not any(ln.startswith("RebootProgram") for ln in report.slurm_lines)  # the site's own is kept
     assert os.path.isdir(layout.state_dir("controller"))

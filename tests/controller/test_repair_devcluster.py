@@ -23,8 +23,12 @@ pytestmark = pytest.mark.integration
 
 
 def test_operator_replace_repairs_node_and_no_kill_job_keeps_running_elsewhere(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path,
-        start_controller: Callable[[Controller], Controller]) -> None:
+    cluster: DevCluster,
+    slurm: SlurmClient,
+    scripts: Scripts,
+    tmp_path: Path,
+    start_controller: Callable[[Controller], Controller],
+) -> None:
     """scontrol update node=n2 state=fail reason=Action:Replace under a 2-node --no-kill job: the controller
     waits for the job, forces n2 down after the limit (the job goes on with n1), restarts n2's slurmd,
     passes the gate and resumes n2 idle under the same name."""
@@ -37,7 +41,7 @@ def test_operator_replace_repairs_node_and_no_kill_job_keeps_running_elsewhere(
 
     wait_until(lambda: history(tmp_path / "state"), "the repair of n2 to finish")
     # slurmctld may still flag the new slurmd not-responding for a ping or two after the resume.
-    n2 = wait_until(lambda: (n if (n := slurm.node("n2")).is_idle else None), "n2 to be idle", timeout=30)
+    n2 = wait_until(lambda: n if (n := slurm.node("n2")).is_idle else None, "n2 to be idle", timeout=30)
     assert n2.reason == "" and n2.slurmd_start_time != before
     job = slurm.job(job_id)
     assert job.is_running and job.nodes == ("n1",)
@@ -46,15 +50,24 @@ def test_operator_replace_repairs_node_and_no_kill_job_keeps_running_elsewhere(
     assert [(h["node"], h["outcome"], h["attempts"]) for h in done] == [("n2", "repaired", 1)]
     assert done[0]["last_health"]["passed"] is True
     assert not (tmp_path / "state" / "nodes" / "n2.json").exists()
-    assert registry.get_sample_value("hpr_controller_repairs_total",
-                                     {"provider": "script", "action": "replace", "outcome": "repaired"}) == 1
-    assert registry.get_sample_value("hpr_controller_repair_duration_seconds_count",
-                                     {"provider": "script", "action": "replace"}) == 1
+    assert (
+        registry.get_sample_value(
+            "hpr_controller_repairs_total", {"provider": "script", "action": "replace", "outcome": "repaired"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "hpr_controller_repair_duration_seconds_count", {"provider": "script", "action": "replace"}
+        )
+        == 1
+    )
     assert ctl.records == {}
 
 
 def test_forced_down_waits_for_the_limit_while_jobs_run(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     """A failing node is left to its jobs until forced_down_after_s, and only then set DOWN."""
     job_id = slurm.sbatch("-N2", "-w", "n1,n2", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
     slurm.wait_running(job_id)
@@ -71,8 +84,12 @@ def test_forced_down_waits_for_the_limit_while_jobs_run(
 
 
 def test_gate_failure_escalates_reboot_then_replace_then_gives_up(
-        cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path,
-        start_controller: Callable[[Controller], Controller]) -> None:
+    cluster: DevCluster,
+    slurm: SlurmClient,
+    scripts: Scripts,
+    tmp_path: Path,
+    start_controller: Callable[[Controller], Controller],
+) -> None:
     """A node failing its health gate after each repair is never resumed: reboot, then replace, then it is
     left DOWN+DRAIN with a reason that says why and asks for a person."""
     scripts.set_gate("n3", "fail")
@@ -96,7 +113,8 @@ def test_gate_failure_escalates_reboot_then_replace_then_gives_up(
 
 
 def test_controller_killed_mid_repair_finishes_it_exactly_once(
-        cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """SIGKILL while the provider acts; the restarted controller waits for the node instead of acting again,
     gates it and resumes it: one provider call in all."""
     scripts = write_scripts(tmp_path / "scripts", cluster, provider_delay_s=2.0)
@@ -131,8 +149,9 @@ def test_controller_killed_mid_repair_finishes_it_exactly_once(
     assert "repair_action_resumed" in out and "controller_stopped" in out
 
 
-def test_reason_not_ours_is_never_touched(cluster: DevCluster, slurm: SlurmClient, scripts: Scripts,
-                                          tmp_path: Path) -> None:
+def test_reason_not_ours_is_never_touched(
+    cluster: DevCluster, slurm: SlurmClient, scripts: Scripts, tmp_path: Path
+) -> None:
     """A node drained by an operator for maintenance (no Action: word) is left alone."""
     slurm.set_node_state(["n4"], "drain", "maintenance: new NIC firmware")
     ctl = Controller(settings_for(scripts, tmp_path / "state"), slurm)

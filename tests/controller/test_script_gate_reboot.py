@@ -41,9 +41,10 @@ def test_script_gets_node_and_action_appended_and_reports_success(tmp_path: Path
 
 
 def test_script_placeholders_fill_in_place() -> None:
-    assert render(["ipmitool", "-H", "{hostname}-bmc", "power", "{action}"],
-                  {"node": "gpu-3", "action": "cycle", "hostname": "h", "address": "a"}) == \
-        ["ipmitool", "-H", "h-bmc", "power", "cycle"]
+    assert render(
+        ["ipmitool", "-H", "{hostname}-bmc", "power", "{action}"],
+        {"node": "gpu-3", "action": "cycle", "hostname": "h", "address": "a"},
+    ) == ["ipmitool", "-H", "h-bmc", "power", "cycle"]
 
 
 def test_script_failure_carries_exit_code_and_last_line(tmp_path: Path) -> None:
@@ -67,6 +68,7 @@ def test_script_timeout_kills_its_process_group(tmp_path: Path) -> None:
             return "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
         except OSError:
             return True
+
     # SIGKILL is delivered at once, but a loaded kernel may take a moment to tear the process down.
     deadline = time.monotonic() + 5
     while not gone() and time.monotonic() < deadline:
@@ -83,8 +85,9 @@ def test_command_gate_passes_on_exit_0_and_fails_with_output(tmp_path: Path) -> 
 
 
 def test_command_gate_timeout_or_missing_command_is_a_failed_gate(tmp_path: Path) -> None:
-    slow = create_gate(GateSettings(kind="command", command=[sys.executable, "-c", "import time; time.sleep(20)"],
-                                    timeout_s=0.3))
+    slow = create_gate(
+        GateSettings(kind="command", command=[sys.executable, "-c", "import time; time.sleep(20)"], timeout_s=0.3)
+    )
     res = slow.check(NODE)
     assert not res.passed and "timed out" in res.detail
     missing = create_gate(GateSettings(kind="command", command=[str(tmp_path / "nope"), "{node}"])).check(NODE)
@@ -104,7 +107,12 @@ def test_reboot_provider_issues_scontrol_reboot_asap_with_our_reason(tmp_path: P
     p = create_provider("reboot", {}, ProviderContext(client, "default"))
     assert p.act(NODE, Action.REBOOT) == "scontrol reboot ASAP nextstate=resume"
     assert (tmp_path / "argv").read_text().splitlines() == [
-        "reboot", "ASAP", "nextstate=RESUME", "reason=[hpr-controller] repair: reboot by scontrol reboot", "gpu-3"]
+        "reboot",
+        "ASAP",
+        "nextstate=RESUME",
+        "reason=[hpr-controller] repair: reboot by scontrol reboot",
+        "gpu-3",
+    ]
     assert "rebooted instead" in p.act(NODE, Action.REPLACE)
 
 
@@ -112,8 +120,11 @@ def test_reboot_provider_failure_is_a_slurm_error(tmp_path: Path) -> None:
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho 'scontrol_reboot_nodes error: Unspecified error' >&2\nexit 1\n")
     fake.chmod(0o755)
-    p = create_provider("reboot", {"asap": False}, ProviderContext(
-        SlurmClient(CommandRunner(str(tmp_path), timeout=5, retries=0)), "default"))
+    p = create_provider(
+        "reboot",
+        {"asap": False},
+        ProviderContext(SlurmClient(CommandRunner(str(tmp_path), timeout=5, retries=0)), "default"),
+    )
     with pytest.raises(SlurmError, match="Unspecified error"):
         p.act(NODE, Action.REBOOT)
 
@@ -122,8 +133,9 @@ def _proxy_command_attack(tmp_path: Path) -> tuple[Node, Path]:
     """A node whose NodeAddr is an ssh option: `-oProxyCommand=SCRIPT`, with SCRIPT leaving a marker."""
     marker = tmp_path / "pwned"
     payload = script(tmp_path, f'touch "{marker}"\n')
-    return Node(name="gpu-3", address=f"-oProxyCommand={payload}", hostname="gpu-3",
-                states=frozenset({"IDLE", "DRAIN"})), marker
+    return Node(
+        name="gpu-3", address=f"-oProxyCommand={payload}", hostname="gpu-3", states=frozenset({"IDLE", "DRAIN"})
+    ), marker
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the ssh client to replay the attack")
@@ -148,9 +160,16 @@ def test_ssh_gate_template_ends_ssh_options_before_the_address(tmp_path: Path) -
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("name", "-rf"), ("name", "gpu 3"), ("address", "--help"), ("hostname", "a\tb"), ("name", "n\n1"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "-rf"),
+        ("name", "gpu 3"),
+        ("address", "--help"),
+        ("hostname", "a\tb"),
+        ("name", "n\n1"),
+    ],
+)
 def test_script_provider_refuses_option_like_or_split_node_values(tmp_path: Path, field: str, value: str) -> None:
     """Issue 14 item 13: the `script` provider appended the node name bare, so `-x` became an option."""
     cmd = script(tmp_path, f'echo "$@" > "{tmp_path}/args"\n')

@@ -20,8 +20,9 @@ from hpresilience.slurm.client import SlurmClient
 
 
 def record(node: str = "n1") -> RepairRecord:
-    return RepairRecord(node=node, requested=Action.REPLACE, reason="Action:Replace", provider="script",
-                        detected_at=1.0)
+    return RepairRecord(
+        node=node, requested=Action.REPLACE, reason="Action:Replace", provider="script", detected_at=1.0
+    )
 
 
 def test_record_round_trips_and_keeps_a_bounded_history(tmp_path: Path) -> None:
@@ -98,7 +99,8 @@ def test_a_bad_group_is_refused_at_load_and_at_start(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as err:
         ControllerSettings(state_dir=str(tmp_path), groups=[group])  # type: ignore[list-item]
     assert [(e["loc"], e["msg"]) for e in err.value.errors()] == [
-        (("groups", 0, "options", "command"), "Field required")]
+        (("groups", 0, "options", "command"), "Field required")
+    ]
     # Settings made without validation still cannot start a controller with it.
     s = ControllerSettings.model_construct(state_dir=str(tmp_path), groups=[NodeGroup.model_validate(group)])
     with pytest.raises(ConfigError, match="group 'gpu', provider 'script': command: Field required"):
@@ -114,15 +116,21 @@ def test_config_file_errors_name_the_key() -> None:
         config_from_mapping({"controller": {"max_concurent": 2}})
 
 
-@pytest.mark.parametrize(("groups", "message"), [
-    ([{"name": "gpu", "nodes": ["gpu-[1-"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression 'gpu-\[1-'"),
-    ([{"name": "gpu", "nodes": ["gpu-[3-1]"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression"),
-    ([{"name": "gpu", "nodes": ["gpu-1]"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression"),
-    ([{"name": "gpu", "nodes": [" "]}], r"groups\[0\]\.nodes: Value error, an empty node pattern"),
-    ([{"name": "a", "nodes": ["a-*"]}, {"name": "a", "nodes": ["b-*"]}], "node group name 'a' is used twice"),
-    ([{"name": "default", "nodes": ["a-*"]}], "node group name 'default' is reserved"),
-    ([{"name": "", "nodes": ["a-*"]}], r"groups\[0\]\.name"),
-])
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        (
+            [{"name": "gpu", "nodes": ["gpu-[1-"]}],
+            r"groups\[0\]\.nodes: Value error, bad hostlist expression 'gpu-\[1-'",
+        ),
+        ([{"name": "gpu", "nodes": ["gpu-[3-1]"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression"),
+        ([{"name": "gpu", "nodes": ["gpu-1]"]}], r"groups\[0\]\.nodes: Value error, bad hostlist expression"),
+        ([{"name": "gpu", "nodes": [" "]}], r"groups\[0\]\.nodes: Value error, an empty node pattern"),
+        ([{"name": "a", "nodes": ["a-*"]}, {"name": "a", "nodes": ["b-*"]}], "node group name 'a' is used twice"),
+        ([{"name": "default", "nodes": ["a-*"]}], "node group name 'default' is reserved"),
+        ([{"name": "", "nodes": ["a-*"]}], r"groups\[0\]\.name"),
+    ],
+)
 def test_bad_node_groups_are_refused_at_load(groups: list[dict[str, object]], message: str) -> None:
     """Issue 14 item 9: a hostlist typo passed `config show` and `--dry-run --once`, then failed every cycle
     while no node was repaired; duplicate names and `default` (the name of nodes in no group) were accepted."""
@@ -138,19 +146,32 @@ def test_good_hostlists_and_globs_still_load() -> None:
 # A record as the controller before the step/action enums wrote it (main at 2202e84): words as plain strings,
 # "" for the action before the first attempt. Records on disk must outlive an upgrade of the controller.
 RECORD_OF_TODAY = {
-    "acted_at": 1700000100.5, "action": "reboot", "attempt": 1, "boot_before": 1699990000,
-    "detected_at": 1700000000.0, "forced_down": False,
+    "acted_at": 1700000100.5,
+    "action": "reboot",
+    "attempt": 1,
+    "boot_before": 1699990000,
+    "detected_at": 1700000000.0,
+    "forced_down": False,
     "history": [{"at": 1700000000.0, "from": "pending", "to": "acting", "why": "provider asked to reboot"}],
-    "last_health": None, "node": "n7", "provider": "script", "reason": "Action:Reboot [hpr-agent] xid=79",
-    "requested": "reboot", "rung": 0, "slurmd_before": 1699990010, "step": "waiting_back",
-    "step_since": 1700000100.5, "why": "provider asked to reboot (attempt 1) via script"}
+    "last_health": None,
+    "node": "n7",
+    "provider": "script",
+    "reason": "Action:Reboot [hpr-agent] xid=79",
+    "requested": "reboot",
+    "rung": 0,
+    "slurmd_before": 1699990010,
+    "step": "waiting_back",
+    "step_since": 1700000100.5,
+    "why": "provider asked to reboot (attempt 1) via script",
+}
 
 
 def test_a_record_in_the_stored_format_of_before_the_enums_loads_and_is_written_back_the_same(tmp_path: Path) -> None:
     (tmp_path / "nodes").mkdir()
     (tmp_path / "nodes" / "n7.json").write_text(json.dumps(RECORD_OF_TODAY, sort_keys=True))
-    (tmp_path / "nodes" / "n8.json").write_text(json.dumps(
-        {**RECORD_OF_TODAY, "node": "n8", "action": "", "step": "pending", "requested": "replace"}))
+    (tmp_path / "nodes" / "n8.json").write_text(
+        json.dumps({**RECORD_OF_TODAY, "node": "n8", "action": "", "step": "pending", "requested": "replace"})
+    )
     store = StateStore(tmp_path)
     loaded = store.load_all()
     rec, fresh = loaded["n7"], loaded["n8"]
@@ -162,8 +183,9 @@ def test_a_record_in_the_stored_format_of_before_the_enums_loads_and_is_written_
     assert fresh.to_json()["action"] == ""
 
 
-@pytest.mark.parametrize(("field", "word"), [("requested", "none"), ("requested", "reimage"), ("action", "none"),
-                                             ("step", "dancing")])
+@pytest.mark.parametrize(
+    ("field", "word"), [("requested", "none"), ("requested", "reimage"), ("action", "none"), ("step", "dancing")]
+)
 def test_a_stored_record_with_a_word_not_ours_is_refused_naming_the_field(field: str, word: str) -> None:
     with pytest.raises(ValueError, match=f"unknown {field} '{word}'"):
         RepairRecord.from_json({**RECORD_OF_TODAY, field: word})

@@ -21,18 +21,28 @@ def test_template_problem_names_the_unknown_placeholder_and_the_known_ones() -> 
     assert template_problem([], GATE_KEYS) == "the command is empty"
 
 
-@pytest.mark.parametrize(("body", "where"), [
-    ("controller:\n  gate:\n    kind: command\n    command: [ssh, '{adress}', hpresilience, check]\n",
-     "controller.gate.command: unknown placeholder {adress}"),
-    ("controller:\n  gate:\n    kind: command\n    command: []\n", "controller.gate.command: the command is empty"),
-    ("controller:\n  gate:\n    job_command: [hpresilience, check, '{nod}']\n",
-     "controller.gate.job_command: unknown placeholder {nod}"),
-    ("controller:\n  groups:\n    - name: g\n      nodes: ['n[1-2]']\n      provider: script\n"
-     "      options:\n        command: [/bin/reimage, '{nod}']\n",
-     "controller.groups[0].options.command: unknown placeholder {nod}"),
-])
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (
+            "controller:\n  gate:\n    kind: command\n    command: [ssh, '{adress}', hpresilience, check]\n",
+            "controller.gate.command: unknown placeholder {adress}",
+        ),
+        ("controller:\n  gate:\n    kind: command\n    command: []\n", "controller.gate.command: the command is empty"),
+        (
+            "controller:\n  gate:\n    job_command: [hpresilience, check, '{nod}']\n",
+            "controller.gate.job_command: unknown placeholder {nod}",
+        ),
+        (
+            "controller:\n  groups:\n    - name: g\n      nodes: ['n[1-2]']\n      provider: script\n"
+            "      options:\n        command: [/bin/reimage, '{nod}']\n",
+            "controller.groups[0].options.command: unknown placeholder {nod}",
+        ),
+    ],
+)
 def test_config_show_refuses_a_template_typo_naming_its_key_path(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, where: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, where: str
+) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(body)
     assert main(["--config", str(cfg), "config", "show"]) == 2

@@ -34,8 +34,12 @@ RULES = REPO / "deploy" / "prometheus" / "hpresilience-rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "hpresilience-dashboard.json"
 SCRAPE = REPO / "deploy" / "prometheus" / "prometheus-scrape.yml"
 METRIC = re.compile(r"\bhpr_[a-z0-9_]+\b")
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "gauge": ("",), "summary": ("_sum", "_count", "_created")}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count", "_created"),
+}
 
 
 def promtool() -> str:
@@ -163,11 +167,19 @@ def test_the_dashboard_covers_fleet_repairs_jobs_and_liveness() -> None:
     rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
     assert rows == ["Fleet health", "Repairs", "Jobs (srun --auto-resume)", "Liveness", "Where training time went"]
     named = named_in(dashboard_exprs())
-    for metric in ("hpr_cluster_nodes", "hpr_agent_check_results_total", "hpr_controller_nodes",
-                   "hpr_controller_repair_duration_seconds_bucket", "hpr_controller_repairs_total",
-                   "hpr_autoresume_restarts_total", "hpr_autoresume_restart_latency_seconds_bucket",
-                   "hpr_agent_fault_detection_latency_seconds_bucket", "hpr_agent_last_cycle_timestamp_seconds",
-                   "hpr_cluster_badput_seconds_total", "hpr_job_goodput_ratio"):
+    for metric in (
+        "hpr_cluster_nodes",
+        "hpr_agent_check_results_total",
+        "hpr_controller_nodes",
+        "hpr_controller_repair_duration_seconds_bucket",
+        "hpr_controller_repairs_total",
+        "hpr_autoresume_restarts_total",
+        "hpr_autoresume_restart_latency_seconds_bucket",
+        "hpr_agent_fault_detection_latency_seconds_bucket",
+        "hpr_agent_last_cycle_timestamp_seconds",
+        "hpr_cluster_badput_seconds_total",
+        "hpr_job_goodput_ratio",
+    ):
         assert metric in named, metric
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -213,16 +225,23 @@ def label_problems(expr: str, legend: str = "") -> list[str]:
     for g in groups:
         problems += [f"by ({name}) in {expr!r}" for name in g - carried]
     # A legend can show only what the outermost aggregation keeps (or any label when there is none).
-    shown = groups[0] | TARGET_LABELS if groups and expr.lstrip().startswith(("sum", "max", "min", "avg", "count"))\
+    shown = (
+        groups[0] | TARGET_LABELS
+        if groups and expr.lstrip().startswith(("sum", "max", "min", "avg", "count"))
         else carried
+    )
     problems += [f"legend {{{{{name}}}}} of {expr!r}" for name in LEGEND.findall(legend) if name not in shown]
     return problems
 
 
 def test_the_dashboards_metric_and_label_names_are_what_the_code_exports() -> None:
     dash = json.loads(DASHBOARD.read_text())
-    problems = [p for panel in dash["panels"] for t in panel.get("targets", [])
-                for p in label_problems(t["expr"], t.get("legendFormat", ""))]
+    problems = [
+        p
+        for panel in dash["panels"]
+        for t in panel.get("targets", [])
+        for p in label_problems(t["expr"], t.get("legendFormat", ""))
+    ]
     assert not problems, problems
 
 
@@ -257,23 +276,48 @@ def test_promtool_fires_the_down_absent_and_ceiling_alerts(tmp_path: Path) -> No
             r.pop("annotations", None)
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(doc))
-    tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [
-        {"interval": "1m",
-         "input_series": [
-             {"series": 'up{job="hpresilience-agent",instance="n1:9761"}', "values": "0x10"},
-             {"series": 'hpr_controller_last_cycle_timestamp_seconds{job="hpresilience-controller",'
-                        'instance="head:9760"}', "values": "1 2 3 _x20"},
-             {"series": 'hpr_agent_ceiling_holds_total{job="hpresilience-agent",instance="n1:9761",action="Reboot"}',
-              "values": "0 0 1 1 1"}],
-         "alert_rule_test": [
-             {"eval_time": "8m", "alertname": "HpresilienceAgentDown",
-              "exp_alerts": [{"exp_labels": {"severity": "warning", "job": "hpresilience-agent",
-                                             "instance": "n1:9761"}}]},
-             {"eval_time": "2m", "alertname": "HpresilienceControllerAbsent", "exp_alerts": []},
-             {"eval_time": "20m", "alertname": "HpresilienceControllerAbsent",
-              "exp_alerts": [{"exp_labels": {"severity": "critical", "job": "hpresilience-controller"}}]},
-             {"eval_time": "4m", "alertname": "HpresilienceFleetCeilingReached",
-              "exp_alerts": [{"exp_labels": {"severity": "critical"}}]}]}]}
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'up{job="hpresilience-agent",instance="n1:9761"}', "values": "0x10"},
+                    {
+                        "series": 'hpr_controller_last_cycle_timestamp_seconds{job="hpresilience-controller",'
+                        'instance="head:9760"}',
+                        "values": "1 2 3 _x20",
+                    },
+                    {
+                        "series": 'hpr_agent_ceiling_holds_total{job="hpresilience-agent",'
+                        'instance="n1:9761",action="Reboot"}',
+                        "values": "0 0 1 1 1",
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "8m",
+                        "alertname": "HpresilienceAgentDown",
+                        "exp_alerts": [
+                            {"exp_labels": {"severity": "warning", "job": "hpresilience-agent", "instance": "n1:9761"}}
+                        ],
+                    },
+                    {"eval_time": "2m", "alertname": "HpresilienceControllerAbsent", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "HpresilienceControllerAbsent",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical", "job": "hpresilience-controller"}}],
+                    },
+                    {
+                        "eval_time": "4m",
+                        "alertname": "HpresilienceFleetCeilingReached",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical"}}],
+                    },
+                ],
+            }
+        ],
+    }
     path = tmp_path / "rules_test.yml"
     path.write_text(yaml.safe_dump(tests))
     res = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)

@@ -16,8 +16,13 @@ def test_an_ack_style_script_saves_and_exits_within_2_s_of_the_wrapper_notice_an
     private = tmp_path / "hpr-notice"
     private.mkdir(mode=0o700)
     notice = private / "notice"
-    env = {**os.environ, "HPR_NOTICE_FILE": str(notice), "CKPT_DIR": str(tmp_path / "ckpt"),
-           "TRAIN_STEPS": "100000", "TRAIN_STEP_SLEEP": "0.05"}
+    env = {
+        **os.environ,
+        "HPR_NOTICE_FILE": str(notice),
+        "CKPT_DIR": str(tmp_path / "ckpt"),
+        "TRAIN_STEPS": "100000",
+        "TRAIN_STEP_SLEEP": "0.05",
+    }
     proc = subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(3.0)  # it trains
@@ -33,6 +38,11 @@ def test_an_ack_style_script_saves_and_exits_within_2_s_of_the_wrapper_notice_an
     assert saved > 0
     # The relaunch (no notice for the new attempt) resumes from the saved step and runs to the end.
     notice.unlink()
-    done = subprocess.run([sys.executable, str(SCRIPT)], env={**env, "TRAIN_STEPS": str(saved + 5)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        env={**env, "TRAIN_STEPS": str(saved + 5)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and f"saved step={saved + 5}" in done.stdout, done.stdout

@@ -24,7 +24,12 @@ def test_a_finding_fails_when_it_asks_for_an_action_and_warns_otherwise() -> Non
     meh = c.finding("PCIe x8", Action.NONE, "gpu.pcie:0", False, {"gpu": 0})
     assert isinstance(bad, CheckResult) and (bad.check, bad.family, bad.kind) == ("probe.thing", "probe", Kind.PASSIVE)
     assert (bad.status, bad.action, bad.key, bad.certain, bad.evidence) == (
-        Status.FAIL, Action.REBOOT, "gpu.lost:0", True, {"gpu": 0})
+        Status.FAIL,
+        Action.REBOOT,
+        "gpu.lost:0",
+        True,
+        {"gpu": 0},
+    )
     assert (meh.status, meh.action) == (Status.WARN, Action.NONE) and not meh.asks_action and bad.asks_action
 
 
@@ -37,7 +42,13 @@ def test_report_is_the_worst_finding_with_the_runs_evidence() -> None:
     ev = {"findings": ["..."]}
     r = report([warn, reboot, replace_unsure, replace_sure], ev)
     assert (r.status, r.action, r.reason, r.key, r.certain, r.evidence) == (
-        Status.FAIL, Action.REPLACE, "remap failed", "f", True, ev)
+        Status.FAIL,
+        Action.REPLACE,
+        "remap failed",
+        "f",
+        True,
+        ev,
+    )
     assert report([warn, reboot], {}).key == "r"
     only_warn = report([warn], {})
     assert (only_warn.status, only_warn.action, only_warn.certain) == (Status.WARN, Action.NONE, False)
@@ -45,5 +56,10 @@ def test_report_is_the_worst_finding_with_the_runs_evidence() -> None:
 
 def test_findings_are_listed_as_what_action_key_and_their_details() -> None:
     f = probe().finding("GPU 0 lost", Action.REPLACE, "gpu.lost:0", True, {"gpu": 0, "boots_seen": 3})
-    assert finding_dict(f) == {"what": "GPU 0 lost", "action": "replace", "key": "gpu.lost:0", "gpu": 0,
-                               "boots_seen": 3}
+    assert finding_dict(f) == {
+        "what": "GPU 0 lost",
+        "action": "replace",
+        "key": "gpu.lost:0",
+        "gpu": 0,
+        "boots_seen": 3,
+    }

@@ -111,9 +111,7 @@ def test_diag_pass_and_non_json(
     }
     ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, ok)})
     assert run_one(DcgmDiag(DcgmDiagOptions(), ctx)).status == Status.OK
-    garbage = fake_tool(
-        "dcgmi-garbage", 'echo "Error: unable to establish a connection to the specified host"; exit 1'
-    )
+    garbage = fake_tool("dcgmi-garbage", 'echo "Error: unable to establish a connection to the specified host"; exit 1')
     r = run_one(DcgmDiag(DcgmDiagOptions(), ctx_factory(commands={"dcgmi": garbage})))
     assert (r.status, r.action) == (Status.UNKNOWN, Action.NONE) and "connection" in r.reason
 
@@ -125,9 +123,7 @@ def test_health_watch_results(
     assert run_one(DcgmHealth(CheckOptions(), ctx)).status == Status.OK
     ctx = ctx_factory(commands={"dcgmi": dcgmi(fake_tool, tmp_path, HEALTH_BAD)})
     r = run_one(DcgmHealth(CheckOptions(), ctx))
-    assert (
-        r.status == Status.FAIL and "double-bit ECC error was detected on GPU 3" in r.reason and not r.certain
-    )
+    assert r.status == Status.FAIL and "double-bit ECC error was detected on GPU 3" in r.reason and not r.certain
     assert (
         run_one(DcgmHealth(CheckOptions(), ctx_factory(commands={"dcgmi": "/no/dcgmi"}))).status
         == Status.NOT_APPLICABLE

@@ -22,9 +22,7 @@ from hpresilience.reasons import Action
 PORT = "class/infiniband/rdmap16s0/ports/1"
 
 
-def efa_ctx(
-    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext], **kw: object
-) -> CheckContext:
+def efa_ctx(tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext], **kw: object) -> CheckContext:
     tree("sysfs-efa")
     tree("dev-efa", "dev")
     return ctx_factory(**kw)
@@ -45,11 +43,7 @@ def test_devices_ports_and_uverbs_from_a_recorded_tree(
 ) -> None:
     ctx = efa_ctx(tree, ctx_factory)
     r = run_one(EfaDevices(EfaDevicesOptions(expected=2), ctx))
-    assert (
-        r.status == Status.OK
-        and r.evidence["devices"] == ["rdmap16s0", "rdmap32s0"]
-        and r.evidence["uverbs"] == 2
-    )
+    assert r.status == Status.OK and r.evidence["devices"] == ["rdmap16s0", "rdmap32s0"] and r.evidence["uverbs"] == 2
     r = run_one(EfaDevices(EfaDevicesOptions(expected=4), ctx))
     assert (r.status, r.action) == (Status.FAIL, Action.REBOOT) and "expects 4" in r.reason
     ctx.paths.sys(PORT, "state").write_text("1: DOWN\n")
@@ -115,9 +109,7 @@ def test_loopback_runs_server_and_client_per_device(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "pp.log"
-    tool = fake_tool(
-        "fi_pingpong", f'echo "$@" >> {log}\ncase "$*" in *localhost*) exit 0;; *) sleep 30;; esac'
-    )
+    tool = fake_tool("fi_pingpong", f'echo "$@" >> {log}\ncase "$*" in *localhost*) exit 0;; *) sleep 30;; esac')
     ctx = efa_ctx(tree, ctx_factory, commands={"fi_pingpong": tool})
     r = run_one(EfaLoopback(EfaLoopbackOptions(iterations=10), ctx))
     assert r.status == Status.OK

@@ -35,9 +35,7 @@ def test_nvidia_smi_xml_parses_into_the_snapshot_fields() -> None:
 def test_nvidia_smi_xml_faults_are_read() -> None:
     bad = (
         XML.replace("<remapped_row_pending>No", "<remapped_row_pending>Yes", 1)
-        .replace(
-            "<dram_uncorrectable>0</dram_uncorrectable>", "<dram_uncorrectable>3</dram_uncorrectable>", 1
-        )
+        .replace("<dram_uncorrectable>0</dram_uncorrectable>", "<dram_uncorrectable>3</dram_uncorrectable>", 1)
         .replace("<current_link_width>16x", "<current_link_width>8x", 1)
         .replace(
             "<clocks_event_reason_hw_thermal_slowdown>Not Active",
@@ -57,9 +55,7 @@ def test_nvidia_smi_fallback_feeds_the_checks(p5: FakeNode, fake_tool: Callable[
     from tests.health.conftest import node_settings
 
     s = node_settings(p5)
-    s = s.model_copy(
-        update={"nvml": "nvidia-smi", "commands": s.commands.model_copy(update={"nvidia_smi": tool})}
-    )
+    s = s.model_copy(update={"nvml": "nvidia-smi", "commands": s.commands.model_copy(update={"nvidia_smi": tool})})
     _, results, _ = run_profile(s, only=["gpu.count", "gpu.memory"])
     count, mem = results
     assert count.status == Status.FAIL and count.evidence["source"] == "nvidia-smi"
@@ -100,9 +96,7 @@ def test_uncorrectable_remap_threshold(p5: FakeNode, unc: int, limit: int, statu
         assert r.action == Action.REPLACE
 
 
-@pytest.mark.parametrize(
-    ("vol", "limit", "status"), [(0, 0, Status.OK), (1, 0, Status.FAIL), (5, 10, Status.OK)]
-)
+@pytest.mark.parametrize(("vol", "limit", "status"), [(0, 0, Status.OK), (1, 0, Status.FAIL), (5, 10, Status.OK)])
 def test_volatile_uncorrected_ecc_threshold(p5: FakeNode, vol: int, limit: int, status: Status) -> None:
     p5.inject(f"ecc:2:{vol}")
     r = run_node(p5, ["gpu.memory"], **{"gpu.memory": {"max_volatile_uncorrected": limit}})[0]["gpu.memory"]
@@ -127,10 +121,7 @@ def test_retired_pages_at_the_limit_replace(p5: FakeNode) -> None:
 def test_pcie_width_below_max_warns_and_generation_only_when_asked(p5: FakeNode) -> None:
     p5.set_gpu(5, pcie_gen_current=1)
     assert run_node(p5, ["gpu.pcie"])[0]["gpu.pcie"].status == Status.OK  # gen drops at idle: not judged
-    assert (
-        run_node(p5, ["gpu.pcie"], **{"gpu.pcie": {"check_generation": True}})[0]["gpu.pcie"].status
-        == Status.WARN
-    )
+    assert run_node(p5, ["gpu.pcie"], **{"gpu.pcie": {"check_generation": True}})[0]["gpu.pcie"].status == Status.WARN
     p5.set_gpu(5, pcie_gen_current=5, pcie_width_current=8)
     r = run_node(p5, ["gpu.pcie"])[0]["gpu.pcie"]
     assert (r.status, r.action) == (Status.WARN, Action.NONE) and "x8, max x16" in r.reason
@@ -154,9 +145,7 @@ def test_hw_thermal_and_power_brake_slowdown_warn_sw_power_cap_does_not(p5: Fake
         (None, Status.OK, Action.NONE),
     ],
 )
-def test_driver_recovery_action_field(
-    p5: FakeNode, value: int | None, status: Status, action: Action
-) -> None:
+def test_driver_recovery_action_field(p5: FakeNode, value: int | None, status: Status, action: Action) -> None:
     p5.set_gpu(6, recovery_action=value)
     r = run_node(p5, ["gpu.recovery"])[0]["gpu.recovery"]
     assert (r.status, r.action) == (status, action)
@@ -252,9 +241,7 @@ def _smi_settings(node: FakeNode, fake_tool: Callable[[str, str], str], xml: str
     path.write_text(xml)
     tool = fake_tool("nvidia-smi", f'[ "$1" = "-q" ] && [ "$2" = "-x" ] && exec cat {path}\nexit 9')
     s = node_settings(node)
-    return s.model_copy(
-        update={"nvml": "nvidia-smi", "commands": s.commands.model_copy(update={"nvidia_smi": tool})}
-    )
+    return s.model_copy(update={"nvml": "nvidia-smi", "commands": s.commands.model_copy(update={"nvidia_smi": tool})})
 
 
 def test_recovery_reset_from_nvidia_smi_fails_and_an_unknown_word_is_unknown(
@@ -270,9 +257,7 @@ def test_recovery_reset_from_nvidia_smi_fails_and_an_unknown_word_is_unknown(
     assert (r.status, r.action) == (Status.UNKNOWN, Action.NONE) and "'Zap'" in r.reason
 
 
-def test_schema_v13_memory_repair_flags_are_read_and_judged(
-    p5: FakeNode, fake_tool: Callable[[str, str], str]
-) -> None:
+def test_schema_v13_memory_repair_flags_are_read_and_judged(p5: FakeNode, fake_tool: Callable[[str, str], str]) -> None:
     from hpresilience.health.api import run_profile
 
     healthy = parse_nvidia_smi_xml(B200).gpus[0]
@@ -417,9 +402,7 @@ def _fake_pynvml(lost_on: str) -> types.ModuleType:
 
 
 @pytest.mark.parametrize("lost_on", ["nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"])
-def test_gpu_lost_in_the_middle_of_the_query_is_lost_not_healthy(
-    monkeypatch: pytest.MonkeyPatch, lost_on: str
-) -> None:
+def test_gpu_lost_in_the_middle_of_the_query_is_lost_not_healthy(monkeypatch: pytest.MonkeyPatch, lost_on: str) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(lost_on))
     snap = PynvmlReader().snapshot()
     assert [g.lost for g in snap.gpus] == [False, True]

@@ -59,8 +59,9 @@ def test_the_real_healthy_h100_passes_every_gpu_check_from_either_source(
     node, tools = _node_with(tmp_path, "recorded", fake_tool)
     s = node_settings(node)
     if source == "nvidia-smi":
-        s = s.model_copy(update={"nvml": "nvidia-smi",
-                                 "commands": s.commands.model_copy(update={"nvidia_smi": tools["nvidia_smi"]})})
+        s = s.model_copy(
+            update={"nvml": "nvidia-smi", "commands": s.commands.model_copy(update={"nvidia_smi": tools["nvidia_smi"]})}
+        )
     _, results, verdict = run_profile(s, only=GPU_CHECKS)
     assert {r.check: r.status for r in results} == dict.fromkeys(GPU_CHECKS, Status.OK)
     assert verdict.action == Action.NONE
@@ -78,8 +79,11 @@ def test_one_uncorrectable_error_flipped_into_the_real_recording_fails_the_memor
     data["gpus"][0]["ecc_volatile_uncorrected"] = 1
     node.write_nvml(data)
     xml = tmp_path / "flipped.xml"
-    xml.write_text(REAL_XML.read_text().replace(
-        "<dram_uncorrectable>0</dram_uncorrectable>", "<dram_uncorrectable>1</dram_uncorrectable>", 1))
+    xml.write_text(
+        REAL_XML.read_text().replace(
+            "<dram_uncorrectable>0</dram_uncorrectable>", "<dram_uncorrectable>1</dram_uncorrectable>", 1
+        )
+    )
     smi = fake_tool("nvidia-smi", f'[ "$1" = "-q" ] && [ "$2" = "-x" ] && exec cat {xml}\nexit 9')
     s = node_settings(node)
     from_nvml = run_profile(s, only=["gpu.memory"])[1][0]

@@ -143,9 +143,7 @@ def test_cleared_counter_rebases_instead_of_going_negative(
     assert counters(ctx, since_boot=False).status == Status.FAIL
 
 
-def test_garbage_counter_value_is_skipped(
-    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
-) -> None:
+def test_garbage_counter_value_is_skipped(tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]) -> None:
     tree("sysfs-neuron-pre231")
     ctx = ctx_factory()
     (dev(ctx, 0) / LAYOUTS["sysfs-neuron-pre231"]["ecc"]).write_text("garbage\n")
@@ -153,9 +151,7 @@ def test_garbage_counter_value_is_skipped(
     assert r.status == Status.OK and r.evidence["counters"] == 33
 
 
-def test_device_count_against_the_profile(
-    tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]
-) -> None:
+def test_device_count_against_the_profile(tree: Callable[..., Path], ctx_factory: Callable[..., CheckContext]) -> None:
     ctx = ctx_factory()
     assert run_one(NeuronCount(NeuronCountOptions(), ctx)).status == Status.NOT_APPLICABLE
     assert run_one(NeuronCount(NeuronCountOptions(required=True), ctx)).status == Status.FAIL

@@ -110,9 +110,7 @@ def test_unknown_profile_lists_the_known_ones(tmp_path: Path) -> None:
 
 
 def test_config_checks_tune_and_switch_off_over_the_profile(tmp_path: Path) -> None:
-    s = settings(
-        tmp_path, checks={"gpu.memory": {"max_uncorrectable_remaps": 100}, "xid": {"enabled": False}}
-    )
+    s = settings(tmp_path, checks={"gpu.memory": {"max_uncorrectable_remaps": 100}, "xid": {"enabled": False}})
     p = load_profile(s, "p5.48xlarge")
     assert p.options["gpu.memory"].max_uncorrectable_remaps == 100  # type: ignore[attr-defined]
     assert "xid" not in p.enabled()

@@ -23,8 +23,13 @@ class Probe(Check[ProbeOptions]):
 
 
 RULES: tuple[Rule[int, ProbeOptions], ...] = (
-    Rule("probe.over", lambda v, o: v > o.limit, lambda o: o.over_limit, lambda v, o: f"{v} over {o.limit}",
-         lambda v, o: {"value": v}),
+    Rule(
+        "probe.over",
+        lambda v, o: v > o.limit,
+        lambda o: o.over_limit,
+        lambda v, o: f"{v} over {o.limit}",
+        lambda v, o: {"value": v},
+    ),
     Rule("probe.odd", lambda v, o: v % 2 == 1, How.REBOOT_THEN_REPLACE, lambda v, o: "odd"),
     Rule("probe.big", lambda v, o: v > 100, How.REBOOT, lambda v, o: "big", certain=False, held_in_grace=True),
 )
@@ -35,11 +40,11 @@ def probe(tmp_path: Path, **options: object) -> Probe:
 
 
 def test_each_matching_rule_is_one_finding_in_table_order_with_its_key_text_and_evidence(tmp_path: Path) -> None:
-    found = apply(probe(tmp_path), RULES, 5, probe(tmp_path).options, where="dev 0", device="d0",
-                  evidence={"dev": 0})
+    found = apply(probe(tmp_path), RULES, 5, probe(tmp_path).options, where="dev 0", device="d0", evidence={"dev": 0})
     assert [(f.key, f.reason, f.action, f.certain) for f in found] == [
         ("probe.over:d0", "dev 0: 5 over 3", Action.REPLACE, True),
-        ("probe.odd:d0", "dev 0: odd", Action.REBOOT, True)]
+        ("probe.odd:d0", "dev 0: odd", Action.REBOOT, True),
+    ]
     assert found[0].evidence == {"dev": 0, "value": 5}
     assert found[1].evidence == {"dev": 0, "boots_seen": 1}
     assert apply(probe(tmp_path), RULES, 2, probe(tmp_path).options) == []
@@ -61,4 +66,9 @@ def test_a_rule_held_in_grace_only_warns_and_says_why(tmp_path: Path) -> None:
 
 def test_a_catalogue_word_not_ours_only_warns() -> None:
     assert [How.of(w) for w in ("none", "warn", "reboot", "reboot_then_replace", "reimage")] == [
-        How.WARN, How.WARN, How.REBOOT, How.REBOOT_THEN_REPLACE, How.WARN]
+        How.WARN,
+        How.WARN,
+        How.REBOOT,
+        How.REBOOT_THEN_REPLACE,
+        How.WARN,
+    ]

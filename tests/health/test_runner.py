@@ -80,17 +80,13 @@ def test_timeout_kills_the_whole_process_group_and_returns_unknown(tmp_path: Pat
 
     def hang(c: AnyCheck) -> CheckResult:
         # A shell that starts a grandchild and ignores SIGTERM: only a group SIGKILL ends both.
-        run_command(
-            ["sh", "-c", f"trap '' TERM; sleep 60 & echo $! > {pidfile}; echo $$ >> {pidfile}; wait"], 60
-        )
+        run_command(["sh", "-c", f"trap '' TERM; sleep 60 & echo $! > {pidfile}; echo $$ >> {pidfile}; wait"], 60)
         return c.ok("never")
 
     t0 = time.monotonic()
     [r] = run_checks([Fn("hang", hang, timeout=1.0)])
     assert time.monotonic() - t0 < 30  # not the 60 s the command would take
-    assert (
-        r.status == Status.UNKNOWN and r.action == Action.NONE and "timed out after 1 s" in r.reason
-    )
+    assert r.status == Status.UNKNOWN and r.action == Action.NONE and "timed out after 1 s" in r.reason
     assert r.evidence["killed_process_groups"] == 1
     pids = [int(p) for p in pidfile.read_text().split()]
     deadline = time.monotonic() + 5
@@ -167,8 +163,10 @@ def test_stop_kills_the_active_check_in_flight_and_runs_no_more(tmp_path: Path) 
 
     threading.Thread(target=stop_soon, daemon=True).start()
     t0 = time.monotonic()
-    first, after = run_checks([Fn("stress", stress, timeout=60, kind=Kind.ACTIVE),
-                               Fn("after", second, timeout=60, kind=Kind.ACTIVE)], stop=stop)
+    first, after = run_checks(
+        [Fn("stress", stress, timeout=60, kind=Kind.ACTIVE), Fn("after", second, timeout=60, kind=Kind.ACTIVE)],
+        stop=stop,
+    )
     assert time.monotonic() - t0 < 20
     assert first.status == Status.UNKNOWN and "stopping" in first.reason
     assert after.status == Status.UNKNOWN and not ran_second

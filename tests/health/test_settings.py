@@ -14,7 +14,8 @@ def test_config_check_options_are_refused_when_the_settings_load() -> None:
     with pytest.raises(ValidationError) as err:
         HealthSettings(checks={"xid": {"bogus": 1}, "gpu.memory": {"enabled": "maybe"}, "gpu.nope": {}})
     assert [(".".join(map(str, e["loc"])), e["type"]) for e in err.value.errors()] == [
-        ("checks.xid.bogus", "extra_forbidden"), ("checks.gpu.memory.enabled", "bool_parsing"),
-        ("checks.gpu.nope", "invalid_reference")]
+        ("checks.xid.bogus", "extra_forbidden"),
+        ("checks.gpu.memory.enabled", "bool_parsing"),
+        ("checks.gpu.nope", "invalid_reference"),
+    ]
     assert "unknown check 'gpu.nope'; known: dcgm.diag," in str(err.value)
-

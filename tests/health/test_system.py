@@ -68,18 +68,14 @@ def test_required_mounts(ctx_factory: Callable[..., CheckContext]) -> None:
     ctx.paths.proc("mounts").write_text(
         "/dev/root / ext4 rw 0 0\nfs@tcp:/x /fsx lustre rw 0 0\n/dev/sdb /mnt/with\\040space ext4 rw 0 0\n"
     )
-    assert (
-        run_one(Mounts(MountsOptions(mountpoints=["/fsx/", "/mnt/with space", "/"]), ctx)).status == Status.OK
-    )
+    assert run_one(Mounts(MountsOptions(mountpoints=["/fsx/", "/mnt/with space", "/"]), ctx)).status == Status.OK
     r = run_one(Mounts(MountsOptions(mountpoints=["/fsx", "/home"]), ctx))
     assert r.status == Status.FAIL and r.evidence["missing"] == ["/home"]
 
 
 @pytest.mark.skipif(shutil.which("stress-ng") is None, reason="stress-ng not installed")
 def test_stress_ng_runs_and_verifies(ctx_factory: Callable[..., CheckContext]) -> None:
-    r = run_one(
-        Stress(StressOptions(duration_s=1, cpu_workers=1, vm_workers=1, vm_bytes="16M"), ctx_factory())
-    )
+    r = run_one(Stress(StressOptions(duration_s=1, cpu_workers=1, vm_workers=1, vm_bytes="16M"), ctx_factory()))
     assert r.status == Status.OK, r.evidence
 
 

@@ -7,9 +7,7 @@ from hpresilience.health.verdict import aggregate
 from hpresilience.reasons import Action
 
 
-def res(
-    name: str, status: Status, action: Action = Action.NONE, certain: bool = False
-) -> CheckResult:
+def res(name: str, status: Status, action: Action = Action.NONE, certain: bool = False) -> CheckResult:
     return CheckResult(name, "t", Kind.PASSIVE, status, action, f"{name} reason", {}, f"k:{name}", certain)
 
 

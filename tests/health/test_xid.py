@@ -96,9 +96,7 @@ def test_neuron_hw_errors_are_all_actionable() -> None:
         ),
     ],
 )
-def test_fault_lines_parse_in_kmsg_dmesg_and_journal_shapes(
-    line: str, vendor: str, code: str, device: str
-) -> None:
+def test_fault_lines_parse_in_kmsg_dmesg_and_journal_shapes(line: str, vendor: str, code: str, device: str) -> None:
     ev = parse_line(line)
     assert ev is not None and (ev.vendor, ev.code, ev.device) == (vendor, code, device)
 
@@ -240,7 +238,7 @@ def test_fatal_sxid_fails_the_xid_check_with_a_reboot(p5: FakeNode) -> None:
 
 # -- issue 14 item 12: fault patterns anchored on the driver's own prefix ---------------------------------
 ATTACK = (
-    '5,4002,6100000002,-;audit: type=1326 audit(1764031201.007:319): auid=1001 uid=1001 gid=1001 ses=4 '
+    "5,4002,6100000002,-;audit: type=1326 audit(1764031201.007:319): auid=1001 uid=1001 gid=1001 ses=4 "
     'pid=77121 comm="x" exe="/home/u/NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR" sig=31 arch=c000003e '
     "syscall=39 compat=0 ip=0x401000 code=0x0"
 )

@@ -33,15 +33,31 @@ class Installed:
 
 def hpr_install(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`hpresilience install ...` as an admin types it, from the development venv's package."""
-    return subprocess.run([sys.executable, "-m", "hpresilience", "install", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "hpresilience", "install", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-                    str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (whl,) = out.glob("hpresilience-*.whl")
     return whl
 

@@ -58,9 +58,13 @@ def exec_start(unit_text: str) -> list[str]:
 
 def spec_for(unit_text: str, root: Path, keep: list[Path]) -> dict[str, object]:
     d = directives(unit_text)
-    return {"protect_system": last(d, "ProtectSystem", "no"), "protect_home": last(d, "ProtectHome", "no"),
-            "private_tmp": last(d, "PrivateTmp", "no") in ("yes", "true", "1"),
-            "writable": [str(p) for p in writable_paths(unit_text, root)], "keep": [str(p) for p in keep]}
+    return {
+        "protect_system": last(d, "ProtectSystem", "no"),
+        "protect_home": last(d, "ProtectHome", "no"),
+        "private_tmp": last(d, "PrivateTmp", "no") in ("yes", "true", "1"),
+        "writable": [str(p) for p in writable_paths(unit_text, root)],
+        "keep": [str(p) for p in keep],
+    }
 
 
 def command(unit_text: str, root: Path, keep: list[Path], argv: list[str]) -> list[str]:
@@ -80,8 +84,10 @@ def _under(path: str, roots: tuple[str, ...] | list[str]) -> bool:
 
 def _mount_points() -> list[str]:
     # mountinfo writes space, tab, newline and backslash as octal escapes.
-    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
-            for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [
+        re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+    ]
 
 
 def _hide(directory: str, held: dict[str, int], mode: str) -> None:

@@ -33,16 +33,23 @@ def test_compute_install_lays_out_every_file_from_the_wheel(compute_root: Instal
     assert (p / "venv" / "bin" / "hpresilience").exists()
     assert os.access(p / "bin" / "srun", os.X_OK) and (p / "bin" / "hpresilience").resolve().exists()
     # The package in the venv is the wheel's, not this source tree's (the files come from inside the wheel).
-    out = subprocess.run([str(p / "venv" / "bin" / "python"), "-c",
-                          "import hpresilience; print(hpresilience.__file__)"],
-                         capture_output=True, text=True, check=True, cwd=compute_root.root).stdout
+    out = subprocess.run(
+        [str(p / "venv" / "bin" / "python"), "-c", "import hpresilience; print(hpresilience.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=compute_root.root,
+    ).stdout
     assert str(p / "venv") in out
     hc = (p / "slurm" / "healthcheck.sh").read_text()
     assert f"exec {p}/venv/bin/hpresilience --config {compute_root.config} agent --once" in hc
     snippet = (p / "slurm" / "slurm.conf.hpresilience").read_text()
     assert f"HealthCheckProgram={p}/slurm/healthcheck.sh" in snippet
     assert exec_start(compute_root.unit("hpresilience-agent.service"))[:3] == [
-        f"{p}/venv/bin/hpresilience", "--config", str(compute_root.config)]
+        f"{p}/venv/bin/hpresilience",
+        "--config",
+        str(compute_root.config),
+    ]
     assert not compute_root.unit("hpresilience-controller.service").exists()
     # No --config given: the defaults are written, so the unit's --config names a file that exists.
     cfg = yaml.safe_load(compute_root.config.read_text())
@@ -64,13 +71,16 @@ def test_a_second_install_changes_nothing_and_reinstalls_nothing(compute_root: I
     assert {p for p in before if before[p] != after[p]} <= {compute_root.prefix / "install-manifest.json"}
 
 
-def test_srun_auto_resume_works_for_a_user_with_the_login_path(compute_root: Installed, cluster: DevCluster,
-                                                                slurm: SlurmClient, tmp_path: Path) -> None:
+def test_srun_auto_resume_works_for_a_user_with_the_login_path(
+    compute_root: Installed, cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """`srun --auto-resume=1 hostname` in a batch job, PATH = login default + the install's profile.d entry."""
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/sh\n. {compute_root.root}/etc/profile.d/hpresilience.sh\n"
-                      "echo srun_is=$(command -v srun)\n"
-                      f"srun --auto-resume=1 --auto-resume-state-dir={tmp_path}/state hostname\necho rc=$?\n")
+    script.write_text(
+        f"#!/bin/sh\n. {compute_root.root}/etc/profile.d/hpresilience.sh\n"
+        "echo srun_is=$(command -v srun)\n"
+        f"srun --auto-resume=1 --auto-resume-state-dir={tmp_path}/state hostname\necho rc=$?\n"
+    )
     env = cluster.env()
     env["PATH"] = LOGIN_PATH
     job = slurm.sbatch("--nodes=1", f"--output={tmp_path}/out", f"--chdir={tmp_path}", str(script), env=env)
@@ -94,15 +104,20 @@ def test_srun_auto_resume_works_for_a_user_with_the_login_path(compute_root: Ins
     assert (tmp_path / "state" / f"{job}.events.jsonl").exists()
 
 
-def test_agent_unit_exec_start_runs_without_exiting(compute_root: Installed, cluster: DevCluster,
-                                                     tmp_path: Path) -> None:
+def test_agent_unit_exec_start_runs_without_exiting(
+    compute_root: Installed, cluster: DevCluster, tmp_path: Path
+) -> None:
     """The unit's own ExecStart (plus --dry-run) starts, cycles against Slurm, and stops cleanly on SIGTERM."""
     argv = exec_start(compute_root.unit("hpresilience-agent.service"))
     env = {**cluster.env(), "SLURMD_NODENAME": "n1"}
     log = tmp_path / "agent.log"
     with log.open("wb") as f:
-        proc = subprocess.Popen([*argv, "--dry-run", "--metrics-address", "", "--interval", "1"], env=env,
-                                stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [*argv, "--dry-run", "--metrics-address", "", "--interval", "1"],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 60
             while '"agent_started"' not in log.read_text():
@@ -118,8 +133,9 @@ def test_agent_unit_exec_start_runs_without_exiting(compute_root: Installed, clu
     assert "agent_cycle_failed" not in log.read_text()
 
 
-def test_healthcheck_program_runs_one_cycle_and_records_active_checks(compute_root: Installed,
-                                                                      cluster: DevCluster) -> None:
+def test_healthcheck_program_runs_one_cycle_and_records_active_checks(
+    compute_root: Installed, cluster: DevCluster
+) -> None:
     """healthcheck.sh, as Slurm's HealthCheckProgram runs it, gives a verdict for the node and leaves in the
     agent's state file when active checks last ran (so the next run does not stress the node again). The active
     checks ran with the node held out of scheduling, and it is back in service afterwards."""
@@ -130,9 +146,13 @@ def test_healthcheck_program_runs_one_cycle_and_records_active_checks(compute_ro
     cfg["agent"].update({"mode": "enforce", "max_out_min": 0, "max_out_fraction": 0.01})
     compute_root.config.write_text(yaml.safe_dump(cfg))
     try:
-        res = subprocess.run(["sh", str(compute_root.prefix / "slurm" / "healthcheck.sh")],
-                             env={**cluster.env(), "SLURMD_NODENAME": "n2", "PATH": LOGIN_PATH},
-                             capture_output=True, text=True, timeout=240)
+        res = subprocess.run(
+            ["sh", str(compute_root.prefix / "slurm" / "healthcheck.sh")],
+            env={**cluster.env(), "SLURMD_NODENAME": "n2", "PATH": LOGIN_PATH},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     finally:
         compute_root.config.write_text(saved)
     assert res.returncode == 0, res.stderr
@@ -165,9 +185,16 @@ def test_head_node_status_and_controller_exec_start(head_root: Installed, cluste
     finally:
         head_root.config.write_text(saved)
     assert ran.returncode == 0, ran.stderr
-    res = subprocess.run(["sh", "-c", f". {head_root.root}/etc/profile.d/hpresilience.sh; "
-                                      f"hpresilience --config {head_root.config} status"],
-                         env={"PATH": LOGIN_PATH, "HOME": "/root"}, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f". {head_root.root}/etc/profile.d/hpresilience.sh; hpresilience --config {head_root.config} status",
+        ],
+        env={"PATH": LOGIN_PATH, "HOME": "/root"},
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "(no node under repair)" in res.stdout
 

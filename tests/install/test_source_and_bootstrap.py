@@ -50,8 +50,16 @@ def test_an_older_python_is_refused_with_what_to_do(tmp_path: Path) -> None:
 def test_install_with_an_old_python_exits_3_and_builds_nothing(tmp_path: Path) -> None:
     whl = tmp_path / "hpresilience-0.0.0-py3-none-any.whl"
     whl.write_bytes(b"not used")
-    res = hpr_install("--role", "compute", "--root", str(tmp_path / "r"), "--wheel", str(whl),
-                      "--python", str(fake_python(tmp_path, "3.10.12")))
+    res = hpr_install(
+        "--role",
+        "compute",
+        "--root",
+        str(tmp_path / "r"),
+        "--wheel",
+        str(whl),
+        "--python",
+        str(fake_python(tmp_path, "3.10.12")),
+    )
     assert res.returncode == 3 and "needs Python >= 3.11" in res.stderr
     assert not (tmp_path / "r" / "opt" / "hpresilience" / "venv").exists()
 
@@ -65,8 +73,12 @@ def test_on_create_without_a_wheel_refuses_the_index(tmp_path: Path) -> None:
 
 
 def test_on_create_rejects_unknown_arguments() -> None:
-    res = subprocess.run(["bash", str(REPO / "lifecycle_scripts" / "on_create.sh"), "compute", "--bogus"],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        ["bash", str(REPO / "lifecycle_scripts" / "on_create.sh"), "compute", "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and "unknown argument --bogus" in res.stderr
 
 

@@ -9,7 +9,9 @@ U = "hpresilience-agent.service"
 
 def test_first_install_reloads_and_enables() -> None:
     assert systemd_plan([U], {U}, True, True, active=set()) == [
-        ["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", U]]
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", "--now", U],
+    ]
 
 
 def test_nothing_replaced_means_no_restart() -> None:

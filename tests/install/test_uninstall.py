@@ -16,8 +16,23 @@ def files_under(root: Path) -> set[str]:
 
 
 def uninstall(root: Path, role: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpresilience", "--json", "uninstall", "--role", role, "--root",
-                           str(root), "--no-systemd"], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpresilience",
+            "--json",
+            "uninstall",
+            "--role",
+            role,
+            "--root",
+            str(root),
+            "--no-systemd",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_install_then_uninstall_each_role_leaves_nothing_install_wrote(tmp_path: Path) -> None:

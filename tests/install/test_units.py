@@ -14,8 +14,9 @@ import pytest
 from hpresilience.install.layout import AGENT_UNIT, CONTROLLER_UNIT, Layout, render
 from tests.install.conftest import Installed
 
-needs_systemd_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                                           reason="systemd-analyze is not installed (apt-get install -y systemd)")
+needs_systemd_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed (apt-get install -y systemd)"
+)
 
 
 def rendered(tmp_path: Path, unit: str) -> Path:
@@ -25,8 +26,9 @@ def rendered(tmp_path: Path, unit: str) -> Path:
 
 
 def exposure(unit: Path) -> float:
-    out = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True,
-                         text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True, text=True, timeout=60
+    ).stdout
     m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", out)
     assert m, out
     return float(m.group(1))
@@ -65,6 +67,7 @@ def test_exec_start_with_a_bad_config_exits_2(tmp_path: Path, unit: str, extra: 
     layout.config.write_text("agent:\n  bogus: 1\n")
     argv = shlex.split(next(ln for ln in render(unit, layout).splitlines() if ln.startswith("ExecStart="))[10:])
     # The venv is not built here: run the same arguments with this interpreter's package.
-    res = subprocess.run([sys.executable, "-m", "hpresilience", *argv[1:], *extra], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "hpresilience", *argv[1:], *extra], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 2 and "agent.bogus: unknown key" in res.stderr

@@ -69,29 +69,36 @@ def agent_config(tmp_path: Path, installed: Installed, node: FakeNode) -> Path:
 def with_config(argv: list[str], config: Path) -> list[str]:
     """The unit's ExecStart with the test's config file in place of the installed one."""
     i = argv.index("--config")
-    return [*argv[: i + 1], str(config), *argv[i + 2:]]
+    return [*argv[: i + 1], str(config), *argv[i + 2 :]]
 
 
 @needs_root
 @pytest.mark.integration
 @pytest.mark.parametrize("unit_text", ["shipped", "without health StateDirectory"])
 def test_agent_exec_start_saves_its_state_inside_its_sandbox(
-        compute_root: Installed, cluster: DevCluster, tmp_path: Path, unit_text: str) -> None:
+    compute_root: Installed, cluster: DevCluster, tmp_path: Path, unit_text: str
+) -> None:
     """The agent as its unit starts it (ProtectSystem=strict, ProtectHome, PrivateTmp, StateDirectory), one
     cycle on a fake p5 whose kernel log has XID 79: the repeat streak and the XID escalation history land in
     the unit's state directories. A unit that leaves health.state_dir read-only (as shipped before) stops the
     agent at start with one line, instead of losing the escalation on every cycle."""
     text = compute_root.unit(AGENT_UNIT).read_text()
     if unit_text != "shipped":
-        text = text.replace("StateDirectory=hpresilience/agent hpresilience/health",
-                            "StateDirectory=hpresilience/agent")
+        text = text.replace(
+            "StateDirectory=hpresilience/agent hpresilience/health", "StateDirectory=hpresilience/agent"
+        )
     node = FakeNode.make(tmp_path / "p5", "p5.48xlarge", efa=2)
     node.inject("xid:79")
     cfg = agent_config(tmp_path, compute_root, node)
     argv = [*with_config(sandbox.exec_start(text), cfg), "--once"]
     keep = [compute_root.root, tmp_path, cluster.state_dir, PYTHON_HOME]
-    res = subprocess.run(sandbox.command(text, compute_root.root, keep, argv), capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "SLURM_CONF": str(cluster.conf_path)})
+    res = subprocess.run(
+        sandbox.command(text, compute_root.root, keep, argv),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SLURM_CONF": str(cluster.conf_path)},
+    )
     state = compute_root.root / "var/lib/hpresilience"
     if unit_text == "shipped":
         assert res.returncode == 0, res.stderr[-2000:]
@@ -107,14 +114,19 @@ def test_agent_exec_start_saves_its_state_inside_its_sandbox(
 
 @needs_root
 def test_controller_that_cannot_write_its_state_stops_at_start_with_one_line(
-        head_root: Installed, tmp_path: Path) -> None:
+    head_root: Installed, tmp_path: Path
+) -> None:
     """The controller unit without its StateDirectory (or a state_dir moved outside it): exit 2 (not restarted
     by the unit) with one line naming the key, before any Slurm call."""
     text = head_root.unit(CONTROLLER_UNIT).read_text().replace("StateDirectory=hpresilience/controller\n", "")
     state = head_root.root / "var/lib/hpresilience/controller"
-    res = subprocess.run(sandbox.command(text, head_root.root, [head_root.root, PYTHON_HOME],
-                                         [*sandbox.exec_start(text), "--once"]),
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+    res = subprocess.run(
+        sandbox.command(text, head_root.root, [head_root.root, PYTHON_HOME], [*sandbox.exec_start(text), "--once"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SLURM_CONF": "/nonexistent"},
+    )
     assert res.returncode == 2, res.stderr
     [line] = res.stderr.strip().splitlines()
     assert f"cannot write controller.state_dir {state} (Read-only file system)" in line
@@ -131,15 +143,20 @@ def test_controller_unit_leaves_root_credentials_readable(head_root: Installed) 
         f.flush()
         script = f'cat "{f.name}" && ! touch "{f.name}" 2>/dev/null'
         for unit, readable in ((text, True), (text.replace("ProtectHome=read-only", "ProtectHome=yes"), False)):
-            res = subprocess.run(sandbox.command(unit, head_root.root, [PYTHON_HOME], ["sh", "-c", script]),
-                                 capture_output=True, text=True, timeout=60)
+            res = subprocess.run(
+                sandbox.command(unit, head_root.root, [PYTHON_HOME], ["sh", "-c", script]),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert (res.returncode == 0 and res.stdout == "secret\n") is readable, (unit, res.stderr)
 
 
 @needs_root
 @pytest.mark.integration
 def test_controller_exec_start_repairs_a_node_through_the_slurm_gate_inside_its_sandbox(
-        head_root: Installed, cluster: DevCluster, slurm: SlurmClient, tmp_path: Path) -> None:
+    head_root: Installed, cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """The controller daemon as its unit starts it, with the default gate kind: it keeps its records in its
     StateDirectory, reserves the repaired node, runs the gate job there, keeps the job's output, resumes."""
     text = head_root.unit(CONTROLLER_UNIT).read_text()
@@ -147,23 +164,41 @@ def test_controller_exec_start_repairs_a_node_through_the_slurm_gate_inside_its_
     job = tmp_path / "gate_job.py"
     job.write_text("print('gate job: healthy')\n")
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({"controller": {
-        "state_dir": str(state), "poll_interval_s": 0.3, "metrics_address": "", "come_back_timeout_s": 60,
-        "release_requeued_every_s": 0,
-        # The provider only says it acted; the test restarts n2's slurmd from outside the sandbox (a slurmd
-        # started inside would live on in the namespace's read-only file system).
-        "default_provider": "script", "default_options": {"command": ["/bin/true"]},
-        "gate": {"kind": "slurm", "job_command": [sys.executable, str(job)], "timeout_s": 60}}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "controller": {
+                    "state_dir": str(state),
+                    "poll_interval_s": 0.3,
+                    "metrics_address": "",
+                    "come_back_timeout_s": 60,
+                    "release_requeued_every_s": 0,
+                    # The provider only says it acted; the test restarts n2's slurmd from outside the sandbox (a slurmd
+                    # started inside would live on in the namespace's read-only file system).
+                    "default_provider": "script",
+                    "default_options": {"command": ["/bin/true"]},
+                    "gate": {"kind": "slurm", "job_command": [sys.executable, str(job)], "timeout_s": 60},
+                }
+            }
+        )
+    )
     argv = with_config(sandbox.exec_start(text), cfg)
     keep = [head_root.root, tmp_path, cluster.state_dir, PYTHON_HOME]
-    daemon = subprocess.Popen(sandbox.command(text, head_root.root, keep, argv), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "SLURM_CONF": str(cluster.conf_path)})
+    daemon = subprocess.Popen(
+        sandbox.command(text, head_root.root, keep, argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "SLURM_CONF": str(cluster.conf_path)},
+    )
     try:
         slurm.set_node_state(["n2"], "fail", "Action:Replace")
         record = state / "nodes" / "n2.json"
-        wait_until(lambda: record.exists() and json.loads(record.read_text())["step"] == "waiting_back",
-                   "the controller to act on n2", 30)
+        wait_until(
+            lambda: record.exists() and json.loads(record.read_text())["step"] == "waiting_back",
+            "the controller to act on n2",
+            30,
+        )
         cluster.restart_node("n2")
         history = state / "history.jsonl"
         wait_until(lambda: history.exists() and "n2" in history.read_text(), "the repair of n2 to finish", 60)

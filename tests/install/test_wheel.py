@@ -13,8 +13,14 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 def test_the_wheel_carries_the_installed_files_and_the_license(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("srun", "healthcheck.sh", "epilog.sh", "slurm.conf.hpresilience", "hpresilience-agent.service",
-              "hpresilience-controller.service"):
+    for f in (
+        "srun",
+        "healthcheck.sh",
+        "epilog.sh",
+        "slurm.conf.hpresilience",
+        "hpresilience-agent.service",
+        "hpresilience-controller.service",
+    ):
         assert f"hpresilience/install/data/{f}" in names
     assert any(n.endswith("/licenses/LICENSE") for n in names)
     # Every package-data glob matches something (a glob matching nothing once hid missing files).

@@ -27,8 +27,9 @@ def test_plain_job_lines_are_read_with_their_working_directory_and_first_state_w
     assert jobs[1].state == "CANCELLED" and jobs[2].end == "Unknown"
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("7d", 604800), ("12h", 43200), ("30m", 1800), ("2w", 1209600),
-                                               ("90s", 90)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("7d", 604800), ("12h", 43200), ("30m", 1800), ("2w", 1209600), ("90s", 90)]
+)
 def test_since_takes_a_number_and_a_unit(text: str, seconds: int) -> None:
     assert since_seconds(text) == seconds
 
@@ -41,10 +42,13 @@ def test_since_rejects_anything_else_naming_the_value(text: str) -> None:
 
 def test_a_resized_job_listed_once_per_size_is_one_job_with_its_last_record() -> None:
     runner = FakeRunner()
-    runner.answer("sacct", stdout="7|alice|gpu|/w|RESIZING|2026-11-25T17:00:00|2026-11-25T17:01:00\n"
-                                  "7|alice|gpu|/w|RESIZING|2026-11-25T17:01:00|2026-11-25T17:02:00\n"
-                                  "7|alice|gpu|/w|COMPLETED|2026-11-25T17:02:00|2026-11-25T17:09:00\n"
-                                  "8|bob|gpu|/v|COMPLETED|2026-11-25T17:02:00|2026-11-25T17:05:00\n")
+    runner.answer(
+        "sacct",
+        stdout="7|alice|gpu|/w|RESIZING|2026-11-25T17:00:00|2026-11-25T17:01:00\n"
+        "7|alice|gpu|/w|RESIZING|2026-11-25T17:01:00|2026-11-25T17:02:00\n"
+        "7|alice|gpu|/w|COMPLETED|2026-11-25T17:02:00|2026-11-25T17:09:00\n"
+        "8|bob|gpu|/v|COMPLETED|2026-11-25T17:02:00|2026-11-25T17:05:00\n",
+    )
     jobs = finished_jobs(SlurmClient(runner), 3600)
     assert [(j.job_id, j.state) for j in jobs] == [(7, "COMPLETED"), (8, "COMPLETED")]
     assert "-a" in runner.commands()[-1] and "now-3600seconds" in runner.commands()[-1]

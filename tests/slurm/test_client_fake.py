@@ -25,18 +25,20 @@ def finished_job_json(job_id: int) -> str:
 
 # -- defect 1: one malformed `squeue -s` line aborted the whole step listing ------------------------------
 
+
 def test_a_malformed_step_line_does_not_hide_the_good_ones() -> None:
     """The hostlist parser raises SlurmParseError, which the listing once let escape (it caught ValueError):
     one unreadable line cost the wrapper every step of the job. The good lines come back; the step with the
     unreadable node list is still listed (it can be cancelled by id), and a line of junk is skipped."""
-    runner = FakeRunner(NEW).answer("squeue", "-s", "-j", "42", stdout=(
-        "42.0|train|n[1-2]\n"
-        "42.1|probe|n[1-\n"
-        "not a step line\n"
-        "42.2|eval|n3\n"))
+    runner = FakeRunner(NEW).answer(
+        "squeue", "-s", "-j", "42", stdout=("42.0|train|n[1-2]\n42.1|probe|n[1-\nnot a step line\n42.2|eval|n3\n")
+    )
     steps = job_steps(SlurmClient(runner), 42)
-    assert steps == [StepInfo("42.0", "train", ("n1", "n2")), StepInfo("42.1", "probe", ()),
-                     StepInfo("42.2", "eval", ("n3",))]
+    assert steps == [
+        StepInfo("42.0", "train", ("n1", "n2")),
+        StepInfo("42.1", "probe", ()),
+        StepInfo("42.2", "eval", ("n3",)),
+    ]
     assert runner.commands() == ["squeue -s -j 42 -h -o %i|%j|%N"]
 
 
@@ -53,13 +55,22 @@ def test_a_job_that_ended_has_no_steps_and_other_failures_name_the_command() -> 
 
 # -- defect 2: errors named a command that never ran; a mistyped node was "Slurm failed" ------------------
 
-@pytest.mark.parametrize(("version", "argv", "out", "err"), [
-    (NEW, ("scontrol", "--json", "show", "node", "nope"),
-     '{"nodes": [], "errors": [{"error": "Invalid node name specified", "error_number": 2009}]}', ""),
-    (OLD, ("scontrol", "show", "node", "nope", "-o"), "Node nope not found\n", ""),
-])
+
+@pytest.mark.parametrize(
+    ("version", "argv", "out", "err"),
+    [
+        (
+            NEW,
+            ("scontrol", "--json", "show", "node", "nope"),
+            '{"nodes": [], "errors": [{"error": "Invalid node name specified", "error_number": 2009}]}',
+            "",
+        ),
+        (OLD, ("scontrol", "show", "node", "nope", "-o"), "Node nope not found\n", ""),
+    ],
+)
 def test_a_mistyped_node_is_unknown_node_exit_2_naming_the_query_that_ran(
-        version: str, argv: tuple[str, ...], out: str, err: str) -> None:
+    version: str, argv: tuple[str, ...], out: str, err: str
+) -> None:
     runner = FakeRunner(version).answer(*argv, exit_code=1, stdout=out, stderr=err)
     with pytest.raises(UnknownNode) as exc:
         SlurmClient(runner).node("nope")
@@ -70,8 +81,9 @@ def test_a_mistyped_node_is_unknown_node_exit_2_naming_the_query_that_ran(
 
 def test_an_unknown_job_names_the_read_that_ran() -> None:
     """`job()` once named `scontrol show job J` while `scontrol --json show job J` had run."""
-    runner = FakeRunner(NEW).answer("scontrol", "--json", "show", "job", "99", exit_code=1,
-                                    stderr="slurm_load_jobs error: Invalid job id specified")
+    runner = FakeRunner(NEW).answer(
+        "scontrol", "--json", "show", "job", "99", exit_code=1, stderr="slurm_load_jobs error: Invalid job id specified"
+    )
     client = SlurmClient(runner)
     assert client.job_or_none(99) is None
     with pytest.raises(SlurmError, match="job 99 is not known") as exc:
@@ -89,8 +101,7 @@ def test_a_job_that_ended_before_it_ran_names_the_read_not_squeue() -> None:
 
 
 def test_a_refused_write_carries_command_exit_code_and_stderr() -> None:
-    runner = FakeRunner(NEW).answer("scontrol", "update", exit_code=1,
-                                    stderr="scontrol: error: Invalid user id\n")
+    runner = FakeRunner(NEW).answer("scontrol", "update", exit_code=1, stderr="scontrol: error: Invalid user id\n")
     with pytest.raises(SlurmError) as exc:
         SlurmClient(runner).set_node_state(["n1"], "drain", "bad fan")
     err = exc.value

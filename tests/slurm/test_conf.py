@@ -22,7 +22,8 @@ def test_permit_job_expansion_is_appended_to_existing_scheduler_parameters() -> 
     """A second SchedulerParameters= line would replace the site's: the printed line keeps them."""
     lines = merge_lines(snippet(), "SchedulerParameters=bf_continue,bf_interval=60\nNodeName=a CPUs=2\n")
     assert [ln.split("#")[0].strip() for ln in lines if ln.startswith("SchedulerParameters")] == [
-        "SchedulerParameters=bf_continue,bf_interval=60,permit_job_expansion"]
+        "SchedulerParameters=bf_continue,bf_interval=60,permit_job_expansion"
+    ]
 
 
 def test_settings_already_in_place_are_not_repeated() -> None:
@@ -43,5 +44,6 @@ def test_snippet_values_match_what_its_comments_say() -> None:
 
 
 def test_node_and_partition_lines_are_not_settings() -> None:
-    assert parse_settings("NodeName=n[1-4] CPUs=2 State=UNKNOWN\nPartitionName=p Nodes=ALL\nX=1 # c\n") == \
-        parse_settings("X=1")
+    assert parse_settings(
+        "NodeName=n[1-4] CPUs=2 State=UNKNOWN\nPartitionName=p Nodes=ALL\nX=1 # c\n"
+    ) == parse_settings("X=1")

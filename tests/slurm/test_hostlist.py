@@ -8,10 +8,16 @@ from hpresilience.errors import SlurmParseError
 from hpresilience.slurm.hostlist import compress, expand
 
 
-@pytest.mark.parametrize("expr,names", [
-    ("n[1-3]", ["n1", "n2", "n3"]), ("n[1,3],gpu[01-02]", ["n1", "n3", "gpu01", "gpu02"]),
-    ("", []), ("(null)", []), ("n7", ["n7"]),
-])
+@pytest.mark.parametrize(
+    "expr,names",
+    [
+        ("n[1-3]", ["n1", "n2", "n3"]),
+        ("n[1,3],gpu[01-02]", ["n1", "n3", "gpu01", "gpu02"]),
+        ("", []),
+        ("(null)", []),
+        ("n7", ["n7"]),
+    ],
+)
 def test_expand(expr: str, names: list[str]) -> None:
     assert expand(expr) == names
 

@@ -23,8 +23,9 @@ COMMENT = "exp7 lr=0.1 bs=64  two|bars"
 
 
 @pytest.mark.integration
-def test_a_comment_with_key_value_words_survives_the_marker_byte_for_byte(cluster: DevCluster,
-                                                                          slurm: SlurmClient) -> None:
+def test_a_comment_with_key_value_words_survives_the_marker_byte_for_byte(
+    cluster: DevCluster, slurm: SlurmClient
+) -> None:
     job_id = slurm.sbatch("-N1", "-o", "/dev/null", f"--comment={COMMENT}", "--wrap", "sleep 300")
     runner = CountingRunner.like(cluster.client().runner)
     client = SlurmClient(runner)

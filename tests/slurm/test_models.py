@@ -21,8 +21,21 @@ def job(state: str) -> Job:
     return Job(job_id=1, name="j", state=state, nodes=(), num_nodes=0, user="u")
 
 
-@pytest.mark.parametrize("state", ["REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "RESV_DEL_HOLD", "REQUEUED",
-                                   "PENDING", "RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"])
+@pytest.mark.parametrize(
+    "state",
+    [
+        "REQUEUE_HOLD",
+        "SPECIAL_EXIT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+        "REQUEUED",
+        "PENDING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "CONFIGURING",
+    ],
+)
 def test_held_and_live_jobs_are_not_finished(state: str) -> None:
     """22.05/23.02 put a hold flag in job_state instead of the base state: the job is still alive."""
     assert not job(state).is_finished

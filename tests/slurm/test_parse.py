@@ -51,21 +51,32 @@ def test_newer_fixtures_match_slurm_openapi_schema() -> None:
                 jsonschema.validate(doc, schema)
 
 
-@pytest.mark.parametrize("value,expected", [
-    (5, 5), (None, None), ({"set": True, "infinite": False, "number": 7}, 7),
-    ({"set": False, "infinite": False, "number": 7}, None), ({"set": True, "infinite": True, "number": 0}, None),
-    ("12", 12), ("x", None), (True, None),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (5, 5),
+        (None, None),
+        ({"set": True, "infinite": False, "number": 7}, 7),
+        ({"set": False, "infinite": False, "number": 7}, None),
+        ({"set": True, "infinite": True, "number": 0}, None),
+        ("12", 12),
+        ("x", None),
+        (True, None),
+    ],
+)
 def test_number_reads_both_dialects(value: object, expected: int | None) -> None:
     assert parse.number(value) == expected
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("not json at all", "not JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"meta": {}}', "no `nodes` list"),
-    ('{"errors": [{"error": "Unable to contact slurm controller"}]}', "Unable to contact slurm controller"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("not json at all", "not JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"meta": {}}', "no `nodes` list"),
+        ('{"errors": [{"error": "Unable to contact slurm controller"}]}', "Unable to contact slurm controller"),
+    ],
+)
 def test_odd_node_output_is_a_clear_parse_error(text: str, needle: str) -> None:
     with pytest.raises(SlurmParseError, match=needle.replace("`", ".")):
         parse.parse_nodes_json(text, "sinfo --json")
@@ -96,10 +107,16 @@ def test_version_and_config_and_oneliner() -> None:
     assert one["BatchHost"] == "n1" and one["JobState"] == "RUNNING"
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("Submitted batch job 42\n", 42), ("salloc: Granted job allocation 7\n", 7), ("13\n", 13),
-    ("13;hpdev\n", 13), ("salloc: Pending job allocation 9\nsalloc: job 9 queued", 9),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Submitted batch job 42\n", 42),
+        ("salloc: Granted job allocation 7\n", 7),
+        ("13\n", 13),
+        ("13;hpdev\n", 13),
+        ("salloc: Pending job allocation 9\nsalloc: job 9 queued", 9),
+    ],
+)
 def test_job_id_from_submit_output(text: str, expected: int) -> None:
     assert parse.parse_job_id(text) == expected
 
@@ -115,14 +132,14 @@ def _job(**fields: object) -> dict[str, object]:
 
 # Odd values a record may carry (issue 14 item 5: each used to raise a foreign exception out of the parser).
 ODD_JOB_FIELDS = [
-    '{"restart_cnt": 1e999}',                      # Infinity after json.loads: OverflowError in int()
-    '{"restart_cnt": NaN}',                        # ValueError in int()
+    '{"restart_cnt": 1e999}',  # Infinity after json.loads: OverflowError in int()
+    '{"restart_cnt": NaN}',  # ValueError in int()
     '{"node_count": {"set": true, "number": -Infinity}}',
-    '{"flags": 5}',                                 # TypeError iterating an int
-    '{"job_id": "²"}',                              # isdigit() but not int()
-    '{"job_id": "' + "9" * 5000 + '"}',            # int() of more than 4300 digits
-    '{"nodes": "n[1-"}',                            # a malformed hostlist
-    '{"name": ' + "[" * 50 + "]" * 50 + '}',
+    '{"flags": 5}',  # TypeError iterating an int
+    '{"job_id": "²"}',  # isdigit() but not int()
+    '{"job_id": "' + "9" * 5000 + '"}',  # int() of more than 4300 digits
+    '{"nodes": "n[1-"}',  # a malformed hostlist
+    '{"name": ' + "[" * 50 + "]" * 50 + "}",
 ]
 
 
@@ -137,12 +154,15 @@ def test_one_odd_job_record_costs_only_that_record(odd: str) -> None:
     assert 7 in [j.job_id for j in jobs]
 
 
-@pytest.mark.parametrize("text", [
-    "[" * 100_000 + "]" * 100_000,                          # RecursionError inside json.loads
-    '{"nodes": [], "errors": {"error": "x"}}' + " ",          # errors as a mapping, not a list
-    '{"errors": {"error": "slurmctld down"}}',                # KeyError on errors[0]
-    '{"nodes": ' + "9" * 5000 + "}",                          # 4300-digit limit of int()
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000 + "]" * 100_000,  # RecursionError inside json.loads
+        '{"nodes": [], "errors": {"error": "x"}}' + " ",  # errors as a mapping, not a list
+        '{"errors": {"error": "slurmctld down"}}',  # KeyError on errors[0]
+        '{"nodes": ' + "9" * 5000 + "}",  # 4300-digit limit of int()
+    ],
+)
 def test_hostile_documents_are_clear_parse_errors_or_empty(text: str) -> None:
     """Item 5: a whole document that cannot be read is a SlurmParseError (the package's own), never another."""
     try:
@@ -152,10 +172,18 @@ def test_hostile_documents_are_clear_parse_errors_or_empty(text: str) -> None:
     assert nodes == []
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (float("inf"), None), (float("nan"), None), ({"set": True, "number": float("inf")}, None),
-    ("²", None), ("9" * 5000, None), ({"set": True, "number": True}, None), ("12", 12),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (float("inf"), None),
+        (float("nan"), None),
+        ({"set": True, "number": float("inf")}, None),
+        ("²", None),
+        ("9" * 5000, None),
+        ({"set": True, "number": True}, None),
+        ("12", 12),
+    ],
+)
 def test_number_refuses_what_int_cannot_read(value: object, expected: int | None) -> None:
     assert parse.number(value) == expected
 
@@ -176,8 +204,11 @@ def test_step_lines_skip_odd_lines_and_keep_steps_with_bad_hostlists() -> None:
     """`squeue -s` text: a malformed node list leaves that step's nodes unknown instead of failing the query
     (it raised SlurmParseError past a `except ValueError` before issue 14)."""
     text = "12.0|train|n[1-2]\n12.1|probe|n[1-\ngarbage\n12.batch|batch|n1\n\n13|job|n1\n"
-    assert parse.parse_step_lines(text) == [("12.0", "train", ("n1", "n2")), ("12.1", "probe", ()),
-                                            ("12.batch", "batch", ("n1",))]
+    assert parse.parse_step_lines(text) == [
+        ("12.0", "train", ("n1", "n2")),
+        ("12.1", "probe", ()),
+        ("12.batch", "batch", ("n1",)),
+    ]
 
 
 def test_reason_groups_read_recorded_sinfo_output_with_a_bar_inside_a_reason() -> None:

@@ -76,15 +76,17 @@ def test_unknown_node_line_and_odd_lines_are_skipped_and_logged() -> None:
 
 
 def test_older_star_state_reads_as_not_responding() -> None:
-    node = parse.node_from_oneliner("NodeName=a1 NodeAddr=10.0.0.1 State=DOWN*+DRAIN "
-                                    "Reason=gone [slurm@2024-01-02T03:04:05]")
+    node = parse.node_from_oneliner(
+        "NodeName=a1 NodeAddr=10.0.0.1 State=DOWN*+DRAIN Reason=gone [slurm@2024-01-02T03:04:05]"
+    )
     assert node.states == {"DOWN", "DRAIN", "NOT_RESPONDING"} and node.reason == "gone"
     assert node.reason_changed_at == 1704164645 and node.reason_set_by == "slurm"
 
 
 def test_reason_followed_by_more_fields_stops_at_its_user_and_time() -> None:
-    node = parse.node_from_oneliner("NodeName=a1 State=IDLE+DRAIN Reason=Action:Reboot k=v [root@2024-01-02T03:04:05] "
-                                    "Comment=cabinet=4")
+    node = parse.node_from_oneliner(
+        "NodeName=a1 State=IDLE+DRAIN Reason=Action:Reboot k=v [root@2024-01-02T03:04:05] Comment=cabinet=4"
+    )
     assert node.reason == "Action:Reboot k=v" and node.states == {"IDLE", "DRAIN"}
 
 

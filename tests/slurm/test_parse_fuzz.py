@@ -21,27 +21,59 @@ from hpresilience.slurm.hostlist import expand
 from tests.fuzz import HOSTILE_FLOATS, SCALARS, count, fuzz_settings, json_like
 
 NUMBER = st.one_of(
-    st.integers(-1, 2**40), HOSTILE_FLOATS, st.sampled_from(["12", "²", "9" * 5000, "-1", ""]),
-    st.fixed_dictionaries({}, optional={"set": st.one_of(st.booleans(), SCALARS),
-                                        "infinite": st.one_of(st.booleans(), SCALARS),
-                                        "number": st.one_of(st.integers(), HOSTILE_FLOATS, SCALARS)}),
-    SCALARS)
+    st.integers(-1, 2**40),
+    HOSTILE_FLOATS,
+    st.sampled_from(["12", "²", "9" * 5000, "-1", ""]),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "set": st.one_of(st.booleans(), SCALARS),
+            "infinite": st.one_of(st.booleans(), SCALARS),
+            "number": st.one_of(st.integers(), HOSTILE_FLOATS, SCALARS),
+        },
+    ),
+    SCALARS,
+)
 WORDS = st.one_of(st.text(max_size=20), st.lists(st.one_of(st.text(max_size=8), SCALARS), max_size=3), SCALARS)
-HOSTLIST = st.one_of(st.sampled_from(["n1", "n[1-3]", "n[1-", "n[3-1]", "(null)", "a,b", "n[1-99999999]", ""]),
-                     st.text(alphabet="n[]-,0123456789", max_size=12), SCALARS)
-STATE = st.one_of(st.sampled_from(["idle", "allocated", "IDLE+DRAIN", "down*"]),
-                  st.lists(st.sampled_from(["IDLE", "DRAIN", "FAIL", "MIXED"]), max_size=3), WORDS)
+HOSTLIST = st.one_of(
+    st.sampled_from(["n1", "n[1-3]", "n[1-", "n[3-1]", "(null)", "a,b", "n[1-99999999]", ""]),
+    st.text(alphabet="n[]-,0123456789", max_size=12),
+    SCALARS,
+)
+STATE = st.one_of(
+    st.sampled_from(["idle", "allocated", "IDLE+DRAIN", "down*"]),
+    st.lists(st.sampled_from(["IDLE", "DRAIN", "FAIL", "MIXED"]), max_size=3),
+    WORDS,
+)
 NODE_KEYS: dict[str, st.SearchStrategy[Any]] = {
     "name": st.one_of(st.sampled_from(["n1", "n2", "-oProxyCommand=x"]), st.text(max_size=8), SCALARS),
-    "address": st.one_of(st.text(max_size=10), SCALARS), "hostname": st.one_of(st.text(max_size=10), SCALARS),
-    "state": STATE, "state_flags": WORDS, "reason": st.one_of(st.text(max_size=30), SCALARS),
-    "reason_set_by_user": SCALARS, "reason_changed_at": NUMBER, "features": WORDS, "gres": SCALARS,
-    "partitions": WORDS, "cpus": NUMBER, "slurmd_start_time": NUMBER, "boot_time": NUMBER,
+    "address": st.one_of(st.text(max_size=10), SCALARS),
+    "hostname": st.one_of(st.text(max_size=10), SCALARS),
+    "state": STATE,
+    "state_flags": WORDS,
+    "reason": st.one_of(st.text(max_size=30), SCALARS),
+    "reason_set_by_user": SCALARS,
+    "reason_changed_at": NUMBER,
+    "features": WORDS,
+    "gres": SCALARS,
+    "partitions": WORDS,
+    "cpus": NUMBER,
+    "slurmd_start_time": NUMBER,
+    "boot_time": NUMBER,
 }
 JOB_KEYS: dict[str, st.SearchStrategy[Any]] = {
-    "job_id": NUMBER, "name": st.one_of(st.text(max_size=8), SCALARS), "job_state": STATE, "nodes": HOSTLIST,
-    "node_count": NUMBER, "user_name": SCALARS, "partition": SCALARS, "batch_host": SCALARS,
-    "restart_cnt": NUMBER, "state_reason": SCALARS, "dependency": SCALARS, "excluded_nodes": HOSTLIST,
+    "job_id": NUMBER,
+    "name": st.one_of(st.text(max_size=8), SCALARS),
+    "job_state": STATE,
+    "nodes": HOSTLIST,
+    "node_count": NUMBER,
+    "user_name": SCALARS,
+    "partition": SCALARS,
+    "batch_host": SCALARS,
+    "restart_cnt": NUMBER,
+    "state_reason": SCALARS,
+    "dependency": SCALARS,
+    "excluded_nodes": HOSTLIST,
     "flags": WORDS,
 }
 
@@ -70,7 +102,7 @@ def document(draw: st.DrawFn, key: str, keys: dict[str, st.SearchStrategy[Any]],
     text = json.dumps(doc, allow_nan=True)
     kind = draw(st.integers(0, 9))
     if kind == 0:
-        text = text[:draw(st.integers(0, len(text)))]
+        text = text[: draw(st.integers(0, len(text)))]
     elif kind == 1:
         depth = draw(st.sampled_from([50, 1000, 100_000]))
         text = text[:-1] + ', "deep": ' + "[" * depth + "]" * depth + "}" if text.endswith("}") else text
@@ -103,11 +135,25 @@ def test_parse_jobs_json(doc: tuple[str, int]) -> None:
     _run("slurm parse_jobs_json", lambda: parse.parse_jobs_json(doc[0]), doc[1])
 
 
-TEXT = st.one_of(st.text(max_size=80), st.binary(max_size=80).map(lambda b: b.decode("utf-8", "replace")),
-                 st.sampled_from(["slurm 22.05.8", "slurm-wlm 2².05.8", "Submitted batch job 12",
-                                  "Granted job allocation " + "9" * 5000, "12;cluster", "²;x",
-                                  "JobId=1 JobName=a b UserId=x(1) Nodes=n[1-2]", "SlurmctldPort = 6817",
-                                  "A=" + "x " * 2000, "12.0|train|n[1-2]\n12.1|x|n[1-", "1.2||²"]))
+TEXT = st.one_of(
+    st.text(max_size=80),
+    st.binary(max_size=80).map(lambda b: b.decode("utf-8", "replace")),
+    st.sampled_from(
+        [
+            "slurm 22.05.8",
+            "slurm-wlm 2².05.8",
+            "Submitted batch job 12",
+            "Granted job allocation " + "9" * 5000,
+            "12;cluster",
+            "²;x",
+            "JobId=1 JobName=a b UserId=x(1) Nodes=n[1-2]",
+            "SlurmctldPort = 6817",
+            "A=" + "x " * 2000,
+            "12.0|train|n[1-2]\n12.1|x|n[1-",
+            "1.2||²",
+        ]
+    ),
+)
 
 
 @fuzz_settings()

@@ -59,8 +59,11 @@ def test_node_oneliners_of_newer_releases_read_as_their_json(release: str) -> No
     assert_recorded_nodes(text_nodes)
     json_nodes = {n.name: n for n in parse.parse_nodes_json(read(f"scontrol_show_node_{release}.json"))}
     for n in text_nodes:
-        assert (n.states, n.reason, n.address) == (json_nodes[n.name].states, json_nodes[n.name].reason,
-                                                   json_nodes[n.name].address)
+        assert (n.states, n.reason, n.address) == (
+            json_nodes[n.name].states,
+            json_nodes[n.name].reason,
+            json_nodes[n.name].address,
+        )
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -128,7 +131,9 @@ def test_sinfo_text_of_newer_releases(release: str) -> None:
 def test_step_lines_of_newer_releases(release: str) -> None:
     _, train = job_ids(release)
     assert parse.parse_step_lines(read(f"squeue_steps_{release}.txt")) == [
-        (f"{train}.0", "steptrain", ("n1", "n2")), (f"{train}.batch", "batch", ("n1",))]
+        (f"{train}.0", "steptrain", ("n1", "n2")),
+        (f"{train}.batch", "batch", ("n1",)),
+    ]
 
 
 @pytest.mark.parametrize(("release", "parser"), [("24.11", "v0.0.42"), ("26.05", "v0.0.45")])
@@ -150,12 +155,15 @@ def test_job_text_and_json_of_newer_releases_agree_on_every_field_but_flags(rele
         assert dataclasses.replace(job, flags=()) == text[job_id]
 
 
-@pytest.mark.parametrize(("fixture", "version", "enabled"), [
-    ("show_config_22.05.txt", "22.05.8", False),                 # accounting_storage/none
-    ("show_config_noaccounting_24.11.txt", "24.11.5", False),    # (null)
-    ("show_config_24.11.txt", "24.11.5", True),
-    ("show_config_26.05.txt", "26.05.5", True),
-])
+@pytest.mark.parametrize(
+    ("fixture", "version", "enabled"),
+    [
+        ("show_config_22.05.txt", "22.05.8", False),  # accounting_storage/none
+        ("show_config_noaccounting_24.11.txt", "24.11.5", False),  # (null)
+        ("show_config_24.11.txt", "24.11.5", True),
+        ("show_config_26.05.txt", "26.05.5", True),
+    ],
+)
 def test_accounting_probe_reads_every_release(fixture: str, version: str, enabled: bool) -> None:
     """24.11 prints `AccountingStorageType = (null)` without slurmdbd: read as accounting on, the wrapper
     planned a second resize that 22.05-style Slurm refuses, and the probe lied about the cluster."""
@@ -163,23 +171,28 @@ def test_accounting_probe_reads_every_release(fixture: str, version: str, enable
     assert SlurmClient(runner).accounting_enabled() is enabled
 
 
-@pytest.mark.parametrize(("options", "key", "value"), [
-    ("permit_job_expansion,bf_interval=2,requeue_delay=2", "requeue_delay", "2"),
-    ("permit_job_expansion,bf_interval=2", "requeue_delay", None),
-    ("enable_expedited_requeue", "enable_expedited_requeue", ""),
-    ("requeue_delay_x=5", "requeue_delay", None),
-    ("", "requeue_delay", None),
-])
+@pytest.mark.parametrize(
+    ("options", "key", "value"),
+    [
+        ("permit_job_expansion,bf_interval=2,requeue_delay=2", "requeue_delay", "2"),
+        ("permit_job_expansion,bf_interval=2", "requeue_delay", None),
+        ("enable_expedited_requeue", "enable_expedited_requeue", ""),
+        ("requeue_delay_x=5", "requeue_delay", None),
+        ("", "requeue_delay", None),
+    ],
+)
 def test_option_value_reads_comma_lists(options: str, key: str, value: str | None) -> None:
     assert parse.option_value(options, key) == value
 
 
-@pytest.mark.parametrize(("fixture", "version", "delay"), [
-    ("show_config_requeue_delay_26.05.txt", "26.05.5", 2),     # honoured: the job ran again within 4 s
-    ("show_config_requeue_delay_24.11.txt", "24.11.5", None),  # accepted and ignored: still 121 s
-    ("show_config_26.05.txt", "26.05.5", None),                 # not set: Slurm's default hold
-])
-def test_requeue_delay_probe_trusts_only_releases_that_honour_it(fixture: str, version: str,
-                                                                 delay: int | None) -> None:
+@pytest.mark.parametrize(
+    ("fixture", "version", "delay"),
+    [
+        ("show_config_requeue_delay_26.05.txt", "26.05.5", 2),  # honoured: the job ran again within 4 s
+        ("show_config_requeue_delay_24.11.txt", "24.11.5", None),  # accepted and ignored: still 121 s
+        ("show_config_26.05.txt", "26.05.5", None),  # not set: Slurm's default hold
+    ],
+)
+def test_requeue_delay_probe_trusts_only_releases_that_honour_it(fixture: str, version: str, delay: int | None) -> None:
     runner = FakeRunner(version).answer("scontrol", "show", "config", stdout=read(fixture))
     assert SlurmClient(runner).requeue_delay_s() == delay

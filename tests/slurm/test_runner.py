@@ -29,6 +29,7 @@ def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
             return psutil.Process(child).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
+
     # SIGKILL is delivered at once, but a loaded kernel may take a moment to tear the process down.
     deadline = time.monotonic() + 5
     while not gone() and time.monotonic() < deadline:
@@ -49,9 +50,11 @@ def test_transient_refusal_is_retried_then_succeeds(tmp_path: Path) -> None:
     """'try again in a bit' (slurmctld busy) is retried; a later success is returned."""
     counter = tmp_path / "n"
     counter.write_text("0")
-    script = (f'n=$(cat {counter}); echo $((n+1)) > {counter}; '
-              f'if [ "$n" -lt 2 ]; then echo "Job update not available right now, try again in a bit" >&2; exit 1; fi; '
-              'echo done')
+    script = (
+        f"n=$(cat {counter}); echo $((n+1)) > {counter}; "
+        f'if [ "$n" -lt 2 ]; then echo "Job update not available right now, try again in a bit" >&2; exit 1; fi; '
+        "echo done"
+    )
     r = CommandRunner(bin_dir="/bin", retries=4, backoff=0.01)
     res = r.run("sh", "-c", script)
     assert res.stdout.strip() == "done" and counter.read_text().strip() == "3"

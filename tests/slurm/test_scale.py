@@ -22,8 +22,13 @@ EXTRA = 10_000
 def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     require_slurm()
     # No accounting: nothing here resizes a job, and the cluster is up in seconds.
-    cl = DevCluster(state_dir=tmp_path_factory.mktemp("scale") / "cluster", nodes=4, base_port=TEST_BASE_PORT + 300,
-                    accounting=False, extra_nodes=EXTRA)
+    cl = DevCluster(
+        state_dir=tmp_path_factory.mktemp("scale") / "cluster",
+        nodes=4,
+        base_port=TEST_BASE_PORT + 300,
+        accounting=False,
+        extra_nodes=EXTRA,
+    )
     cl.up(timeout=60)
     yield cl
     cl.down()
@@ -51,8 +56,9 @@ def test_named_nodes_among_ten_thousand(big: DevCluster, client: tuple[SlurmClie
         c.nodes([f"gpu-st-p5-{EXTRA + 1}"])
 
 
-def test_reason_listing_count_and_idle_nodes_at_scale(big: DevCluster,
-                                                      client: tuple[SlurmClient, CountingRunner]) -> None:
+def test_reason_listing_count_and_idle_nodes_at_scale(
+    big: DevCluster, client: tuple[SlurmClient, CountingRunner]
+) -> None:
     c, runner = client
     c.set_node_state(["gpu-st-p5-77"], "drain", "Action:Reboot ecc")
     c.set_node_state(["n3"], "fail", "Action:Replace xid=79")

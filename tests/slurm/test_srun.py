@@ -39,13 +39,16 @@ def test_exit_code_stays_when_the_first_task_died_of_a_signal_or_srun_said_nothi
 
 
 def test_only_sruns_own_error_lines_are_kept_from_a_block_of_step_output() -> None:
-    block = ("step=3 loss=0.1\nsrun: error: Node failure on n2\n"
-             "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
-             "x srun: error: quoted by the application\nsrun: error: n2: task 1: Killed\n")
+    block = (
+        "step=3 loss=0.1\nsrun: error: Node failure on n2\n"
+        "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+        "x srun: error: quoted by the application\nsrun: error: n2: task 1: Killed\n"
+    )
     assert srun_error_lines(block) == ["srun: error: Node failure on n2", "srun: error: n2: task 1: Killed"]
     assert srun_error_lines("step=4 loss=0.09\n") == []
 
 
 def test_task_labels_of_srun_label_are_removed_and_nothing_else() -> None:
     assert strip_task_labels(" 0: step=3\n12: NCCL WARN x\nstep 5: not a label\n") == (
-        "step=3\nNCCL WARN x\nstep 5: not a label\n")
+        "step=3\nNCCL WARN x\nstep 5: not a label\n"
+    )

@@ -29,8 +29,9 @@ def test_one_malformed_step_line_costs_only_its_nodes(tmp_path: Path) -> None:
 
 
 def test_a_refused_scancel_is_a_warning_not_a_signalled_step(tmp_path: Path) -> None:
-    client = fake_bin(tmp_path, "scancel", "", "scancel: error: Kill job error on job id 12.0: "
-                      "Access/permission denied", rc=1)
+    client = fake_bin(
+        tmp_path, "scancel", "", "scancel: error: Kill job error on job id 12.0: Access/permission denied", rc=1
+    )
     with capture_logs() as logs:
         signal_step(client, "12.0", "USR1")
     events = [e["event"] for e in logs]

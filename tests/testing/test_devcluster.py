@@ -65,8 +65,9 @@ def test_shrink_then_grow_with_another_node_then_run_a_step(cluster: DevCluster,
     new = next(n for n in ["n1", "n2", "n3", "n4"] if n not in job.nodes)
     grown = slurm.grow_job(job_id, 1, nodes=[new], timeout=60)
     assert set(grown.nodes) == {keep, new} and grown.is_running
-    res = slurm.runner.run("srun", f"--jobid={job_id}", "-N2", f"--nodelist={keep},{new}", "--label",
-                           "printenv", "SLURMD_NODENAME")
+    res = slurm.runner.run(
+        "srun", f"--jobid={job_id}", "-N2", f"--nodelist={keep},{new}", "--label", "printenv", "SLURMD_NODENAME"
+    )
     assert sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines()) == sorted([keep, new])
     assert drop not in {line.split(":", 1)[1].strip() for line in res.stdout.splitlines()}
 
@@ -79,8 +80,13 @@ def test_timeout_of_unresponsive_slurmctld_is_one_clear_line(cluster: DevCluster
     os.kill(pid, 19)  # SIGSTOP
     try:
         started = time.monotonic()
-        res = subprocess.run([sys.executable, "-m", "hpresilience", "--config", str(cfg), "nodes"],
-                             capture_output=True, text=True, timeout=60, env=cluster.env())
+        res = subprocess.run(
+            [sys.executable, "-m", "hpresilience", "--config", str(cfg), "nodes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=cluster.env(),
+        )
         took = time.monotonic() - started
     finally:
         os.kill(pid, 18)  # SIGCONT
@@ -92,8 +98,13 @@ def test_timeout_of_unresponsive_slurmctld_is_one_clear_line(cluster: DevCluster
 
 def test_nodes_command_lists_reason_as_json(cluster: DevCluster, slurm: SlurmClient) -> None:
     slurm.set_node_state(["n4"], "drain", "operator: memory errors")
-    res = subprocess.run([sys.executable, "-m", "hpresilience", "--json", "nodes", "--unavailable"],
-                         capture_output=True, text=True, timeout=60, env=cluster.env())
+    res = subprocess.run(
+        [sys.executable, "-m", "hpresilience", "--json", "nodes", "--unavailable"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cluster.env(),
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert [(d["name"], d["reason"]) for d in data] == [("n4", "operator: memory errors")]
@@ -120,7 +131,6 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
     assert not (tmp_path / "c2").exists()
 
 
-
 def test_a_cluster_that_does_not_come_up_leaves_no_process_holding_its_ports(tmp_path: Path) -> None:
     """n1's slurmd port taken (as an ephemeral client port once took it in a CI run): up fails with the nodes
     named, and stops what it started, MariaDB and slurmctld included, so the next cluster on those ports starts."""
@@ -142,6 +152,7 @@ def test_a_cluster_that_does_not_come_up_leaves_no_process_holding_its_ports(tmp
         probe.bind(("0.0.0.0", cl.base_port))
         probe.listen()
 
+
 def test_session_cluster_runs_accounting_and_cgroup_tracking(cluster: DevCluster) -> None:
     """The shared test cluster is production-like: slurmdbd accounting and proctrack/cgroup (on this kind of
     machine both are available; the suite must not silently fall back)."""
@@ -152,13 +163,21 @@ def test_session_cluster_runs_accounting_and_cgroup_tracking(cluster: DevCluster
 
 
 def _step_nodes(slurm: SlurmClient, job_id: int, nodes: list[str]) -> list[str]:
-    res = slurm.runner.run("srun", f"--jobid={job_id}", f"-N{len(nodes)}", f"--nodelist={','.join(nodes)}",
-                           "--label", "printenv", "SLURMD_NODENAME")
+    res = slurm.runner.run(
+        "srun",
+        f"--jobid={job_id}",
+        f"-N{len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--label",
+        "printenv",
+        "SLURMD_NODENAME",
+    )
     return sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines())
 
 
-def test_running_job_is_resized_five_times_with_a_step_on_each_node_set(cluster: DevCluster,
-                                                                         slurm: SlurmClient) -> None:
+def test_running_job_is_resized_five_times_with_a_step_on_each_node_set(
+    cluster: DevCluster, slurm: SlurmClient
+) -> None:
     """With slurmdbd a running job may be resized again and again (without it Slurm refuses every update of
     the job after the first resize): shrink, grow, shrink, grow, shrink, and a step runs on each node set."""
     job_id = slurm.sbatch("-N3", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
@@ -196,8 +215,9 @@ def test_sacct_shows_the_job(cluster: DevCluster, slurm: SlurmClient) -> None:
         time.sleep(0.5)
 
 
-def test_cancelled_step_leaves_no_process_that_left_its_group(cluster: DevCluster, slurm: SlurmClient,
-                                                              tmp_path: Path) -> None:
+def test_cancelled_step_leaves_no_process_that_left_its_group(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
     """A task that forks a grandchild in a new session (as torchrun does with its workers): cancelling the
     step kills the grandchild too, as proctrack/cgroup does on real clusters."""
     marker = f"600.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a sleep length no other process uses
@@ -227,8 +247,9 @@ def test_ten_thousand_extra_nodes_are_served_while_real_nodes_run_jobs(tmp_path:
     """--extra-nodes: slurmctld holds a production-size table of powered-down p5 nodes with realistic records
     (8 GPUs as gres, features, their own partition) and the real nodes still run jobs."""
     require_slurm()
-    cl = DevCluster(state_dir=tmp_path / "big", nodes=2, base_port=TEST_BASE_PORT + 300, accounting=False,
-                    extra_nodes=10_000)
+    cl = DevCluster(
+        state_dir=tmp_path / "big", nodes=2, base_port=TEST_BASE_PORT + 300, accounting=False, extra_nodes=10_000
+    )
     try:
         cl.up(timeout=120)
         client = cl.client(timeout=60)
@@ -244,8 +265,9 @@ def test_ten_thousand_extra_nodes_are_served_while_real_nodes_run_jobs(tmp_path:
     assert cl.processes() == []
 
 
-def test_accounting_asked_for_without_its_packages_names_the_apt_line(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_accounting_asked_for_without_its_packages_names_the_apt_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(devaccounting.TOOLS, "mariadbd-not-installed-here", "mariadb-server")
     cl = DevCluster(state_dir=tmp_path / "c", nodes=1, base_port=TEST_BASE_PORT + 400, accounting=True)
     with pytest.raises(EnvironmentMissing, match="apt-get install -y slurmdbd mariadb-server"):
@@ -255,7 +277,12 @@ def test_accounting_asked_for_without_its_packages_names_the_apt_line(tmp_path: 
 
 def test_a_mistyped_node_name_is_a_usage_error_naming_it(cluster: DevCluster) -> None:
     """`hpresilience replace n9` on a 4-node cluster: exit 2 (usage), not 4 (Slurm failed)."""
-    res = subprocess.run([sys.executable, "-m", "hpresilience", "replace", "n9"], capture_output=True, text=True,
-                         timeout=60, env=cluster.env())
+    res = subprocess.run(
+        [sys.executable, "-m", "hpresilience", "replace", "n9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cluster.env(),
+    )
     assert res.returncode == 2, res.stderr
     assert "unknown node(s): n9" in res.stderr

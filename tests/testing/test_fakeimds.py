@@ -33,9 +33,16 @@ def test_fake_metadata_server_enforces_imdsv2_tokens(imds: FakeImds) -> None:
 
 
 def test_announced_events_are_served_in_ec2s_format_and_cancel_as_ec2_does(imds: FakeImds) -> None:
-    token = urllib.request.urlopen(urllib.request.Request(
-        imds.url + "/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}),
-        timeout=2).read().decode()
+    token = (
+        urllib.request.urlopen(
+            urllib.request.Request(
+                imds.url + "/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+            ),
+            timeout=2,
+        )
+        .read()
+        .decode()
+    )
     event = imds.announce_maintenance("system-reboot", "scheduled reboot", in_s=600)
 
     def events() -> list[dict[str, str]]:

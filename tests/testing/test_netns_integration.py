@@ -42,8 +42,14 @@ def need_netns() -> None:
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     require_slurm()
     need_netns()
-    cl = DevCluster(state_dir=tmp_path_factory.mktemp("netns") / "cluster", nodes=3, base_port=PORT,
-                    overrides={"SlurmdTimeout": "300"}, proctrack="pgid", isolation=Isolation.NETNS)
+    cl = DevCluster(
+        state_dir=tmp_path_factory.mktemp("netns") / "cluster",
+        nodes=3,
+        base_port=PORT,
+        overrides={"SlurmdTimeout": "300"},
+        proctrack="pgid",
+        isolation=Isolation.NETNS,
+    )
     cl.up(timeout=60)
     yield cl
     cl.down()
@@ -61,9 +67,19 @@ def node_of(p: psutil.Process) -> str | None:
 
 
 def test_each_node_has_its_own_address_and_sees_only_its_own_processes(hosts: DevCluster) -> None:
-    res = proc.run([*hosts.command_prefix(), "srun", "-N3", "sh", "-c",
-                    'echo "$SLURMD_NODENAME $(ls /proc | grep -c "^[0-9]") $(cat /proc/net/fib_trie | '
-                    'grep -o "10\\.77\\.0\\.1[0-9]" | sort -u | tr "\\n" " ")"'], 30, env=hosts.env())
+    res = proc.run(
+        [
+            *hosts.command_prefix(),
+            "srun",
+            "-N3",
+            "sh",
+            "-c",
+            'echo "$SLURMD_NODENAME $(ls /proc | grep -c "^[0-9]") $(cat /proc/net/fib_trie | '
+            'grep -o "10\\.77\\.0\\.1[0-9]" | sort -u | tr "\\n" " ")"',
+        ],
+        30,
+        env=hosts.env(),
+    )
     assert res.ok, res.describe(tail=500)
     seen = {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines() if line.strip()}
     assert sorted(seen) == ["n1", "n2", "n3"]
@@ -78,8 +94,9 @@ def test_each_node_has_its_own_address_and_sees_only_its_own_processes(hosts: De
 
 def test_a_partitioned_node_is_unreachable_while_its_processes_run_and_heal_restores_it(hosts: DevCluster) -> None:
     token = unique_token()
-    started = on_node(hosts, "n2",
-                      f"setsid bash -c 'while sleep 0.3; do :; done' {token} </dev/null >/dev/null 2>&1 & sleep 1")
+    started = on_node(
+        hosts, "n2", f"setsid bash -c 'while sleep 0.3; do :; done' {token} </dev/null >/dev/null 2>&1 & sleep 1"
+    )
     assert started.ok, started.describe(tail=300)
     try:
         [task] = processes_with(token)
@@ -105,7 +122,8 @@ def hpr(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_partitions_and_heals_a_node_of_the_cluster_in_its_state_directory(
-        hosts: DevCluster, tmp_path: Path) -> None:
+    hosts: DevCluster, tmp_path: Path
+) -> None:
     where = ("--state-dir", str(hosts.state_dir))
     cut = hpr("devcluster", "partition", "n3", *where)
     try:
@@ -126,9 +144,11 @@ def tcp_connect_s(cl: DevCluster, node: str, tries: int = 5) -> float | None:
     """Median time of a TCP connect from the controller's namespace to the node's slurmd (one round trip);
     None when it does not connect within 2 s."""
     addr = netns.node_addr(cl.names().index(node) + 1)
-    code = (f"import socket,time,statistics\nts=[]\nfor _ in range({tries}):\n t=time.monotonic()\n"
-            f" s=socket.create_connection(('{addr}',{cl.node_port(node)}),timeout=2)\n"
-            " ts.append(time.monotonic()-t)\n s.close()\nprint(statistics.median(ts))")
+    code = (
+        f"import socket,time,statistics\nts=[]\nfor _ in range({tries}):\n t=time.monotonic()\n"
+        f" s=socket.create_connection(('{addr}',{cl.node_port(node)}),timeout=2)\n"
+        " ts.append(time.monotonic()-t)\n s.close()\nprint(statistics.median(ts))"
+    )
     res = proc.run([*cl.command_prefix(), "python3", "-c", code], 30)
     return float(res.stdout.strip()) if res.ok else None
 
@@ -150,15 +170,23 @@ def test_slow_adds_the_delay_to_the_nodes_link_and_zero_removes_it(hosts: DevClu
 
 
 def test_the_reap_runs_only_on_healthy_nodes_and_an_orphan_on_the_failed_node_outlives_the_job(
-        hosts: DevCluster, tmp_path: Path) -> None:
+    hosts: DevCluster, tmp_path: Path
+) -> None:
     """Under proctrack/pgid a task in a session of its own escapes its cancelled step. With separate process tables
     the reap (one task per healthy node) finds only its own node's orphan: the one on n2, the node set FAIL while
     its slurmd still answers, is out of the job's reach once n2 is released, and Slurm's kill (by process group)
     misses it. Real clusters use proctrack/cgroup, whose kill on release takes every process of the job."""
     slurm = hosts.client()
     token = unique_token()
-    run = Run(hosts, slurm, tmp_path, "--auto-resume-spares=1", str(TRAINER), nodes=3,
-              env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2", "ORPHAN": token})
+    run = Run(
+        hosts,
+        slurm,
+        tmp_path,
+        "--auto-resume-spares=1",
+        str(TRAINER),
+        nodes=3,
+        env={"TRAIN_STEPS": "30", "STEP_SLEEP": "0.2", "ORPHAN": token},
+    )
     try:
         run.wait_output("step=3 ")
         first = run.named("attempt_started")[0]["nodes"].split(",")
@@ -199,7 +227,8 @@ def wait_for(probe: Callable[[], object], what: str, timeout: float) -> float:
 
 
 def test_a_partitioned_training_node_is_replaced_by_the_spare_and_its_old_tasks_die_once_healed(
-        hosts: DevCluster, tmp_path: Path) -> None:
+    hosts: DevCluster, tmp_path: Path
+) -> None:
     """n2 loses its link under a 2-node step with a hot spare, with Slurm's default SlurmdTimeout (300 s): Slurm
     sees nothing for minutes. The wrapper notices n2's output stopped while n1's goes on, n2 runs no probe task,
     and the step goes again on n1 and the spare. Once n2 is healed, Slurm's own kill of the cancelled step
@@ -207,8 +236,15 @@ def test_a_partitioned_training_node_is_replaced_by_the_spare_and_its_old_tasks_
     slurm = hosts.client()
     wait_for(lambda: all(n.is_idle for n in slurm.nodes(hosts.names())), "idle nodes", 60)
     token = unique_token()
-    run = Run(hosts, slurm, tmp_path, "--auto-resume-spares=1", f"{TRAINER} {token}", nodes=3,
-              env={"TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"})
+    run = Run(
+        hosts,
+        slurm,
+        tmp_path,
+        "--auto-resume-spares=1",
+        f"{TRAINER} {token}",
+        nodes=3,
+        env={"TRAIN_STEPS": "100000", "STEP_SLEEP": "0.2"},
+    )
     victim = ""
     try:
         run.wait_output("step=3 ")
@@ -218,8 +254,9 @@ def test_a_partitioned_training_node_is_replaced_by_the_spare_and_its_old_tasks_
         hosts.partition(victim)
         wait_for(lambda: run.named("step_running"), "the relaunch", 60)
         took = run.named("step_running")[0]["time"] - cut_at
-        print(f"partition of {victim} -> step running again on {run.named('attempt_started')[1]['nodes']} "
-              f"in {took:.1f} s")
+        print(
+            f"partition of {victim} -> step running again on {run.named('attempt_started')[1]['nodes']} in {took:.1f} s"
+        )
         assert took <= 30, took  # ~9 s here; the figure is in docs/slurm-notes.md, this bound is for slow CI
         assert victim not in run.named("attempt_started")[1]["nodes"].split(",")
         probed = run.named("silent_nodes_probed")[0]
@@ -229,8 +266,11 @@ def test_a_partitioned_training_node_is_replaced_by_the_spare_and_its_old_tasks_
         old = [p for p in processes_with(token) if node_of(p) == victim]
         assert old, "the old attempt's task on the partitioned node should still run while it is cut off"
         hosts.heal(victim)
-        gone = wait_for(lambda: not [p for p in old if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
-                        "the old attempt's tasks on the healed node to end", 90)
+        gone = wait_for(
+            lambda: not [p for p in old if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
+            "the old attempt's tasks on the healed node to end",
+            90,
+        )
         print(f"after heal, the old attempt's tasks on {victim} ended in {gone:.1f} s")
         assert not run.named("stale_task_killed")  # not our reap: Slurm's kill of the cancelled step
     finally:
@@ -244,7 +284,8 @@ def test_a_partitioned_training_node_is_replaced_by_the_spare_and_its_old_tasks_
 
 
 def test_two_controllers_on_two_hosts_one_acts_and_the_other_takes_over_when_it_dies(
-        hosts: DevCluster, tmp_path: Path) -> None:
+    hosts: DevCluster, tmp_path: Path
+) -> None:
     """Controllers on n1 and n3 (their own network namespaces) sharing one state directory, as two head nodes
     on a shared filesystem: the second is refused while the first holds the directory's lock (the controller's
     only guard: a lock file, no election), and once the first dies (SIGKILL, a crashed head node) the second
@@ -272,8 +313,11 @@ def test_two_controllers_on_two_hosts_one_acts_and_the_other_takes_over_when_it_
             first.kill()
             first.wait(10)
             second = controller_on("n3", log2)
-            wait_for(lambda: (tmp_path / "second.log").read_text().count("controller_started") == 1,
-                     "the second controller", 30)
+            wait_for(
+                lambda: (tmp_path / "second.log").read_text().count("controller_started") == 1,
+                "the second controller",
+                30,
+            )
             slurm.set_node_state(["n2"], "fail", "Action:Replace")
             wait_for(lambda: history(state), "the repair by the second controller", 60)
             assert scripts.calls == ["n2 replace"]
@@ -286,22 +330,31 @@ def test_two_controllers_on_two_hosts_one_acts_and_the_other_takes_over_when_it_
 
 
 def test_a_backup_slurmctld_takes_over_while_a_step_runs_and_the_wrapper_and_controller_ride_through(
-        tmp_path: Path, start_controller: Callable[[Controller], Controller]) -> None:  # noqa: F811 - the fixture
+    tmp_path: Path, start_controller: Callable[[Controller], Controller]
+) -> None:
     """Two controller hosts (SlurmctldHost ctl1, then ctl2, SlurmctldTimeout=5): the primary is killed (a crashed
     head node) while a 2-node step trains; the backup takes over, the step is never relaunched and finishes, and
     the hpresilience controller, running all along, repairs a node marked afterwards through the backup."""
     require_slurm()
     need_netns()
-    cl = DevCluster(state_dir=tmp_path / "failover", nodes=2, base_port=PORT + 100, accounting=False,
-                    isolation=Isolation.NETNS, backup_controller=True, overrides={"SlurmctldTimeout": "5"})
+    cl = DevCluster(
+        state_dir=tmp_path / "failover",
+        nodes=2,
+        base_port=PORT + 100,
+        accounting=False,
+        isolation=Isolation.NETNS,
+        backup_controller=True,
+        overrides={"SlurmctldTimeout": "5"},
+    )
     cl.up(timeout=60)
     try:
         slurm = cl.client()
         scripts = write_scripts(tmp_path / "scripts", cl)
         start_controller(Controller(settings_for(scripts, tmp_path / "ctl"), slurm))
         (tmp_path / "job").mkdir()
-        run = Run(cl, slurm, tmp_path / "job", "", str(TRAINER), nodes=2,
-                  env={"TRAIN_STEPS": "80", "STEP_SLEEP": "0.2"})
+        run = Run(
+            cl, slurm, tmp_path / "job", "", str(TRAINER), nodes=2, env={"TRAIN_STEPS": "80", "STEP_SLEEP": "0.2"}
+        )
         # slurmctld writes its state at most every few seconds: the backup must find the running job in it (a job
         # it does not know would be requeued by the takeover). Real jobs run far longer before a failover.
         run.wait_output("step=40 ", timeout=60)
@@ -319,13 +372,13 @@ def test_a_backup_slurmctld_takes_over_while_a_step_runs_and_the_wrapper_and_con
         cl.down(remove=False)  # its logs stay in the test's directory
 
 
-def test_down_removes_the_namespaces_of_a_cluster_whose_processes_all_died(
-        tmp_path: Path) -> None:
+def test_down_removes_the_namespaces_of_a_cluster_whose_processes_all_died(tmp_path: Path) -> None:
     require_slurm()
     need_netns()
     port = PORT + 50
-    cl = DevCluster(state_dir=tmp_path / "crashed", nodes=2, base_port=port, accounting=False,
-                    isolation=Isolation.NETNS)
+    cl = DevCluster(
+        state_dir=tmp_path / "crashed", nodes=2, base_port=port, accounting=False, isolation=Isolation.NETNS
+    )
     cl.up(timeout=30)
     try:
         for p in cl.processes():

@@ -27,8 +27,9 @@ def test_release_names_its_suite_and_an_unknown_one_lists_the_known() -> None:
 def test_binds_never_hide_the_roots_own_system(tmp_path: Path) -> None:
     """A bind over /, /usr or /etc would replace the root's Slurm or libraries with the host's."""
     binds = slurmroot.default_binds(["/", "/usr", "/etc", "/var/lib", str(tmp_path), "/work"])
-    assert not any(slurmroot.is_system_path(b) and not b.startswith(("/usr/lib/python", "/usr/local/"))
-                   for b in binds), binds
+    assert not any(
+        slurmroot.is_system_path(b) and not b.startswith(("/usr/lib/python", "/usr/local/")) for b in binds
+    ), binds
     assert "/tmp" in binds and str(tmp_path) not in binds  # under /tmp, which binds recursively
     assert sys.prefix in binds or any(sys.prefix.startswith(b + "/") for b in binds)
 
@@ -39,7 +40,8 @@ def test_host_release_runs_without_a_root() -> None:
 
 
 def test_a_release_whose_root_is_missing_names_the_command_that_builds_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HPRESILIENCE_ROOTS_DIR", str(tmp_path / "roots"))
     monkeypatch.delenv(rootexec.INSIDE, raising=False)
     with pytest.raises(EnvironmentMissing, match=r"devcluster up --slurm 26\.05"):
@@ -51,9 +53,24 @@ def test_exec_sets_the_clusters_slurm_conf(tmp_path: Path) -> None:
     state = tmp_path / "cluster"
     state.mkdir()
     (state / "slurm.conf").write_text("# not started\n")
-    res = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir", str(state),
-                          "--", sys.executable, "-c", "import os; print(os.environ['SLURM_CONF'])"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpresilience",
+            "devcluster",
+            "exec",
+            "--state-dir",
+            str(state),
+            "--",
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['SLURM_CONF'])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(state / "slurm.conf")
 
@@ -68,13 +85,45 @@ def test_session_cluster_runs_the_selected_release(cluster: DevCluster, pytestco
 
 @pytest.mark.integration
 def test_exec_reaches_the_cluster_with_its_release(cluster: DevCluster) -> None:
-    res = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir",
-                          str(cluster.state_dir), "--", "sinfo", "-h", "-N", "-o", "%N %T"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpresilience",
+            "devcluster",
+            "exec",
+            "--state-dir",
+            str(cluster.state_dir),
+            "--",
+            "sinfo",
+            "-h",
+            "-N",
+            "-o",
+            "%N %T",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.split()) == sorted([*cluster.names(), *(["idle"] * cluster.nodes)])
-    version = subprocess.run([sys.executable, "-m", "hpresilience", "devcluster", "exec", "--state-dir",
-                              str(cluster.state_dir), "--", "sinfo", "-V"], capture_output=True, text=True, timeout=60)
+    version = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpresilience",
+            "devcluster",
+            "exec",
+            "--state-dir",
+            str(cluster.state_dir),
+            "--",
+            "sinfo",
+            "-V",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert version.stdout.split()[-1].startswith(cluster.release.value)
 
 
@@ -92,27 +141,52 @@ def _names(procs: list[psutil.Process]) -> set[str]:
 @pytest.mark.integration
 @pytest.mark.parametrize("release", [SlurmRelease.V24_11, SlurmRelease.V26_05])
 def test_up_from_the_host_runs_a_newer_release_in_its_root_and_down_stops_it(
-        release: SlurmRelease, tmp_path: Path) -> None:
+    release: SlurmRelease, tmp_path: Path
+) -> None:
     """The CLI path a user takes: `devcluster up --slurm V` on the host re-runs itself in V's root, `exec` reaches
     it there, `down` (also re-run there) leaves no process. Needs the root built (scripts/dev.sh test builds it)."""
     if slurmroot.inside_root() or not slurmroot.is_ready(release):
-        pytest.skip(f"the Slurm {release.value} root is not built here (hpresilience devcluster up --slurm "
-                    f"{release.value} builds it)")
+        pytest.skip(
+            f"the Slurm {release.value} root is not built here (hpresilience devcluster up --slurm "
+            f"{release.value} builds it)"
+        )
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"devcluster: {{base_port: {TEST_BASE_PORT + 600}}}\n")
     state = tmp_path / "cluster"
     cli = [sys.executable, "-m", "hpresilience", "--config", str(cfg), "devcluster"]
     procs: list[psutil.Process] = []
     try:
-        up = subprocess.run([*cli, "up", "--slurm", release.value, "--no-accounting", "--state-dir", str(state)],
-                            capture_output=True, text=True, timeout=120)
+        up = subprocess.run(
+            [*cli, "up", "--slurm", release.value, "--no-accounting", "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert up.returncode == 0, up.stderr[-2000:]
         assert f"Slurm {release.value}, 4 nodes" in up.stdout
-        version = subprocess.run([*cli, "exec", "--state-dir", str(state), "--", "sinfo", "-V"],
-                                 capture_output=True, text=True, timeout=60)
+        version = subprocess.run(
+            [*cli, "exec", "--state-dir", str(state), "--", "sinfo", "-V"], capture_output=True, text=True, timeout=60
+        )
         assert version.stdout.split()[-1].startswith(release.value), version.stderr
-        subprocess.run([*cli, "exec", "--state-dir", str(state), "--", "sbatch", "-N2", "-o", "/dev/null", "--wrap",
-                        "srun sleep 300"], capture_output=True, text=True, timeout=60, check=True)
+        subprocess.run(
+            [
+                *cli,
+                "exec",
+                "--state-dir",
+                str(state),
+                "--",
+                "sbatch",
+                "-N2",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "srun sleep 300",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         # The daemons and the job's processes run in the root's own mount namespace; seen from the host they are
         # still this cluster's (slurmstepd by its working directory), so `down` can stop them all.
         deadline = time.monotonic() + 30

@@ -166,17 +166,13 @@ def _post_commit_failure(rank: int, ckpt: TieredCheckpointer, res: dict[str, Any
     dist.barrier()
 
 
-def run_ranks(
-    base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any
-) -> list[dict[str, Any]]:
+def run_ranks(base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any) -> list[dict[str, Any]]:
     """Run `task` on `world` spawned ranks; return each rank's result (or its error)."""
     ctx = mp.get_context("spawn")
     port = free_port()
     for r in range(world):
         (base / f"result_{task}_{r}.json").unlink(missing_ok=True)
-    procs = [
-        ctx.Process(target=_body, args=(r, world, port, str(base), task, dict(kw))) for r in range(world)
-    ]
+    procs = [ctx.Process(target=_body, args=(r, world, port, str(base), task, dict(kw))) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -200,8 +196,11 @@ def _phase(rank: int, base: Path, ph: dict[str, Any]) -> dict[str, Any]:
     _init(rank, world, ph["port"], 60.0)
     try:
         cfg = CheckpointConfig(
-            namespace=ph["ns"], memory_dir=str(base / f"node{rank // rpn}"), ranks_per_node=rpn,
-            timeout_s=60.0, **ph.get("cfg", {}),
+            namespace=ph["ns"],
+            memory_dir=str(base / f"node{rank // rpn}"),
+            ranks_per_node=rpn,
+            timeout_s=60.0,
+            **ph.get("cfg", {}),
         )
         ckpt = TieredCheckpointer(cfg)
         res: dict[str, Any] = {}

@@ -46,9 +46,7 @@ def cluster(saved: Path, tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_two_rank_step_loads_on_1_2_and_4_ranks_from_memory(
-    cluster: Path, s3_endpoint: str, world: int
-) -> None:
+def test_two_rank_step_loads_on_1_2_and_4_ranks_from_memory(cluster: Path, s3_endpoint: str, world: int) -> None:
     res = _ok(run_ranks(cluster, "load_resharded", world=world, saved_world=2, cfg=_cfg(s3_endpoint)))
     assert [(r["step"], r["match"]) for r in res] == [(3, True)] * world
     want = "own" if world == 2 else "resharded"

@@ -23,8 +23,13 @@ waiting_in_a_collective()
 
 
 def start(tmp: Path, evidence: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "HPR_AUTORESUME_JOB": "5", "RANK": "2", "SLURMD_NODENAME": "n7",
-           "HPR_EVIDENCE_DIR": str(evidence)}
+    env = {
+        **os.environ,
+        "HPR_AUTORESUME_JOB": "5",
+        "RANK": "2",
+        "SLURMD_NODENAME": "n7",
+        "HPR_EVIDENCE_DIR": str(evidence),
+    }
     return subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp)
 
 
@@ -66,15 +71,15 @@ def test_a_shared_evidence_dir_is_not_trusted_and_no_signal_is_announced(tmp_pat
         p.wait()
 
 
-
 def test_a_checkpoint_save_beats_and_a_repeated_step_counts_once(tmp_path: Path, monkeypatch: Any) -> None:
     """TieredCheckpointer.save() beats for its step; the loop's own beat of the same step adds no second step."""
     import torch
 
     from hpresilience.torch import CheckpointConfig, TieredCheckpointer, heartbeat
 
-    hb = heartbeat.Heartbeat(env={heartbeat.JOB_ENV: "5", "HPR_HEARTBEAT_EVERY_S": "3600"},
-                             fd=os.open(os.devnull, os.O_WRONLY))
+    hb = heartbeat.Heartbeat(
+        env={heartbeat.JOB_ENV: "5", "HPR_HEARTBEAT_EVERY_S": "3600"}, fd=os.open(os.devnull, os.O_WRONLY)
+    )
     hb._installed = True  # no stack signal in the test process
     monkeypatch.setattr(heartbeat, "_default", hb)
     with TieredCheckpointer(CheckpointConfig(namespace="hb", memory_dir=str(tmp_path), replicate=False)) as ck:
@@ -87,7 +92,8 @@ def test_a_checkpoint_save_beats_and_a_repeated_step_counts_once(tmp_path: Path,
 
 
 def test_the_blocking_part_of_save_and_load_is_reported_in_the_heartbeat_for_the_ledger(
-        tmp_path: Path, monkeypatch: Any) -> None:
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     """TieredCheckpointer's save, async_save and load report the time they blocked training (`ckpt_s`,
     `restore_s`, the process's totals), and the wrapper's parser reads them (the goodput ledger's input)."""
     import torch
@@ -137,10 +143,21 @@ def test_a_hang_request_makes_each_rank_dump_its_flight_recorder_into_the_eviden
 
     evidence = tmp_path / "ev"
     evidence.mkdir(mode=0o700)
-    env = {**os.environ, "HPR_AUTORESUME_JOB": "5", "RANK": "0", "SLURMD_NODENAME": "n1",
-           "HPR_EVIDENCE_DIR": str(evidence), "TORCH_FR_BUFFER_SIZE": "100"}
-    p = subprocess.Popen([sys.executable, "-c", FR_CHILD, str(TEST_BASE_PORT + 871)], env=env,
-                         stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "HPR_AUTORESUME_JOB": "5",
+        "RANK": "0",
+        "SLURMD_NODENAME": "n1",
+        "HPR_EVIDENCE_DIR": str(evidence),
+        "TORCH_FR_BUFFER_SIZE": "100",
+    }
+    p = subprocess.Popen(
+        [sys.executable, "-c", FR_CHILD, str(TEST_BASE_PORT + 871)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().startswith("[hpr-heartbeat]")
         assert not list(evidence.glob("fr-rank*"))  # nothing without a request

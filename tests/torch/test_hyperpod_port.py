@@ -41,9 +41,7 @@ def _launch(base: Path, s3_endpoint: str, steps: int, sleep: float) -> list[subp
         }
         out = open(base / f"rank{rank}.log", "a")  # noqa: SIM115 - closed with the process
         procs.append(
-            subprocess.Popen(
-                [sys.executable, str(EXAMPLE)], env=env, stdout=out, stderr=subprocess.STDOUT, text=True
-            )
+            subprocess.Popen([sys.executable, str(EXAMPLE)], env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
         )
     return procs
 

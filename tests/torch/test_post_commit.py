@@ -38,8 +38,13 @@ def test_failed_upload_is_reported_by_flush_counted_and_the_next_step_still_save
     tmp_path: Path, s3_endpoint: str
 ) -> None:
     cfg = CheckpointConfig(
-        namespace="u", memory_dir=str(tmp_path), replicate=False, background_staging=False,
-        s3_base="s3://no-such-bucket/x", s3_every=1, s3_endpoint_url=s3_endpoint,
+        namespace="u",
+        memory_dir=str(tmp_path),
+        replicate=False,
+        background_staging=False,
+        s3_base="s3://no-such-bucket/x",
+        s3_every=1,
+        s3_endpoint_url=s3_endpoint,
     )
     ck = TieredCheckpointer(cfg)
     try:

@@ -67,7 +67,8 @@ def test_notice_file_written_by_agent(watcher_factory: list[PreemptionWatcher], 
 
 
 def test_the_wrapper_notice_file_turns_check_alive_false_and_a_link_there_does_not(
-        watcher_factory: list[PreemptionWatcher], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    watcher_factory: list[PreemptionWatcher], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """srun --auto-resume exports HPR_NOTICE_FILE; the file appearing is its notice of a planned move. A symbolic
     link planted at that name (another user's trick) is not a notice."""
     private = tmp_path / "hpr-notice"
@@ -162,7 +163,8 @@ def test_check_alive_uses_the_installed_watcher(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another user")
 def test_notice_file_is_trusted_only_when_root_owns_it_and_its_directory(
-        watcher_factory: list[PreemptionWatcher], tmp_path: Path) -> None:
+    watcher_factory: list[PreemptionWatcher], tmp_path: Path
+) -> None:
     """On a shared node a user must not be able to stop another user's ranks by creating the notice file."""
     d = tmp_path / "run"
     d.mkdir(mode=0o755)

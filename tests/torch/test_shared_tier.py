@@ -76,9 +76,7 @@ def test_eight_and_four_ranks_on_one_folder_save_prune_and_reshard_to_two(tmp_pa
         assert len(list((folder / ".spare").iterdir())) == 8
         assert [(r["step"], r["match"]) for r in _phase_results(res, e_load, 2)] == [(3, True)] * 2, k
         assert [r["last_committed"] for r in _phase_results(res, f_save, 4)] == [3] * 4
-        assert [(r["step"], r["source"], r["match"]) for r in _phase_results(res, f_same, 4)] == [
-            (3, "own", True)
-        ] * 4
+        assert [(r["step"], r["source"], r["match"]) for r in _phase_results(res, f_same, 4)] == [(3, "own", True)] * 4
         assert [(r["step"], r["match"]) for r in _phase_results(res, f_two, 2)] == [(3, True)] * 2, k
 
 
@@ -87,13 +85,31 @@ def test_peer_copies_of_four_ranks_per_node_restore_a_lost_node(tmp_path: Path) 
     for k in range(2):
         phases += [
             {"ns": f"p{k}", "world": 8, "rpn": 4, "task": "save", "steps": [1, 2], "cfg": CFG, "numel": 64},
-            {"ns": f"p{k}", "world": 8, "rpn": 4, "task": "load", "saved_world": 8, "cfg": CFG, "numel": 64,
-             "drop": ["node1"]},
+            {
+                "ns": f"p{k}",
+                "world": 8,
+                "rpn": 4,
+                "task": "load",
+                "saved_world": 8,
+                "cfg": CFG,
+                "numel": 64,
+                "drop": ["node1"],
+            },
         ]
     # A clean end (close() without keep_tier): the job's folder goes on both nodes, once every rank of
     # the node is done with it.
-    phases.append({"ns": "end", "world": 8, "rpn": 4, "task": "save", "steps": [1, 2], "cfg": CFG, "numel": 64,
-                   "keep_tier": False})
+    phases.append(
+        {
+            "ns": "end",
+            "world": 8,
+            "rpn": 4,
+            "task": "save",
+            "steps": [1, 2],
+            "cfg": CFG,
+            "numel": 64,
+            "keep_tier": False,
+        }
+    )
     res = _ok(run_scenario(tmp_path, phases))
     assert [r["closed"] for r in _phase_results(res, 4, 8)] == [True] * 8
     assert not (tmp_path / "node0" / "end").exists() and not (tmp_path / "node1" / "end").exists()

@@ -52,9 +52,7 @@ def _slow_copy(stager: CachedStager, delay: float = 0.5) -> None:
 
 @pytest.fixture
 def bg(tmp_path: Path) -> Iterator[TieredCheckpointer]:
-    cfg = CheckpointConfig(
-        namespace="t", memory_dir=str(tmp_path), keep=3, replicate=False, background_staging=True
-    )
+    cfg = CheckpointConfig(namespace="t", memory_dir=str(tmp_path), keep=3, replicate=False, background_staging=True)
     with TieredCheckpointer(cfg) as ck:
         yield ck
 

@@ -142,9 +142,7 @@ def test_restore_from_s3_works_under_a_group_writable_umask(tmp_path: Path, s3_e
         with TieredCheckpointer(CheckpointConfig(namespace="u", memory_dir=str(tmp_path / "a"), **cfg)) as ck:
             ck.save(state_for(1, 0), 1)
             ck.flush()
-        with TieredCheckpointer(
-            CheckpointConfig(namespace="u", memory_dir=str(tmp_path / "b"), **cfg)
-        ) as ck2:
+        with TieredCheckpointer(CheckpointConfig(namespace="u", memory_dir=str(tmp_path / "b"), **cfg)) as ck2:
             got = empty_state(0)
             assert ck2.load(got) == 1 and ck2.last_source == "s3" and matches(got, 1, 0)
     finally:

@@ -23,8 +23,16 @@ pytestmark = [
 
 
 def _bg(tmp_path: Path) -> TieredCheckpointer:
-    return TieredCheckpointer(CheckpointConfig(namespace="g", memory_dir=str(tmp_path), keep=3, replicate=False,
-                                               background_staging=True, inline_staging_below_mib=0))
+    return TieredCheckpointer(
+        CheckpointConfig(
+            namespace="g",
+            memory_dir=str(tmp_path),
+            keep=3,
+            replicate=False,
+            background_staging=True,
+            inline_staging_below_mib=0,
+        )
+    )
 
 
 def test_background_save_of_gpu_state_commits_and_loads_back_bit_for_bit(tmp_path: Path) -> None:

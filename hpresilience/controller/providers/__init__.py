@@ -49,17 +49,23 @@ Factory = Callable[[Any, ProviderContext], Provider]
 
 def _callable(obj: Any) -> None:
     if not callable(obj):
-        raise TypeError(f"is not callable (a provider is a class or function taking (options, context)), "
-                        f"got {type(obj).__name__}")
+        raise TypeError(
+            f"is not callable (a provider is a class or function taking (options, context)), got {type(obj).__name__}"
+        )
 
 
 # Imported on first use: boto3 costs a second of start-up that clusters without AWS never need.
-PROVIDERS: Registry[Factory] = Registry("provider", {
-    "reboot": "hpresilience.controller.providers.reboot:RebootProvider",
-    "script": "hpresilience.controller.providers.script:ScriptProvider",
-    "ec2": "hpresilience.controller.providers.ec2:Ec2Provider",
-    "hyperpod": "hpresilience.controller.providers.hyperpod:HyperPodProvider",
-}, validate=_callable, entry_point_group=ENTRY_POINT_GROUP)
+PROVIDERS: Registry[Factory] = Registry(
+    "provider",
+    {
+        "reboot": "hpresilience.controller.providers.reboot:RebootProvider",
+        "script": "hpresilience.controller.providers.script:ScriptProvider",
+        "ec2": "hpresilience.controller.providers.ec2:Ec2Provider",
+        "hyperpod": "hpresilience.controller.providers.hyperpod:HyperPodProvider",
+    },
+    validate=_callable,
+    entry_point_group=ENTRY_POINT_GROUP,
+)
 
 
 def provider_registry(site: Mapping[str, str] | None = None) -> Registry[Factory]:
@@ -79,8 +85,9 @@ def parse_options(factory: Factory, options: Mapping[str, Any]) -> Any:
     return model.model_validate(dict(options)) if model is not None else dict(options)
 
 
-def create_provider(name: str, options: Mapping[str, Any], context: ProviderContext,
-                    registry: Registry[Factory] | None = None) -> Provider:
+def create_provider(
+    name: str, options: Mapping[str, Any], context: ProviderContext, registry: Registry[Factory] | None = None
+) -> Provider:
     """The provider `name` of `registry` (default: PROVIDERS) for one node group; ConfigError when the name is
     unknown or the options do not fit, naming the group and each bad key."""
     source = f"controller node group {context.group!r}, provider {name!r}"

@@ -65,12 +65,20 @@ class Ec2Provider:
             host = node.hostname or node.name
             region = self.ec2.meta.region_name
             # Exact names (EC2's two private DNS forms) rather than a wildcard: every EC2 API look-alike has these.
-            filters.append({"Name": "private-dns-name", "Values": [host, f"{host}.ec2.internal",
-                                                                   f"{host}.{region}.compute.internal"]})
+            filters.append(
+                {
+                    "Name": "private-dns-name",
+                    "Values": [host, f"{host}.ec2.internal", f"{host}.{region}.compute.internal"],
+                }
+            )
         else:
             filters.append({"Name": "private-ip-address", "Values": [node.address]})
-        found = [i for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
-                 for r in page["Reservations"] for i in r["Instances"]]
+        found = [
+            i
+            for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
+            for r in page["Reservations"]
+            for i in r["Instances"]
+        ]
         if len(found) != 1:
             ids = ", ".join(i["InstanceId"] for i in found) or "none"
             raise ExternalError(f"node {node.name}: expected one EC2 instance by {o.lookup}, found {ids}")
@@ -101,8 +109,12 @@ class Ec2Provider:
         # Terminate first: a GPU capacity reservation usually has no room for old and new side by side.
         self.ec2.terminate_instances(InstanceIds=[old_id])
         tags = [{"Key": k, "Value": v} for k, v in {**o.tags, o.tag_key: node.name}.items()]
-        kwargs: dict[str, Any] = {"LaunchTemplate": template, "MinCount": 1, "MaxCount": 1,
-                                  "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]}
+        kwargs: dict[str, Any] = {
+            "LaunchTemplate": template,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        }
         subnet = old.get("SubnetId")
         if subnet:
             kwargs["SubnetId"] = subnet
@@ -123,6 +135,7 @@ class Ec2Provider:
             if inst.get("State", {}).get("Name") == "running" and ip:
                 return str(ip), str(inst.get("PrivateDnsName", ""))
             if time.monotonic() > deadline:
-                raise ExternalError(f"instance {instance_id} not running with an address after "
-                                    f"{self.options.wait_running_s:g} s")
+                raise ExternalError(
+                    f"instance {instance_id} not running with an address after {self.options.wait_running_s:g} s"
+                )
             time.sleep(self.options.poll_s)

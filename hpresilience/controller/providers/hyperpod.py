@@ -32,11 +32,9 @@ class HyperPodProvider:
     name = "hyperpod"
     Options: ClassVar[type[HyperPodOptions]] = HyperPodOptions
 
-    def __init__(self, options: HyperPodOptions, context: ProviderContext | None = None,
-                 sagemaker: Any = None) -> None:
+    def __init__(self, options: HyperPodOptions, context: ProviderContext | None = None, sagemaker: Any = None) -> None:
         self.options = options
-        self.sm = sagemaker if sagemaker is not None else aws_client("sagemaker", options.region,
-                                                                     options.endpoint_url)
+        self.sm = sagemaker if sagemaker is not None else aws_client("sagemaker", options.region, options.endpoint_url)
 
     def node_id(self, node: Node) -> str:
         if node.name in self.options.node_ids:
@@ -52,23 +50,28 @@ class HyperPodProvider:
                     return str(s["InstanceId"])
             token = page.get("NextToken")
             if not token:
-                raise ExternalError(f"node {node.name}: no HyperPod node of cluster {self.options.cluster_name} "
-                                    "has that private DNS host name (set node_ids to map it)")
+                raise ExternalError(
+                    f"node {node.name}: no HyperPod node of cluster {self.options.cluster_name} "
+                    "has that private DNS host name (set node_ids to map it)"
+                )
             kwargs["NextToken"] = token
 
     def act(self, node: Node, action: Action) -> str:
         try:
             node_id = self.node_id(node)
-            batch = (self.sm.batch_reboot_cluster_nodes if action is Action.REBOOT
-                     else self.sm.batch_replace_cluster_nodes)
+            batch = (
+                self.sm.batch_reboot_cluster_nodes if action is Action.REBOOT else self.sm.batch_replace_cluster_nodes
+            )
             res = batch(ClusterName=self.options.cluster_name, NodeIds=[node_id])
         except ExternalError:
             raise
         except (BotoCoreError, ClientError) as err:  # keep Code and Message only, never the request
             raise ExternalError(f"hyperpod {action} of {node.name}: {error_text(err)}") from None
         for f in res.get("Failed", []):
-            raise ExternalError(f"hyperpod {action} of {node.name} ({f.get('NodeId')}) refused: "
-                                f"{f.get('ErrorCode')}: {f.get('Message')}")
+            raise ExternalError(
+                f"hyperpod {action} of {node.name} ({f.get('NodeId')}) refused: "
+                f"{f.get('ErrorCode')}: {f.get('Message')}"
+            )
         if node_id not in res.get("Successful", []):
             raise ExternalError(f"hyperpod {action} of {node.name}: {node_id} not in the successful list")
         return f"hyperpod {action} of {node_id} accepted"

@@ -29,7 +29,11 @@ class RebootProvider:
         self.client = context.client
 
     def act(self, node: Node, action: Action) -> str:
-        self.client.reboot_nodes([node.name], controller_reason(f"repair: {action} by scontrol reboot"),
-                                 asap=self.options.asap, nextstate=self.options.nextstate)
+        self.client.reboot_nodes(
+            [node.name],
+            controller_reason(f"repair: {action} by scontrol reboot"),
+            asap=self.options.asap,
+            nextstate=self.options.nextstate,
+        )
         extra = "" if action is Action.REBOOT else " (this provider cannot replace hardware: rebooted instead)"
         return f"scontrol reboot {'ASAP ' if self.options.asap else ''}nextstate={self.options.nextstate}{extra}"

@@ -46,11 +46,19 @@ class ScriptProvider:
         self.group = context.group
 
     def act(self, node: Node, action: Action) -> str:
-        argv = render(self.options.command, {"node": node.name, "action": action.value, "address": node.address,
-                                             "hostname": node.hostname})
+        argv = render(
+            self.options.command,
+            {"node": node.name, "action": action.value, "address": node.address, "hostname": node.hostname},
+        )
         rc, out = run_site_command(argv, self.options.timeout_s, self.options.env)
-        log.info("provider_script_finished", node=node.name, action=action.value, argv=argv, exit_code=rc,
-                 output=out.strip()[-1000:])
+        log.info(
+            "provider_script_finished",
+            node=node.name,
+            action=action.value,
+            argv=argv,
+            exit_code=rc,
+            output=out.strip()[-1000:],
+        )
         if rc != 0:
             last = out.strip().splitlines()[-1] if out.strip() else "no output"
             raise ExternalError(f"`{' '.join(argv)}` exited {rc}: {last}")

@@ -33,9 +33,7 @@ def finding_dict(r: CheckResult) -> dict[str, Any]:
 
 def ladder(ctx: CheckContext, key: str) -> tuple[Action, int]:
     """Reboot-then-replace for `key`, counted in distinct boots on disk."""
-    store = EscalationStore(
-        ctx.state_path("escalation.json"), ctx.reboots_before_replace, ctx.escalation_window_s
-    )
+    store = EscalationStore(ctx.state_path("escalation.json"), ctx.reboots_before_replace, ctx.escalation_window_s)
     return store.escalate(key, ctx.boot_id())
 
 
@@ -50,9 +48,7 @@ def nvidia_pci_devices(paths: HostPaths) -> list[str]:
     """PCI addresses of NVIDIA display/3D controllers (NVSwitches, class 0x0680, are not GPUs)."""
     out = []
     for dev in paths.glob(paths.sys("bus", "pci", "devices"), "*"):
-        if read_text(dev / "vendor") == "0x10de" and (read_text(dev / "class") or "").startswith(
-            ("0x0302", "0x0300")
-        ):
+        if read_text(dev / "vendor") == "0x10de" and (read_text(dev / "class") or "").startswith(("0x0302", "0x0300")):
             out.append(dev.name)
     return out
 

@@ -163,9 +163,7 @@ class DcgmDiag(Check[DcgmDiagOptions]):
                 evidence=ev,
             )
         if warned:
-            return self.warn(
-                f"DCGM diag r{self.options.level} {warned[0]['test']}: {warned[0]['detail']}", evidence=ev
-            )
+            return self.warn(f"DCGM diag r{self.options.level} {warned[0]['test']}: {warned[0]['detail']}", evidence=ev)
         if not tests:
             return self.result(Status.UNKNOWN, f"dcgmi diag reported no tests: {res.describe()}", evidence=ev)
         passed = [t for t in tests if t["status"] == "pass"]

@@ -62,9 +62,7 @@ class EfaDevices(Check[EfaDevicesOptions]):
 
     def run(self) -> CheckResult:
         devs = efa_devices(self.ctx)
-        expected = (
-            self.options.expected if self.options.expected is not None else self.ctx.expect.efa_devices
-        )
+        expected = self.options.expected if self.options.expected is not None else self.ctx.expect.efa_devices
         if not devs and not expected:
             return self.absent("no EFA devices")
         problems = []
@@ -94,9 +92,7 @@ class EfaDevices(Check[EfaDevicesOptions]):
         if len(uverbs) < len(devs):
             problems.append(f"{len(uverbs)} /dev/infiniband/uverbs* node(s) for {len(devs)} device(s)")
         if problems:
-            return self.fail(
-                "; ".join(problems)[:300], Action.REBOOT, "efa.devices", False, evidence=ev
-            )
+            return self.fail("; ".join(problems)[:300], Action.REBOOT, "efa.devices", False, evidence=ev)
         return self.ok(f"{len(devs)} EFA device(s), ports active", evidence=ev)
 
 
@@ -177,9 +173,7 @@ class EfaCounters(Check[EfaCountersOptions]):
                 deltas[k] = delta
             rate = delta / elapsed
             if rate > self.options.rates[name]:
-                over.append(
-                    f"{k} +{delta} in {elapsed:.0f} s ({rate:.1f}/s > {self.options.rates[name]:g}/s)"
-                )
+                over.append(f"{k} +{delta} in {elapsed:.0f} s ({rate:.1f}/s > {self.options.rates[name]:g}/s)")
         ev = {"interval_s": round(elapsed, 1), "deltas": deltas}
         if over:
             return self.warn(

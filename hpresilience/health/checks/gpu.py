@@ -157,19 +157,39 @@ class Census:
 
 
 LOST_RULES: tuple[Rule[GpuInfo, GpuCountOptions], ...] = (
-    Rule("nvidia:79", lambda g, o: g.lost, How.REBOOT_THEN_REPLACE,
-         lambda g, o: f"GPU {g.index} {g.pci_bus_id} lost by the driver: {g.error}"),
+    Rule(
+        "nvidia:79",
+        lambda g, o: g.lost,
+        How.REBOOT_THEN_REPLACE,
+        lambda g, o: f"GPU {g.index} {g.pci_bus_id} lost by the driver: {g.error}",
+    ),
 )
 # A missing GPU right after boot or a driver change may be a slow start: those rules only warn in the grace.
 COUNT_RULES: tuple[Rule[Census, GpuCountOptions], ...] = (
-    Rule("gpu.count", lambda c, o: c.short, How.REBOOT,
-         lambda c, o: f"{c.healthy} usable GPU(s), profile expects {c.expected}",
-         lambda c, o: {"found": c.healthy, "expected": c.expected}, certain=False, held_in_grace=True),
-    Rule("gpu.count_high", lambda c, o: c.expected is not None and not c.short and c.count > c.expected, How.WARN,
-         lambda c, o: f"{c.count} GPUs, more than the {c.expected} the profile expects (wrong profile?)"),
-    Rule("gpu.count_pci", lambda c, o: len(c.pci) > c.count, How.REBOOT,
-         lambda c, o: f"{len(c.pci)} NVIDIA GPUs on PCI, NVML sees {c.count}",
-         lambda c, o: {"pci_devices": c.pci}, certain=False, held_in_grace=True),
+    Rule(
+        "gpu.count",
+        lambda c, o: c.short,
+        How.REBOOT,
+        lambda c, o: f"{c.healthy} usable GPU(s), profile expects {c.expected}",
+        lambda c, o: {"found": c.healthy, "expected": c.expected},
+        certain=False,
+        held_in_grace=True,
+    ),
+    Rule(
+        "gpu.count_high",
+        lambda c, o: c.expected is not None and not c.short and c.count > c.expected,
+        How.WARN,
+        lambda c, o: f"{c.count} GPUs, more than the {c.expected} the profile expects (wrong profile?)",
+    ),
+    Rule(
+        "gpu.count_pci",
+        lambda c, o: len(c.pci) > c.count,
+        How.REBOOT,
+        lambda c, o: f"{len(c.pci)} NVIDIA GPUs on PCI, NVML sees {c.count}",
+        lambda c, o: {"pci_devices": c.pci},
+        certain=False,
+        held_in_grace=True,
+    ),
 )
 
 
@@ -210,19 +230,13 @@ class GpuPcie(GpuCheck[GpuPcieOptions]):
         findings = []
         links = {}
         for g in self.gpus():
-            links[g.index] = (
-                f"gen{g.pcie_gen_current}/{g.pcie_gen_max} x{g.pcie_width_current}/{g.pcie_width_max}"
-            )
+            links[g.index] = f"gen{g.pcie_gen_current}/{g.pcie_gen_max} x{g.pcie_width_current}/{g.pcie_width_max}"
             want = self.options.expected_width or g.pcie_width_max
             if g.pcie_width_current is not None and want and g.pcie_width_current < want:
                 findings.append(
                     self.finding(
                         f"GPU {g.index} {g.pci_bus_id}: PCIe link x{g.pcie_width_current}, "
-                        + (
-                            f"profile expects x{want}"
-                            if self.options.expected_width
-                            else f"max x{g.pcie_width_max}"
-                        ),
+                        + (f"profile expects x{want}" if self.options.expected_width else f"max x{g.pcie_width_max}"),
                         Action.NONE,
                         f"gpu.pcie_width:{g.pci_bus_id}",
                         False,
@@ -237,8 +251,7 @@ class GpuPcie(GpuCheck[GpuPcieOptions]):
             ):
                 findings.append(
                     self.finding(
-                        f"GPU {g.index} {g.pci_bus_id}: PCIe gen{g.pcie_gen_current}, max "
-                        f"gen{g.pcie_gen_max}",
+                        f"GPU {g.index} {g.pci_bus_id}: PCIe gen{g.pcie_gen_current}, max gen{g.pcie_gen_max}",
                         Action.NONE,
                         f"gpu.pcie_gen:{g.pci_bus_id}",
                         False,
@@ -265,9 +278,7 @@ class GpuClocks(GpuCheck[GpuClocksOptions]):
     def run(self) -> CheckResult:
         bad = [r for r in self.options.reasons if r not in CLOCK_REASONS]
         if bad:
-            return self.result(
-                Status.UNKNOWN, f"unknown clock event reason(s) {bad}; known: {sorted(CLOCK_REASONS)}"
-            )
+            return self.result(Status.UNKNOWN, f"unknown clock event reason(s) {bad}; known: {sorted(CLOCK_REASONS)}")
         findings = []
         for g in self.gpus():
             if g.clock_event_reasons is None:

@@ -90,11 +90,7 @@ class NeuronCount(Check[NeuronCountOptions]):
 
     def run(self) -> CheckResult:
         devs = neuron_devices(self.ctx.paths)
-        expected = (
-            self.options.expected
-            if self.options.expected is not None
-            else self.ctx.expect.neuron_devices
-        )
+        expected = self.options.expected if self.options.expected is not None else self.ctx.expect.neuron_devices
         if not devs and not expected:
             return self.absent("no Neuron devices")
         ev = {"found": len(devs), "expected": expected, "devices": [d.name for d in devs]}
@@ -177,6 +173,13 @@ class NeuronCounters(Check[NeuronCountersOptions]):
         how = How(self.options.actions.get(counter, COUNTERS[counter]))
         action, boots = judge(self.ctx, how, key)
         core = next((part for part in Path(k).parts if part.startswith("neuron_core")), "")
-        detail = {"counter": k, "core": core, "value": v, "baseline": baseline, "delta": v - baseline,
-                  "boots_seen": boots or 0, "configured_action": how.value}
+        detail = {
+            "counter": k,
+            "core": core,
+            "value": v,
+            "baseline": baseline,
+            "delta": v - baseline,
+            "boots_seen": boots or 0,
+            "configured_action": how.value,
+        }
         return self.finding(f"{k} rose by {v - baseline}", action, key, how is not How.WARN, detail)

@@ -134,9 +134,7 @@ class Disk(Check[DiskOptions]):
                 continue
             free_gib = u.free / 2**30
             usage[p] = {"free_gib": round(free_gib, 2), "used_percent": u.percent}
-            if u.total and (
-                u.free / u.total < self.options.min_free_fraction or free_gib < self.options.min_free_gib
-            ):
+            if u.total and (u.free / u.total < self.options.min_free_fraction or free_gib < self.options.min_free_gib):
                 low.append(f"{p}: {free_gib:.1f} GiB free ({100 - u.percent:.0f}%)")
         if low:
             return self.warn("low disk space: " + "; ".join(low), key="system.disk", usage=usage)
@@ -160,9 +158,7 @@ class Mounts(Check[MountsOptions]):
         if text is None:
             return self.result(Status.UNKNOWN, "cannot read mounts")
         # /proc/mounts escapes spaces in paths as \040.
-        mounted = {
-            line.split()[1].replace("\\040", " ") for line in text.splitlines() if len(line.split()) > 1
-        }
+        mounted = {line.split()[1].replace("\\040", " ") for line in text.splitlines() if len(line.split()) > 1}
         missing = [m for m in self.options.mountpoints if (m.rstrip("/") or "/") not in mounted]
         if missing:
             return self.fail(

@@ -55,8 +55,9 @@ class XidCheck(Check[XidOptions]):
                 matched.append(ev.message[:300])
             if ev.key not in seen:  # one finding per fault key: the ladder counts a fault once per boot
                 seen[ev.key] = self._finding(ev, catalog.classify(ev))
-        return self._conclude(list(seen.values()), {"source": source, "catalog_version": catalog.version,
-                                                    "lines": matched})
+        return self._conclude(
+            list(seen.values()), {"source": source, "catalog_version": catalog.version, "lines": matched}
+        )
 
     def _finding(self, ev: FaultEvent, c: Classified) -> CheckResult:
         """The catalogue is this check's rule table: the event's code picks the entry, the entry the action."""

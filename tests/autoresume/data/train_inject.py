@@ -34,11 +34,18 @@ class InjectedTime:
     def sleep(self, seconds: float) -> None:
         self.calls += 1
         env = os.environ
-        if env.get("INJECT_ABORT_RANK") == str(RANK) and env.get("AUTORESUME_ATTEMPT") == "1" \
-                and self.calls == int(env.get("INJECT_ABORT_STEP", "0")):
-            print(f"[rank{RANK}]:[E ProcessGroupNCCL.cpp:616] [Rank {RANK}] Watchdog caught collective operation "
-                  "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=9, NumelOut=9, Timeout(ms)=600000) ran "
-                  "for 600083 milliseconds before timing out.", file=sys.stderr, flush=True)
+        if (
+            env.get("INJECT_ABORT_RANK") == str(RANK)
+            and env.get("AUTORESUME_ATTEMPT") == "1"
+            and self.calls == int(env.get("INJECT_ABORT_STEP", "0"))
+        ):
+            print(
+                f"[rank{RANK}]:[E ProcessGroupNCCL.cpp:616] [Rank {RANK}] Watchdog caught collective operation "
+                "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=9, NumelOut=9, Timeout(ms)=600000) ran "
+                "for 600083 milliseconds before timing out.",
+                file=sys.stderr,
+                flush=True,
+            )
             os.abort()
         if env.get("INJECT_SLOW_RANK") == str(RANK):
             seconds *= float(env.get("INJECT_SLOW_FACTOR", "1.3"))

@@ -31,8 +31,9 @@ def rank_main(rank: int, port: int) -> None:
     store.add("entered", 1)
     while int(store.add("entered", 0)) < 3:
         pass
-    (HERE / f"gloo-lagging-rank{rank}.pkl").write_bytes(_dump_fr_trace(includeCollectives=True,
-                                                                      includeStackTraces=False, onlyActive=False))
+    (HERE / f"gloo-lagging-rank{rank}.pkl").write_bytes(
+        _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    )
     store.add("dumped", 1)
     while int(store.add("dumped", 0)) < 3:
         pass

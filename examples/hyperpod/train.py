@@ -96,6 +96,8 @@ def main() -> int:
     notice = PreemptionWatcher(PreemptionConfig(signals=())).start() if PreemptionWatcher is not None else None
     while step < steps:
         if notice is not None and moving(notice.alive()):
+            # When each rank stopped, and whether it saw the notice itself (the all-reduce stops it either way).
+            print(f"moving: rank {rank} stopped at {time.time():.3f} check_alive={notice.alive()}", flush=True)
             save(ckpt, model, opt, step, rank)
             if rank == 0:
                 print(f"moving: saved at step {step}", flush=True)

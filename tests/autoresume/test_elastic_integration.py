@@ -1,18 +1,25 @@
 """Elastic auto-resume on the devcluster with HyperPod's recipe (torchrun on gloo): `--auto-resume-min-nodes`
 keeps the step training on the healthy nodes after a fault with no spare, and the step moves back to full size
-once the failed node is back in service, all in the same job."""
+once the failed node is back in service, all in the same job; a spot reclaim announced to one node's agent
+drains it and moves the step off it, every rank told within 2 s."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from hpresilience.reasons import PlannedKind, parse_planned
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.fakeimds import FakeImds
+from hpresilience.testing.fakenode import FakeNode
+from tests.agent.test_notice_integration import agent_once
 from tests.autoresume.test_recipe_integration import STEPS, Recipe, job_notices
 
 pytestmark = pytest.mark.integration
@@ -133,3 +140,54 @@ def test_a_drained_node_is_a_planned_move_the_ranks_save_at_the_notice_and_go_on
     run.wait_finished()
     assert not run.named("policy_decided") and not run.named("fault_seen")  # planned, not a fault
     assert not run.named("job_requeue_requested")
+
+
+def test_a_spot_reclaim_on_one_node_drains_it_every_rank_stops_within_2_s_and_the_step_goes_on_without_it(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """Issue 25's reclaim path end to end: the fake metadata server announces a spot reclaim for a node of the
+    step, that node's agent (one cycle, as HealthCheckProgram runs it) drains it with the Planned reason, every
+    rank of the recipe sees check_alive() False within 2 s of the drain, saves and exits, and the step goes on
+    on the other two nodes from that checkpoint (a planned move: no fault, no restart) until the job completes."""
+    run = Recipe(
+        cluster,
+        tmp_path / "job",
+        sbatch_args=("-N", "3"),
+        srun_args="--auto-resume-min-nodes=2",
+        extra_env={"TRAIN_STEP_SLEEP": "0.4"},
+    )
+    run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
+    fill_the_rest(cluster, slurm, run, 3)  # no spare: the step goes on short, on the 2 nodes left
+    job = slurm.job(run.job_id)
+    victim = [n for n in job.nodes if n != job.batch_host][-1]
+    node = FakeNode.make(tmp_path / victim, "p5.48xlarge")
+    with job_notices(slurm), FakeImds() as imds:
+        imds.announce_spot("terminate", in_s=120)
+        log = agent_once(cluster, node, victim, imds.url, tmp_path / "run" / "notice.json")
+        moved = run.wait(lambda: run.named("step_moved"), "the move off the reclaimed node")[0]
+    events = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    drained = [e for e in events if e.get("event") == "node_drained_planned"]
+    assert drained, log
+    drained_at = datetime.fromisoformat(drained[0]["timestamp"].replace("Z", "+00:00")).timestamp()
+    state = slurm.node(victim)
+    planned = parse_planned(state.reason)
+    assert state.has("DRAIN") and planned is not None and planned.kind is PlannedKind.RECLAIM, state
+
+    # Every rank of the step (one per node) stopped on its own check_alive() False, within 2 s of the drain.
+    stops = re.findall(r"moving: rank (\d+) stopped at ([\d.]+) check_alive=(\w+)", run.out)
+    assert sorted(int(r) for r, _, _ in stops) == [0, 1, 2], run.out
+    assert all(alive == "False" for _, _, alive in stops), stops
+    noticed = max(float(t) for _, t, _ in stops) - drained_at
+    print(f"drain -> every rank saw check_alive() False: {noticed:.2f} s")
+    assert noticed < 2.0, stops
+
+    # They saved and exited: a planned move to the other two nodes, from the checkpoint saved at the notice.
+    assert "drained" in moved["why"] and moved["nodes_now"] == 2 and victim not in moved["nodes"].split(","), moved
+    saved = re.search(r"moving: saved at step (\d+)", run.out)
+    assert saved, run.out
+    nodes = run.named("attempt_started")[-1]["nodes"].split(",")
+    assert len(nodes) == 2 and victim not in nodes
+    run.wait_finished()
+    assert re.findall(r"resumed from step (\d+)", run.out) == [saved.group(1)]
+    assert not run.named("policy_decided") and not run.named("fault_seen")  # planned, not a fault
+    assert not run.named("job_requeue_requested") and slurm.job(run.job_id).restart_count == 0

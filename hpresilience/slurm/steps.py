@@ -20,6 +20,24 @@ class StepInfo:
     nodes: tuple[str, ...]
 
 
+def overlap_srun(job_id: int, nodes: list[str], name: str) -> list[str]:
+    """`srun` running one task on each of `nodes` inside the job's allocation, beside its running step
+    (--overlap): how the wrapper reaches every node of a step (reap, counts, notices, probes). A task that
+    fails does not end the others (--kill-on-bad-exit=0)."""
+    return [
+        "srun",
+        f"--jobid={job_id}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--ntasks-per-node=1",
+        "--overlap",
+        "--export=ALL",
+        f"--job-name={name}",
+        "--kill-on-bad-exit=0",
+    ]
+
+
 def job_steps(client: SlurmClient, job_id: int) -> list[StepInfo]:
     """The job's live steps (`squeue -s`; unlike `squeue --json`, the text form honours -j)."""
     res = client.runner.run("squeue", "-s", "-j", str(job_id), "-h", "-o", "%i|%j|%N", check=False)
@@ -87,15 +105,7 @@ def reap_marked_processes(
     if not nodes:
         return [], []
     args = [
-        "srun",
-        f"--jobid={job_id}",
-        f"--nodes={len(nodes)}",
-        f"--ntasks={len(nodes)}",
-        f"--nodelist={','.join(nodes)}",
-        "--overlap",
-        "--export=ALL",
-        "--job-name=hpr-reap",
-        "--kill-on-bad-exit=0",
+        *overlap_srun(job_id, nodes, "hpr-reap"),
         "sh",
         "-c",
         REAP_SCRIPT,
@@ -146,15 +156,7 @@ def lingering_steps(
     if not nodes:
         return set(), []
     args = [
-        "srun",
-        f"--jobid={job_id}",
-        f"--nodes={len(nodes)}",
-        f"--ntasks={len(nodes)}",
-        f"--nodelist={','.join(nodes)}",
-        "--overlap",
-        "--export=ALL",
-        "--job-name=hpr-stepd",
-        "--kill-on-bad-exit=0",
+        *overlap_srun(job_id, nodes, "hpr-stepd"),
         "sh",
         "-c",
         STEPD_SCRIPT,
@@ -212,16 +214,7 @@ def write_notice(
         return []
     run_env = {**env, "HPR_NOTICE_FILE": path, "HPR_NOTICE_REASON": reason[:500]}
     args = [
-        "srun",
-        f"--jobid={job_id}",
-        f"--nodes={len(nodes)}",
-        f"--ntasks={len(nodes)}",
-        f"--nodelist={','.join(nodes)}",
-        "--ntasks-per-node=1",
-        "--overlap",
-        "--export=ALL",
-        "--job-name=hpr-notice",
-        "--kill-on-bad-exit=0",
+        *overlap_srun(job_id, nodes, "hpr-notice"),
         "sh",
         "-c",
         NOTICE_SCRIPT,
@@ -248,14 +241,7 @@ def nodes_answering(
     def alive(node: str) -> bool:
         try:
             res = client.runner.run(
-                "srun",
-                f"--jobid={job_id}",
-                "--nodes=1",
-                "--ntasks=1",
-                f"--nodelist={node}",
-                "--overlap",
-                "--export=ALL",
-                "--job-name=hpr-alive",
+                *overlap_srun(job_id, [node], "hpr-alive"),
                 "echo",
                 "hpr-alive",
                 timeout=timeout,
@@ -366,15 +352,7 @@ def probe_marked_processes(
         pairs = [f"{pid}:{sig}" for pid, sig in signals.get(node, [])]
         try:
             res = client.runner.run(
-                "srun",
-                f"--jobid={job_id}",
-                "--nodes=1",
-                "--ntasks=1",
-                f"--nodelist={node}",
-                "--overlap",
-                "--export=ALL",
-                "--job-name=hpr-hang-probe",
-                "--kill-on-bad-exit=0",
+                *overlap_srun(job_id, [node], "hpr-hang-probe"),
                 "sh",
                 "-c",
                 PROBE_SCRIPT,
@@ -450,15 +428,7 @@ def _live_script(
     timeout: float,
 ) -> Result | None:
     args = [
-        "srun",
-        f"--jobid={job_id}",
-        f"--nodes={len(nodes)}",
-        f"--ntasks={len(nodes)}",
-        f"--nodelist={','.join(nodes)}",
-        "--overlap",
-        "--export=ALL",
-        f"--job-name=hpr-{mode}",
-        "--kill-on-bad-exit=0",
+        *overlap_srun(job_id, nodes, f"hpr-{mode}"),
         "sh",
         "-c",
         LIVE_SCRIPT,

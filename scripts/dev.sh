@@ -86,31 +86,13 @@ case "$cmd" in
     rm -f "$roots_log"
     # Arguments (a file, -k ...) select within the integration tests on every release; none: the list above.
     if [ $# -gt 0 ]; then selection=(-m integration "$@"); else selection=("${RELEASE_TESTS[@]}"); fi
-    # The releases run side by side (their tests mostly wait on Slurm), each on its own ports and temp directory;
-    # their output is printed when each ends.
-    base=${HPRESILIENCE_TEST_BASE_PORT:-18817}
-    pids=() names=() logs=() tmps=() n=0
+    # One release after the other: two MariaDBs (one per root) share the bound /tmp and each clears the other's
+    # temporary tables at start (`mariadb-install-db`: "Could not remove temporary table").
     for release in $RELEASES; do
-      n=$((n + 1))
-      log=$(mktemp) tmp=$(mktemp -d)
-      say "pytest: Slurm-facing integration tests on Slurm $release (inside its Debian root), started"
-      HPRESILIENCE_TEST_BASE_PORT=$((base + 1000 * n)) "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- \
-        "$VENV/bin/python" -m pytest -q -p no:cacheprovider --basetemp "$tmp/t" --slurm "$release" "${selection[@]}" \
-        >"$log" 2>&1 &
-      pids+=($!) names+=("$release") logs+=("$log") tmps+=("$tmp")
-    done
-    started=$SECONDS
-    for i in "${!pids[@]}"; do
-      while kill -0 "${pids[$i]}" 2>/dev/null; do
-        sleep 10
-        if (( (SECONDS - started) % 60 < 10 )); then
-          say "waiting for the Slurm ${names[*]} integration tests: $(( (SECONDS - started) / 60 )) min so far"
-        fi
-      done
-      r=0; wait "${pids[$i]}" || r=$?
-      say "pytest on Slurm ${names[$i]} ended (exit $r):"
-      cat "${logs[$i]}" >&2
-      rm -rf "${logs[$i]}" "${tmps[$i]}"
+      say "pytest: Slurm-facing integration tests on Slurm $release (inside its Debian root)"
+      r=0
+      "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- \
+        "$VENV/bin/python" -m pytest -q -p no:cacheprovider --slurm "$release" "${selection[@]}" || r=$?
       # 5: nothing selected (arguments naming only unit tests)
       if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi
     done

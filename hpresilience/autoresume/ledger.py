@@ -337,8 +337,10 @@ def _kept_steps(a: _Attempt, later: list[_Attempt]) -> int | None:
 
 def render(ledger: Ledger) -> str:
     """The one-screen summary (`hpresilience job`, and the wrapper's last lines in the job's output)."""
+    # The ratio as the ledger file stores it (4 places): printed from the full value, 0.31349 showed 31.3 %
+    # where the file's 0.3135 reads 31.4 %.
     lines = [
-        f"job {ledger.job_id}: goodput {ledger.goodput * 100:.1f} % "
+        f"job {ledger.job_id}: goodput {round(ledger.goodput, 4) * 100:.1f} % "
         f"({ledger.productive_s:.1f} s productive of {ledger.wall_s:.1f} s wall, {ledger.attempts} attempt(s)"
         f"{'' if ledger.ended else ', not ended'})"
     ]

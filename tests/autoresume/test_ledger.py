@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from hpresilience.autoresume.ledger import compute, render
+from hpresilience.autoresume.ledger import Ledger, compute, render
 
 T0 = 1_700_000_000.0
 
@@ -202,3 +203,13 @@ def test_blocked_save_and_restore_reported_by_hpresilience_torch_are_their_own_c
     assert led.productive_s + sum(b.values()) == pytest.approx(led.wall_s)
     (r,) = led.restarts
     assert r.by_category["restore"] == pytest.approx(3) and r.by_category["reinit"] == pytest.approx(6)
+
+
+def test_the_printed_goodput_reads_as_the_ledger_file_stores_it() -> None:
+    """The job's output and `<job>.ledger.json` say the same figure: 31.3496 % is stored as 0.3135 and must not
+    print as 31.3 %."""
+    ledger = Ledger(1, attempts=1, ended=True)
+    ledger.start, ledger.end, ledger.productive_s = 0.0, 100.0, 31.3496
+    stored = json.loads(json.dumps(ledger.to_dict()))["goodput"]
+    assert f"goodput {stored * 100:.1f} %" in render(ledger)
+    assert "goodput 31.4 %" in render(ledger)

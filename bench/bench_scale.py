@@ -61,6 +61,14 @@ def ctld_cpu(pid: int) -> float:
 
 
 # -- one scenario, in its own process -----------------------------------------------------------------
+
+
+def cpu_between(c0: Any, c1: Any) -> float:
+    """CPU seconds, own and children's, user and system, between two readings of os.times() or psutil's
+    cpu_times() (both name the fields alike)."""
+    return float(sum(getattr(c1, f) - getattr(c0, f) for f in ("user", "system", "children_user", "children_system")))
+
+
 def scenario(name: str, conf: str, ctld: int, repeat: int, work: str) -> dict[str, Any]:
     from hpresilience.log import setup_logging
     from hpresilience.slurm.client import SlurmClient
@@ -77,16 +85,7 @@ def scenario(name: str, conf: str, ctld: int, repeat: int, work: str) -> dict[st
     for _ in range(repeat):
         op()
     wall, c1, s1 = time.perf_counter() - t0, os.times(), ctld_cpu(ctld)
-    cpu = (
-        c1.user
-        + c1.system
-        + c1.children_user
-        + c1.children_system
-        - c0.user
-        - c0.system
-        - c0.children_user
-        - c0.children_system
-    )
+    cpu = cpu_between(c0, c1)
     rss = (
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     ) / 1024
@@ -381,16 +380,7 @@ def agent_process(cl: Any, work: str, seconds: float, interval: float) -> dict[s
             )
             / 1024
         )
-        cpu = (
-            c1.user
-            + c1.system
-            + c1.children_user
-            + c1.children_system
-            - c0.user
-            - c0.system
-            - c0.children_user
-            - c0.children_system
-        )
+        cpu = cpu_between(c0, c1)
     finally:
         p.terminate()
         p.wait(10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
@@ -20,34 +19,9 @@ from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.fakeimds import FakeImds
 from hpresilience.testing.fakenode import FakeNode
 from tests.agent.test_notice_integration import agent_once
-from tests.autoresume.test_recipe_integration import STEPS, Recipe, job_notices
+from tests.autoresume.test_recipe_integration import STEPS, Recipe, fill_the_rest, job_notices
 
 pytestmark = pytest.mark.integration
-
-
-def fill_the_rest(cluster: DevCluster, slurm: SlurmClient, run: Recipe, used: int) -> int:
-    """Another job on every node the recipe does not hold: no idle node, no replacement at hand."""
-    res = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-N",
-            str(len(cluster.names()) - used),
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 600",
-        ],
-        env=run.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    filler = int(res.stdout.strip().split(";")[0])
-    run.wait(lambda: slurm.job(filler).is_running, "the job that fills the cluster")
-    assert not slurm.idle_nodes()
-    return filler
 
 
 def test_recipe_with_min_nodes_runs_short_at_once_then_grows_back_when_the_node_returns(

@@ -193,20 +193,14 @@ def test_recipe_recovers_in_the_same_job_after_an_operator_replaces_a_node(
     assert slurm.job(run.job_id).job_id == run.job_id
 
 
-def test_recipe_on_a_full_cluster_recovers_in_place_once_the_failed_node_is_repaired(
-    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
-) -> None:
-    """No idle node anywhere (another job holds the rest of the partition): Action:Replace on the non-batch
-    node leaves the wrapper waiting; the failed node itself, resumed under its own name (HyperPod's repair),
-    is the replacement: the step runs again in the same job within 3 s of the resume, no requeue."""
-    run = Recipe(cluster, tmp_path / "job")
-    run.wait(lambda: "step=4\n" in run.out, "step 4")
-    filler = subprocess.run(
+def fill_the_rest(cluster: DevCluster, slurm: SlurmClient, run: Recipe, used: int) -> int:
+    """Another job on every node the recipe does not hold: no idle node, no replacement at hand."""
+    res = subprocess.run(
         [
             "sbatch",
             "--parsable",
             "-N",
-            str(len(cluster.names()) - 2),
+            str(len(cluster.names()) - used),
             "--exclusive",
             "-o",
             "/dev/null",
@@ -218,9 +212,21 @@ def test_recipe_on_a_full_cluster_recovers_in_place_once_the_failed_node_is_repa
         text=True,
         check=True,
     )
-    filler_id = int(filler.stdout.strip().split(";")[0])
-    run.wait(lambda: slurm.job(filler_id).is_running, "the job that fills the cluster")
+    filler = int(res.stdout.strip().split(";")[0])
+    run.wait(lambda: slurm.job(filler).is_running, "the job that fills the cluster")
     assert not slurm.idle_nodes()
+    return filler
+
+
+def test_recipe_on_a_full_cluster_recovers_in_place_once_the_failed_node_is_repaired(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """No idle node anywhere (another job holds the rest of the partition): Action:Replace on the non-batch
+    node leaves the wrapper waiting; the failed node itself, resumed under its own name (HyperPod's repair),
+    is the replacement: the step runs again in the same job within 3 s of the resume, no requeue."""
+    run = Recipe(cluster, tmp_path / "job")
+    run.wait(lambda: "step=4\n" in run.out, "step 4")
+    fill_the_rest(cluster, slurm, run, 2)
     job = slurm.job(run.job_id)
     victim = next(n for n in job.nodes if n != job.batch_host)
     with job_notices(slurm):

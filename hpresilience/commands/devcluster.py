@@ -14,7 +14,8 @@ import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import resolve_config_path
-from hpresilience.testing import slurmroot
+from hpresilience.errors import ConfigError
+from hpresilience.testing import netns, slurmroot
 from hpresilience.testing.devaccounting import describe
 from hpresilience.testing.devcluster import EXTRA_NODE_PREFIX, DevCluster
 from hpresilience.testing.netns import Isolation
@@ -237,8 +238,17 @@ def status(c: Ctx, state_dir: str | None) -> None:
 @state_dir_opt
 @pass_ctx
 def env_cmd(c: Ctx, state_dir: str | None) -> None:
-    """Print the export line for this cluster's SLURM_CONF (eval "$(hpresilience devcluster env)")."""
+    """Print the export line for this cluster's SLURM_CONF (eval "$(hpresilience devcluster env)"); a netns cluster
+    has none to give: its addresses exist only inside its namespaces (use `devcluster exec`)."""
     cl = cluster_from(c, state_dir=state_dir)
+    if cl.netns:
+        # From the host's namespace the controller's address is routed off this machine (or, with the guard that
+        # `up` adds, nowhere): a SLURM_CONF handed out here could only send the cluster's traffic out of the host.
+        raise ConfigError(
+            f"the cluster in {cl.state_dir} runs its nodes as separate hosts (--isolation netns): its controller "
+            f"{netns.CTL_ADDR} exists only inside its namespaces, so no SLURM_CONF works from this shell; run "
+            f"Slurm's commands there: hpresilience devcluster exec -- sinfo"
+        )
     c.emit({"SLURM_CONF": str(cl.conf_path)}, f"export SLURM_CONF={cl.conf_path}")
 
 

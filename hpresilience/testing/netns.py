@@ -7,9 +7,13 @@ Layout of one cluster (every name carries its base port, so clusters of differen
                     namespace of its own with its own /proc (nsinit.py is its PID 1)
     ...
 
-Nothing is added to the host's network: every address and link lives in the cluster's own namespaces (the veth
-pairs are created from inside `ctl` straight into the node's namespace). The host reaches the cluster by entering
-`ctl` (`nsenter --net=/run/netns/hpr<port>-ctl`): the devcluster's client, `devcluster exec` and the tests do.
+Every address and link lives in the cluster's own namespaces (the veth pairs are created from inside `ctl` straight
+into the node's namespace). The host reaches the cluster by entering `ctl` (`nsenter --net=/run/netns/hpr<port>-ctl`):
+the devcluster's client, `devcluster exec` and the tests do. The one thing added to the host's own network is a guard:
+while any netns cluster exists, the host routes the cluster subnet nowhere (`unreachable 10.77.0.0/24`), so a client
+run on the host with the cluster's slurm.conf fails at once (EHOSTUNREACH) instead of sending the cluster's traffic
+out through the host's default route to whatever answers there. It is added only where that subnet would otherwise
+leave by a gateway, and taken away with the last cluster.
 A partition sets the node's bridge port down (the node's processes keep running, its TCP connections stall as
 behind a dead switch port); a slow link is netem on both ends of the node's veth pair (the delay each way).
 `destroy` finds the namespaces by their name prefix, so `down` also cleans what a crashed `up` left.
@@ -43,6 +47,11 @@ _SET_HOSTNAME = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execv
 BRIDGE = "br0"
 NODE_IF = "eth0"
 NETNS_DIR = Path("/run/netns")
+# The host's guard route (see the module's docstring); a `proto` of our own marks it as ours, so `down` never removes
+# a route a site added for the same subnet.
+GUARD_NET = f"{SUBNET}.0/24"
+GUARD_PROTO = "250"  # a free routing-protocol number (rt_protos reserves up to 4 for the kernel's own)
+_CTL_NAME = re.compile(r"^hpr\d+-ctl$")
 IP_TIMEOUT_S = 10.0
 APT_HINT = "apt-get install -y iproute2 util-linux"
 
@@ -150,6 +159,7 @@ def create(base_port: int, nodes: list[str], backup: bool = False) -> None:
     check_tools()
     ctl = ctl_ns(base_port)
     try:
+        guard_host()
         _run("ip", "netns", "add", ctl)
         _run("ip", "-n", ctl, "link", "set", "lo", "up")
         _run("ip", "-n", ctl, "link", "add", BRIDGE, "type", "bridge")
@@ -191,7 +201,38 @@ def destroy(base_port: int) -> list[str]:
             except OSError:
                 continue
         proc.run(["ip", "netns", "del", ns], IP_TIMEOUT_S)
+    if not clusters_left():
+        unguard_host()
     return gone
+
+
+def clusters_left() -> bool:
+    """Whether any netns cluster (on any base port) still has its controller namespace."""
+    res = proc.run(["ip", "netns", "list"], IP_TIMEOUT_S)
+    return any(_CTL_NAME.match(line.split()[0]) for line in res.stdout.splitlines() if line.strip()) if res.ok else True
+
+
+def host_route(addr: str = CTL_ADDR) -> str:
+    """`ip route get` of a cluster address in the host's own namespace ('' when the kernel has no route at all)."""
+    res = proc.run(["ip", "route", "get", addr], IP_TIMEOUT_S)
+    return res.stdout.strip() if res.ok else ""
+
+
+def guarded() -> bool:
+    res = proc.run(["ip", "route", "show", "type", "unreachable", GUARD_NET, "proto", GUARD_PROTO], IP_TIMEOUT_S)
+    return res.ok and bool(res.stdout.strip())
+
+
+def guard_host() -> None:
+    """Route the cluster subnet nowhere in the host's namespace, where it would otherwise leave by a gateway."""
+    if guarded() or " via " not in f" {host_route()} ":
+        return  # ours already, or a route of the host's own (a site network on that subnet) that we leave alone
+    _run("ip", "route", "add", "unreachable", GUARD_NET, "proto", GUARD_PROTO)
+
+
+def unguard_host() -> None:
+    if guarded():
+        proc.run(["ip", "route", "del", "unreachable", GUARD_NET, "proto", GUARD_PROTO], IP_TIMEOUT_S)
 
 
 def _known(base_port: int, node: str) -> None:

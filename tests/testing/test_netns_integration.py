@@ -140,6 +140,21 @@ def test_the_cli_partitions_and_heals_a_node_of_the_cluster_in_its_state_directo
     assert len(plain.stderr.strip().splitlines()) == 1, plain.stderr
 
 
+def test_env_refuses_a_netns_cluster_and_a_host_client_with_its_conf_sends_nothing_out(hosts: DevCluster) -> None:
+    """The cluster's addresses exist only in its namespaces: from the host they would leave by the default route."""
+    env = hpr("devcluster", "env", "--state-dir", str(hosts.state_dir))
+    assert env.returncode != 0 and "SLURM_CONF" not in env.stdout, env.stdout
+    assert "devcluster exec" in env.stderr and len(env.stderr.strip().splitlines()) == 1, env.stderr
+    # Even with the conf named by hand, the host routes the cluster's subnet nowhere while the cluster is up.
+    assert netns.guarded()
+    assert " via " not in f" {netns.host_route()} ", netns.host_route()
+    res = proc.run(["sinfo", "-h"], 20, env={**os.environ, "SLURM_CONF": str(hosts.conf_path)})
+    assert not res.ok and "connect failure" in res.stderr, res.describe()  # EHOSTUNREACH: nothing was sent
+    # ... and the way `env` names reaches the cluster.
+    inside = hpr("devcluster", "exec", "--state-dir", str(hosts.state_dir), "--", "sinfo", "-h", "-N", "-o", "%N")
+    assert inside.returncode == 0 and "n1" in inside.stdout, inside.stderr
+
+
 def tcp_connect_s(cl: DevCluster, node: str, tries: int = 5) -> float | None:
     """Median time of a TCP connect from the controller's namespace to the node's slurmd (one round trip);
     None when it does not connect within 2 s."""
@@ -389,5 +404,7 @@ def test_down_removes_the_namespaces_of_a_cluster_whose_processes_all_died(tmp_p
         # A fresh object on the same port, without the state directory (a reboot of the test runner's view).
         DevCluster(state_dir=tmp_path / "elsewhere", nodes=2, base_port=port).down()
     assert netns.existing(port) == []
+    if not netns.clusters_left():
+        assert not netns.guarded()  # the last cluster gone takes the host's guard route with it
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0

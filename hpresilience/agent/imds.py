@@ -7,7 +7,9 @@
 Both GETs carry the token (X-aws-ec2-metadata-token). A spot action is a reclaim due at its `time`; a scheduled
 event is a maintenance due at its NotBefore, unless it is completed or canceled (State, or a Description that
 starts with "[Completed]"/"[Canceled]", as EC2 keeps them listed for a week). Parsers are pure; an entry that
-does not parse (or a hostile one: a huge body, an unknown action, a date out of range) is skipped and logged.
+does not parse (or a hostile one: an unknown action, a date out of range, text that is not JSON) is skipped
+and logged. An answer over 64 KiB is not read on: that poll fails (NoticeUnavailable, which the watcher
+takes as no news, never as a withdrawal).
 Each of a poll's three requests ends within `timeout_s` in all (connect, send, status line, headers, body),
 however slowly the endpoint trickles its answer, so a poll takes at most 3 x timeout_s. Not bounded by it: a
 host *name*'s lookup (getaddrinfo has no timeout), so the endpoint is an address (the default 169.254.169.254).

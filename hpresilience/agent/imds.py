@@ -7,8 +7,12 @@
 Both GETs carry the token (X-aws-ec2-metadata-token). A spot action is a reclaim due at its `time`; a scheduled
 event is a maintenance due at its NotBefore, unless it is completed or canceled (State, or a Description that
 starts with "[Completed]"/"[Canceled]", as EC2 keeps them listed for a week). Parsers are pure; an entry that
-does not parse (or a hostile one: a huge body, an unknown action, a date out of range) is skipped and logged.
-Each request has an absolute deadline, however slowly the endpoint trickles its answer.
+does not parse (or a hostile one: an unknown action, a date out of range, text that is not JSON) is skipped
+and logged. An answer over 64 KiB is not read on: that poll fails (NoticeUnavailable, which the watcher
+takes as no news, never as a withdrawal).
+Each of a poll's three requests ends within `timeout_s` in all (connect, send, status line, headers, body),
+however slowly the endpoint trickles its answer, so a poll takes at most 3 x timeout_s. Not bounded by it: a
+host *name*'s lookup (getaddrinfo has no timeout), so the endpoint is an address (the default 169.254.169.254).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -134,6 +139,53 @@ def parse_scheduled_events(body: bytes | str) -> list[Notice]:
     return out
 
 
+class _DeadlineSocket(socket.socket):
+    """A socket whose every send and receive may take only what is left of one deadline.
+
+    http.client reads the status line and each header line with reads of their own, and a socket timeout
+    bounds one read: a server sending a byte just inside timeout_s each time held a `timeout_s=1` request
+    for as long as it kept going (issue 31: 29 s). Arming the timeout from the deadline before each call
+    bounds the whole request instead.
+    """
+
+    deadline = 0.0
+
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self.settimeout(left)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return super().recv_into(buffer, nbytes, flags)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self._arm()
+        return super().recv(bufsize, flags)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self._arm()  # since Python 3.5 the timeout bounds the whole sendall, not each part
+        super().sendall(data, flags)
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    """An HTTP connection whose socket is a _DeadlineSocket: connect, send and every read end by `deadline`."""
+
+    def __init__(self, host: str, port: int, deadline: float) -> None:
+        super().__init__(host, port, timeout=max(0.001, deadline - time.monotonic()))
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        plain = socket.create_connection((self.host, self.port), left)
+        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        sock.deadline = self.deadline
+        self.sock = sock
+
+
 class Ec2NoticeSource:
     """IMDSv2: a session token, then the two documents. Raises NoticeUnavailable when the endpoint is not there."""
 
@@ -148,26 +200,22 @@ class Ec2NoticeSource:
         self.timeout_s = settings.timeout_s
 
     def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
-        """One request, done within timeout_s in all (connect, send, every read), and at most MAX_BODY bytes."""
+        """One request, done within timeout_s in all (connect, send, status line, headers, body), and at most
+        MAX_BODY bytes of body."""
         deadline = time.monotonic() + self.timeout_s
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        conn = _DeadlineConnection(self.host, self.port, deadline)
         try:
             conn.request(method, path, headers=headers)
             resp = conn.getresponse()
             body = b""
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise NoticeUnavailable(f"{path}: no whole answer within {self.timeout_s} s")
-                if conn.sock is not None:
-                    conn.sock.settimeout(left)
                 chunk = resp.read1(4096)
                 if not chunk:
                     return resp.status, body
                 body += chunk
                 if len(body) > MAX_BODY:
                     raise NoticeUnavailable(f"{path}: answer larger than {MAX_BODY} bytes")
-        except TimeoutError:  # a read ran into the deadline set above (or the connect into timeout_s)
+        except TimeoutError:  # some step ran into the deadline (the socket's timeout is what is left of it)
             raise NoticeUnavailable(f"{method} {path}: no whole answer within {self.timeout_s} s") from None
         except (OSError, ValueError, http.client.HTTPException) as err:  # ValueError: a header it would not send
             raise NoticeUnavailable(f"{method} {path}: {type(err).__name__}: {err}") from None

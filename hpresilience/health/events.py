@@ -57,6 +57,13 @@ def _read_kmsg_records(fd: int, limit: int = 100_000) -> list[str]:
     return out
 
 
+def _lines(text: str) -> list[str]:
+    # At newlines only: str.splitlines() also breaks at U+0085, U+2028, \x1c..\x1e, which a syslog daemon
+    # writes through raw from a crashing program's name, making the text after them a line of its own.
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" and len(lines) > 1 else lines
+
+
 def read_kernel_log(path: str, dmesg: str = "dmesg", timeout: float = 5.0) -> tuple[list[str], str]:
     """This boot's kernel log lines and their source; KernelLogUnavailable when nothing can be read."""
     p = Path(path)
@@ -69,7 +76,7 @@ def read_kernel_log(path: str, dmesg: str = "dmesg", timeout: float = 5.0) -> tu
             finally:
                 os.close(fd)
         with open(p, "rb") as f:
-            return f.read(MAX_BYTES).decode("utf-8", errors="replace").splitlines(), str(p)
+            return _lines(f.read(MAX_BYTES).decode("utf-8", errors="replace")), str(p)
     except OSError as err:
         errors.append(f"{p}: {err.strerror or err}")
     exe = resolve(dmesg)
@@ -78,7 +85,7 @@ def read_kernel_log(path: str, dmesg: str = "dmesg", timeout: float = 5.0) -> tu
     else:
         res = proc.run([exe], timeout)
         if res.ok:
-            return res.stdout.splitlines(), dmesg
+            return _lines(res.stdout), dmesg
         errors.append(res.describe())
     raise KernelLogUnavailable("; ".join(errors))
 

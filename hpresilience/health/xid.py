@@ -7,6 +7,13 @@ Lines come in several shapes, all handled by `KernelLogParser` (and `parse_line`
   Neuron:     `NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR instance-id=i-... nd-id=0 ... action=TERMINATE_INSTANCE`
 Every pattern is anchored on the driver's own prefix at the start of the message: a fault string quoted
 inside another record (an audit line's `exe="..."`) is not a fault. A hostile or garbled line never raises.
+
+Any user can write lines into the kernel log: the segfault report prints a crashing program's name raw,
+newlines included, so `u<newline>NVRM: Xid (...): 79, ...` puts a driver-looking line *inside* the kernel's own
+record. A record is a driver message only if its own first line is one the driver prints; its further lines
+(kmsg `\\x0a`, lines that dmesg and journalctl indent, lines that `dmesg -S` and syslog files fed from
+/proc/kmsg repeat the record's stamp on) never are a fault of their own: they only end the driver's
+off-the-bus report begun on the record's first line.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ MAX_LINE = 4096
 
 _KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")
 _DMESG_TS = re.compile(r"^\[\s*(?P<sec>\d+\.\d+)\]\s*(?P<msg>.*)$")
+# A sub-second stamp (`[ 5678.901234]`, dmesg's iso time): shapes that print it on every line of a record
+# (dmesg -S, syslog files fed from /proc/kmsg) repeat the record's own on each of its lines.
+_FINE_STAMP = re.compile(r"\[\s*\d+\.\d{3,}\]|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.,]\d{3,}\S*")
 # Where a driver's own message begins. Every fault pattern below is matched only at such a point, and only
 # when what precedes it is a log prefix (timestamps, host, the `kernel:` tag): a user-controlled string
 # quoted inside another record (an audit `exe="..."`, a `logger` line) can never count as a fault.
@@ -39,6 +49,7 @@ _OFF_BUS = re.compile(
 #   NVRM: The NVIDIA GPU 0000:b3:00.0 / NVRM: (PCI ID: 10de:26b5) installed in this system has /
 #   NVRM: fallen off the bus and is not responding to commands.
 _OFF_BUS_HEAD = re.compile(r"^NVRM: The NVIDIA GPU (?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}[.0-9]*)\s*$")
+_OFF_BUS_MID = re.compile(r"^NVRM: \(PCI ID: [0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}\) installed in this system has\s*$")
 _OFF_BUS_TAIL = re.compile(r"^NVRM: fallen off the bus and is not responding to commands")
 _SXID = re.compile(
     r"^nvidia-nvswitch(?P<sw>\d+): SXid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d{1,6}),\s*"
@@ -220,17 +231,24 @@ def _severity(rest: str) -> str:
     return "fatal" if s.group("sev").lower() == "fatal" else "nonfatal"
 
 
-def _split_record(line: str) -> tuple[str, float | None, bool]:
-    """(message, timestamp, from_kernel) of one kmsg/dmesg/syslog line."""
-    msg = line.rstrip("\n")
-    m = _KMSG.match(msg)
+def _split_record(line: str) -> tuple[str, float | None, bool, bool]:
+    """(message, timestamp, from_kernel, is_kmsg) of one kmsg/dmesg/syslog line."""
+    m = _KMSG.match(line)
     if m:
         # Records a user process writes to /dev/kmsg carry a non-kernel facility (prio >= 8).
-        return m.group("msg"), int(m.group("usec")) / 1e6, int(m.group("prio")) < 8
-    d = _DMESG_TS.match(msg)
+        return m.group("msg"), int(m.group("usec")) / 1e6, int(m.group("prio")) < 8, True
+    d = _DMESG_TS.match(line)
     if d:
-        return d.group("msg"), float(d.group("sec")), True
-    return msg, None, True
+        return d.group("msg"), float(d.group("sec")), True, False
+    return line, None, True, False
+
+
+def _stamp(line: str) -> str | None:
+    """The sub-second stamp in a line's log prefix, or None (none there, or only in the message)."""
+    m = _FINE_STAMP.search(line, 0, 120)
+    if m is None or not _is_log_prefix(line[: m.start()]):
+        return None
+    return m.group()
 
 
 def _parse_body(body: str, ts: float | None, aliases: dict[str, str] | None, source: str) -> FaultEvent | None:
@@ -274,42 +292,71 @@ class KernelLogParser:
     def __init__(self, aliases: dict[str, str] | None = None, source: str = "kmsg") -> None:
         self.aliases = aliases
         self.source = source
-        self._off_bus_pci: str | None = None  # "The NVIDIA GPU <pci>" seen, waiting for its last record
+        self._off_bus_pci: str | None = None  # "The NVIDIA GPU <pci>" seen, waiting for its last line
+        self._driver = False  # the current record's first line is one the driver prints
+        self._ts: float | None = None  # the current record's time
+        self._stamp: str | None = None  # its sub-second stamp as printed, where the shape repeats it
 
     def feed(self, line: str) -> list[FaultEvent]:
         """The faults this line completes (usually none or one). Never raises."""
-        if not line:
+        out: list[FaultEvent] = []
+        # A /dev/kmsg read is one record followed by its " KEY=value" dictionary lines.
+        for physical in line[:MAX_LINE].split("\n"):
+            out += self._line(physical.rstrip("\r"))
+        return out
+
+    def _line(self, line: str) -> list[FaultEvent]:
+        if not line.strip():
             return []
-        line = line[:MAX_LINE]
         if line[0] in " \t":
-            # A continuation: kmsg's " KEY=value" dictionary (no fault) or a dmesg record's next line.
-            stripped = line.lstrip()
-            if not stripped.startswith("NVRM: "):
-                return []
-            msg, ts, kernel = stripped, None, True
-        else:
-            msg, ts, kernel = _split_record(line)
+            # dmesg and journalctl print a record's further lines indented; kmsg its dictionary lines.
+            return self._further(line)
+        msg, ts, kernel, kmsg = _split_record(line)
+        stamp = None if kmsg else _stamp(line)
+        if stamp is not None and stamp == self._stamp and not self._driver:
+            # dmesg -S, and syslog files fed from /proc/kmsg, print each line of a record with the record's
+            # own stamp: the same microsecond right after a record that is not the driver's is that record's
+            # next line (a crashing program's name), not a record of its own. (Two records of one microsecond,
+            # the first not the driver's, lose the second: none in the field recordings.)
+            return []
+        self._stamp, self._ts, self._driver = stamp, ts, False
         if not kernel:
             return []
-        out = []
-        # /dev/kmsg escapes the newlines inside one record as \x0a.
-        for part in msg.split("\\x0a"):
-            body = _body(part)
-            if body is None:
-                continue
-            head = _OFF_BUS_HEAD.match(body)
-            if head:
-                self._off_bus_pci = head.group("pci")
-                continue
-            if self._off_bus_pci is not None and _OFF_BUS_TAIL.match(body):
-                code = (self.aliases or {}).get("GPU has fallen off the bus", "79")
-                pci, self._off_bus_pci = self._off_bus_pci, None
-                out.append(FaultEvent("nvidia", code, normalize_pci(pci), body.strip(), ts, self.source))
-                continue
-            ev = _parse_body(body, ts, self.aliases, self.source)
-            if ev is not None:
-                out.append(ev)
+        # Only /dev/kmsg escapes a record's newlines, as \x0a (and a backslash as \x5c, so a name cannot spell
+        # one); elsewhere a literal "\x0a" is text a user wrote.
+        first, *further = msg.split("\\x0a") if kmsg else [msg]
+        body = _body(first)
+        out = self._first(body) if body is not None else []
+        for part in further:
+            out += self._further(part)
         return out
+
+    def _first(self, body: str) -> list[FaultEvent]:
+        """A record's first line, from the driver's prefix on; marks the record the driver's if it is."""
+        head = _OFF_BUS_HEAD.match(body)
+        if head:
+            self._off_bus_pci, self._driver = head.group("pci"), True
+            return []
+        if _OFF_BUS_MID.match(body):
+            self._driver = True
+            return []
+        out = self._off_bus_end(body)
+        if not out:
+            ev = _parse_body(body, self._ts, self.aliases, self.source)
+            out = [ev] if ev is not None else []
+        self._driver = bool(out)
+        return out
+
+    def _further(self, text: str) -> list[FaultEvent]:
+        """A further line of the current record: at most the end of the driver's own off-the-bus report."""
+        return self._off_bus_end(text.strip()) if self._driver else []
+
+    def _off_bus_end(self, body: str) -> list[FaultEvent]:
+        if self._off_bus_pci is None or not _OFF_BUS_TAIL.match(body):
+            return []
+        code = (self.aliases or {}).get("GPU has fallen off the bus", "79")
+        pci, self._off_bus_pci = self._off_bus_pci, None
+        return [FaultEvent("nvidia", code, normalize_pci(pci), body.strip(), self._ts, self.source)]
 
 
 def parse_line(line: str, aliases: dict[str, str] | None = None, source: str = "kmsg") -> FaultEvent | None:

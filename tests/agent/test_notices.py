@@ -145,6 +145,42 @@ def test_ec2_source_has_an_absolute_deadline_against_a_trickling_endpoint() -> N
         t.join(timeout=2)
 
 
+@pytest.mark.parametrize("head", [b"HTTP/1.1 200 ", b"HTTP/1.1 200 OK\r\nX-Slow: "], ids=["status-line", "header"])
+def test_ec2_source_deadline_covers_a_status_line_and_headers_trickled_byte_by_byte(head: bytes) -> None:
+    """http.client reads the status line and each header with its own socket read: a per-read timeout let a
+    server that sends one header byte every 0.1 s hold a `timeout_s=1` poll for as long as it liked (29 s
+    in issue 31). The server here trickles for at most 8 s, on loopback."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        conn.sendall(head)
+        until = time.monotonic() + 8
+        while not stop.is_set() and time.monotonic() < until:
+            try:
+                conn.sendall(b"y")  # the status line's reason or the header's value, never its end
+            except OSError:
+                break
+            time.sleep(0.1)
+        conn.close()
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(NoticeUnavailable, match="within"):
+            source(f"http://127.0.0.1:{srv.getsockname()[1]}", timeout_s=1.0).poll()
+        assert time.monotonic() - started < 2.0
+    finally:
+        stop.set()
+        srv.close()
+        t.join(timeout=2)
+
+
 def test_ec2_source_with_nothing_listening_is_unavailable(imds: FakeImds) -> None:
     url = imds.url
     imds.stop()

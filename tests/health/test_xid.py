@@ -204,6 +204,14 @@ def test_fallen_off_bus_in_one_kmsg_record_with_escaped_newlines_is_xid79() -> N
     assert ev is not None and (ev.code, ev.device) == ("79", "0000:c4:00")
 
 
+def test_one_kmsg_read_with_the_records_dictionary_lines_still_reads_the_fault() -> None:
+    """A read of /dev/kmsg returns the record and its " KEY=value" lines in one string; the whole string
+    failed the record pattern, so the fault in it was dropped."""
+    read = "4,1391,91002003017,-;NVRM: Xid (PCI:0000:97:00): 48, pid=1, name=x, DBE\n SUBSYSTEM=pci\n DEVICE=+pci:0"
+    ev = parse_line(read)
+    assert ev is not None and (ev.code, ev.device, ev.timestamp) == ("48", "0000:97:00", 91002.003017)
+
+
 def test_off_bus_tail_without_its_head_is_not_a_fault() -> None:
     assert parse_lines(["[ 1.0] NVRM: fallen off the bus and is not responding to commands."]) == []
 

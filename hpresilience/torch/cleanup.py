@@ -221,7 +221,7 @@ def _evict(pfd: int, root: Path, rfd: int, rst: os.stat_result, uid: int, gid: i
 def remove_job_tiers(job_id: str, uid: int, root_pattern: str = DEFAULT_ROOT, gid: int = -1) -> list[Removed]:
     """Remove every namespace under the user's memory-tier root written by Slurm job `job_id`, or the
     root itself if another user squats it (see the module doc). `gid`: the group a re-made root gets."""
-    root = Path(root_pattern.replace("{uid}", str(uid)))
+    root = Path(os.path.abspath(root_pattern.replace("{uid}", str(uid))))  # the walk below starts at /
     trusted = open_root_only(str(root.parent))
     try:
         # A parent only the user controls may lead anywhere: what it leads to is judged below.

@@ -200,3 +200,11 @@ def _closes(fd: int | None) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def test_a_relative_root_pattern_is_taken_from_the_working_directory_not_from_slash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = _tier(tmp_path / f"shm-{USER}", "ns", "5")
+    monkeypatch.chdir(tmp_path)
+    assert [r.folder for r in remove_job_tiers("5", USER, "shm-{uid}")] == [str(ns)]

@@ -39,7 +39,6 @@ import functools
 import os
 import signal
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -98,44 +97,54 @@ class Heartbeat:
         d = self.evidence_dir
         if not d:
             return
+        dfd = -1
         try:
-            st = os.lstat(d)
+            # Opened once and judged on the descriptor; files are made relative to it, so whoever can rename
+            # the directory's path (its parent's owner) cannot redirect them after the check.
+            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            st = os.fstat(dfd)
             # The wrapper made it 0700 and ours: anything else (a link, another owner) is not trusted.
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                os.close(dfd)
                 return
-            path = os.path.join(d, f"stacks-rank{self.rank}-{os.getpid()}.txt")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            name = f"stacks-rank{self.rank}-{os.getpid()}.txt"
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
             self._stack_file = os.fdopen(fd, "w")
             sig = _stack_signal()
             faulthandler.register(sig, file=self._stack_file, all_threads=True, chain=False)
             self._stack_signal = sig
         except (OSError, ValueError, RuntimeError):
             self._stack_signal = 0
+            if dfd >= 0:
+                os.close(dfd)
             return
         if _int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0")) > 0:
             threading.Thread(
-                target=self._flight_recorder_on_request, args=(d,), name="hpr-fr-dump", daemon=True
+                target=self._flight_recorder_on_request, args=(dfd,), name="hpr-fr-dump", daemon=True
             ).start()
+        else:
+            os.close(dfd)
 
-    def _flight_recorder_on_request(self, d: str) -> None:
+    def _flight_recorder_on_request(self, dfd: int) -> None:
         """gloo records collectives (TORCH_FR_BUFFER_SIZE) but never dumps them: when the wrapper asks
         (`fr-request` appears in the evidence directory, at a hang), write this process's records once to
-        `fr-rank<R>-<pid>.pkl` there (new file, no link followed). A thread of its own, so a main thread stuck
-        in a collective (the GIL released) does not stop it; a stopped process writes nothing, which says as
-        much. Four stats a second."""
-        request = os.path.join(d, "fr-request")
-        while not os.path.exists(request):
+        `fr-rank<R>-<pid>.pkl` there (new file, no link followed, relative to the directory judged at the
+        first beat). A thread of its own, so a main thread stuck in a collective (the GIL released) does not
+        stop it; a stopped process writes nothing, which says as much. Four stats a second."""
+        while not _exists("fr-request", dfd):
             time.sleep(0.25)
         try:
             from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
 
             data = _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-            path = os.path.join(d, f"fr-rank{self.rank}-{os.getpid()}.pkl")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            name = f"fr-rank{self.rank}-{os.getpid()}.pkl"
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         except Exception:  # noqa: BLE001 - no flight recorder here (no torch.distributed): nothing to add
             return
+        finally:
+            os.close(dfd)
 
     # -- beats -----------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -223,6 +232,14 @@ class Heartbeat:
         if self._stack_signal:
             fields.append(f"stack_signal={self._stack_signal}")
         return f"{PREFIX} {' '.join(fields)}\n"
+
+
+def _exists(name: str, dfd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 def _int(raw: str) -> int:

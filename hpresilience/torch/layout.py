@@ -196,7 +196,7 @@ class MemoryTier:
         """Make (or accept) the user's root and the namespace as folders only this user can change, and
         record the Slurm job writing it, so the epilog can remove it if the job crashes."""
         try:
-            ensure_private_dir(self.root)
+            ensure_private_dir(self.root, tier_root=True)
             ensure_private_dir(self.base)
             job = job_file_text()
             if job is not None and _read_small(self.base / JOB_FILE) != job:

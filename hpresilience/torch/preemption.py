@@ -4,8 +4,9 @@ Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts o
 notice file the hpresilience agent writes on a cloud reclaim or maintenance notice (/run/hpresilience/
 notice.json by default; trusted only when root owns it and its directory, so a user on a shared node cannot
 stop another's job by creating it), the `srun --auto-resume` wrapper's notice file ($HPR_NOTICE_FILE, trusted
-only when it is this user's own regular file), and the EC2 spot interruption notice from instance metadata.
-The last is polled in a background thread, and only when enabled; a file check is an lstat() per call.
+only when it is this user's own regular file in a directory only this user can enter), and the EC2 spot
+interruption notice from instance metadata. The last is polled in a background thread, and only when
+enabled; a file check is an lstat() per call while no file is there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hpresilience.log import get_logger
 from hpresilience.torch.settings import PreemptionConfig
 
 log = get_logger("hpresilience.torch")
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class PreemptionWatcher:
@@ -98,38 +100,73 @@ def untrusted_notice(path: str, owner: int = 0) -> str | None:
     """None when `path` is a notice to act on: a regular file (not a link) that `owner` (root: the agent)
     owns and only it can write, in a directory `owner` owns that nobody else can write. "" when there is no
     file (the common case: one lstat per call); else why it is not trusted, e.g. a user's file planted in a
-    world-writable directory on a shared node."""
+    world-writable directory on a shared node. The directory and the file are judged in one resolution
+    (the file through the directory's descriptor), so a path swapped between the two checks cannot pair a
+    trusted directory with a file found elsewhere."""
     try:
-        st = os.lstat(path)
+        os.lstat(path)
     except OSError:
         return ""
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != owner or st.st_mode & 0o022:
-        return (
-            f"file owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (want uid {owner}, not "
-            f"writable by others)"
-        )
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        dst = os.lstat(parent)
-    except OSError as err:
-        return f"directory unreadable: {err}"
-    if not stat.S_ISDIR(dst.st_mode) or dst.st_uid != owner or dst.st_mode & 0o022:
-        return (
-            f"directory {parent} owned by uid {dst.st_uid} with mode {stat.S_IMODE(dst.st_mode):o} "
-            f"(want uid {owner}, not writable by others)"
-        )
+    with _Parent(path) as (parent, dfd, name):
+        if dfd < 0:
+            return f"directory {parent} is not a plain directory (a link?) or unreadable"
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return ""  # gone meanwhile
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_uid != owner or st.st_mode & 0o022:
+            return (
+                f"file owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (want uid {owner}, not "
+                f"writable by others)"
+            )
+        dst = os.fstat(dfd)
+        if dst.st_uid != owner or dst.st_mode & 0o022:
+            return (
+                f"directory {parent} owned by uid {dst.st_uid} with mode {stat.S_IMODE(dst.st_mode):o} "
+                f"(want uid {owner}, not writable by others)"
+            )
     return None
 
 
+class _Parent:
+    """`with _Parent(path) as (parent, dfd, name)`: the directory holding `path`, opened without following a
+    link in its last part (dfd -1 when that fails), closed on exit."""
+
+    def __init__(self, path: str) -> None:
+        self.parent, self.name = os.path.split(os.path.abspath(path))
+        self.dfd = -1
+
+    def __enter__(self) -> tuple[str, int, str]:
+        try:
+            self.dfd = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC)
+        except OSError:
+            self.dfd = -1
+        return self.parent, self.dfd, self.name
+
+    def __exit__(self, *exc: object) -> None:
+        if self.dfd >= 0:
+            os.close(self.dfd)
+
+
 def _ours(path: str) -> bool:
-    """The wrapper's notice: a regular file (not a link) owned by this user; anything else is not trusted."""
+    """The wrapper's notice: a regular file (not a link) owned by this user, in the directory the wrapper made
+    for it (ours, 0700: nobody else could have put it there); anything else is not trusted."""
     try:
-        st = os.lstat(path)
+        os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+    me = os.getuid()
+    with _Parent(path) as (_, dfd, name):
+        if dfd < 0:
+            return False
+        dst = os.fstat(dfd)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return False
+        return dst.st_uid == me and not dst.st_mode & 0o077 and stat.S_ISREG(st.st_mode) and st.st_uid == me
 
 
 def spot_interruption(base_url: str, timeout: float = 2.0) -> str | None:

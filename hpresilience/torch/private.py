@@ -18,8 +18,23 @@ class TierSecurityError(ConfigError):
     """A memory-tier folder or file that another user could have made or changed."""
 
 
-def _refuse_unless_private(st: os.stat_result, what: str, path: Path) -> None:
+def _refuse_unless_private(st: os.stat_result, what: str, path: Path, tier_root: bool = False) -> None:
     me = os.geteuid()
+    if st.st_uid != me and tier_root:
+        # A root named for our uid in a shared folder (/dev/shm) that someone else made first: we cannot
+        # remove it (sticky folder), and saying "remove it" would send the user nowhere.
+        who = "root made it" if st.st_uid == 0 else "another user squats the name"
+        fix = (
+            "Ask"
+            if st.st_uid == 0
+            else "The hpresilience Slurm epilog (`hpresilience install --role compute`) removes it when a job "
+            "of yours ends on this node; otherwise ask"
+        )
+        raise TierSecurityError(
+            f"checkpoint memory tier root {path} was made by uid {st.st_uid}, not by you (uid {me}): {who}, "
+            f"and only they or root can remove it. {fix} an administrator to remove {path}. Meanwhile "
+            "set another memory_dir (e.g. memory_dir='/dev/shm/hpresilience-{uid}-2')."
+        )
     if st.st_uid != me:
         raise TierSecurityError(
             f"checkpoint memory tier {what} {path} belongs to uid {st.st_uid}, not to you (uid {me}): "
@@ -32,8 +47,9 @@ def _refuse_unless_private(st: os.stat_result, what: str, path: Path) -> None:
         )
 
 
-def ensure_private_dir(path: Path) -> None:
-    """Create `path` as 0700, or accept an existing one only if it is ours, a real folder and closed."""
+def ensure_private_dir(path: Path, tier_root: bool = False) -> None:
+    """Create `path` as 0700, or accept an existing one only if it is ours, a real folder and closed.
+    `tier_root`: `path` is the user's memory-tier root, whose name others can squat (said in the error)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(path, 0o700)
@@ -42,7 +58,7 @@ def ensure_private_dir(path: Path) -> None:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise TierSecurityError(f"checkpoint memory tier folder {path} is not a plain folder (a link?)")
-    _refuse_unless_private(st, "folder", path)
+    _refuse_unless_private(st, "folder", path, tier_root)
 
 
 def open_private(path: Path, flags: int, *, reuse: bool = False) -> int:

@@ -174,3 +174,48 @@ def test_a_hang_request_makes_each_rank_dump_its_flight_recorder_into_the_eviden
     finally:
         p.kill()
         p.wait()
+
+
+def test_stacks_go_into_the_evidence_dir_that_was_checked_even_if_its_path_is_swapped_for_a_link(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Whoever may rename the evidence dir's path swaps it for a link to a folder of theirs right after the
+    check: the stack file is still made in the directory that was checked, not where the link leads."""
+    import faulthandler
+
+    from hpresilience.torch.heartbeat import Heartbeat
+
+    evidence, theirs = tmp_path / "ev", tmp_path / "theirs"
+    evidence.mkdir(mode=0o700)
+    theirs.mkdir()
+    os.chmod(theirs, 0o777)
+    real_lstat, real_open = os.lstat, os.open
+    swapped: list[bool] = []
+    out = os.open(os.devnull, os.O_WRONLY)
+
+    def swap_after(real: Any) -> Any:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            out = real(path, *args, **kwargs)
+            if path == str(evidence) and not swapped:
+                swapped.append(True)
+                os.rename(evidence, tmp_path / "checked")
+                os.symlink(theirs, evidence)
+            return out
+
+        return call
+
+    monkeypatch.setattr(os, "lstat", swap_after(real_lstat))
+    monkeypatch.setattr(os, "open", swap_after(real_open))
+    hb = Heartbeat(env={"HPR_AUTORESUME_JOB": "5", "HPR_EVIDENCE_DIR": str(evidence)}, fd=out)
+    hb.beat(1)
+    monkeypatch.undo()
+    try:
+        assert swapped and hb._stack_signal
+        assert list(theirs.iterdir()) == []
+        assert [p.name for p in (tmp_path / "checked").iterdir()] == [f"stacks-rank0-{os.getpid()}.txt"]
+    finally:
+        if hb._stack_signal:
+            faulthandler.unregister(hb._stack_signal)
+        if hb._stack_file is not None:
+            hb._stack_file.close()
+        os.close(hb.fd)

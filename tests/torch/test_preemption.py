@@ -190,3 +190,50 @@ def test_the_agents_notice_file_is_watched_by_default() -> None:
     from hpresilience.reasons import NODE_NOTICE_FILE
 
     assert PreemptionConfig().notice_file == NODE_NOTICE_FILE == "/run/hpresilience/notice.json"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a directory to another user")
+def test_a_wrapper_notice_in_a_directory_another_user_made_is_not_a_notice(
+    watcher_factory: list[PreemptionWatcher], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wrapper makes the notice's directory 0700 only when it writes the notice: a directory another user
+    made at that name first (open to all) holds nothing that is the wrapper's word, even a file of ours."""
+    squat = tmp_path / "hpr-notice"
+    squat.mkdir()
+    os.chown(squat, 65534, 65534)
+    os.chmod(squat, 0o777)
+    (squat / "notice").write_text("x")  # ours (root's), e.g. hard-linked there where the kernel allows it
+    monkeypatch.setenv("HPR_NOTICE_FILE", str(squat / "notice"))
+    assert _start(watcher_factory, signals=()).alive()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make root-owned folders for a user's path")
+def test_the_agents_notice_is_judged_in_one_resolution_so_a_swapped_path_cannot_fake_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user owning a folder above the notice's directory shows root's file elsewhere to the file check (a
+    link) and a real root directory to the directory check (renamed in between): not a notice."""
+    g = tmp_path / "g"  # the user's folder on the path
+    g.mkdir()
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir(mode=0o755)
+    (elsewhere / "notice.json").write_text("{}")  # any root file of that name
+    os.chmod(elsewhere / "notice.json", 0o644)
+    (g / "real").mkdir(mode=0o755)  # root's directory for the notice, empty: no notice
+    (g / "run").symlink_to(elsewhere)
+    path = str(g / "run" / "notice.json")
+    real_lstat = os.lstat
+    swapped: list[bool] = []
+
+    def lstat_then_swap(p: str, *args: object, **kwargs: object) -> os.stat_result:
+        out = real_lstat(p, *args, **kwargs)  # type: ignore[arg-type]
+        if p == path and not swapped:
+            swapped.append(True)
+            os.unlink(g / "run")
+            os.rename(g / "real", g / "run")
+        return out
+
+    monkeypatch.setattr(os, "lstat", lstat_then_swap)
+    why = preemption.untrusted_notice(path)
+    monkeypatch.undo()
+    assert swapped and why is not None

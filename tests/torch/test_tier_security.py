@@ -61,7 +61,7 @@ def test_root_precreated_by_another_user_is_refused_and_planted_metadata_never_r
     _plant(root / "job1", marker, _nobody())
     os.chown(root, *_nobody())
     os.chmod(root, 0o777)
-    with pytest.raises(TierSecurityError, match="belongs to uid"):
+    with pytest.raises(TierSecurityError, match="made by uid"):
         TieredCheckpointer(CheckpointConfig(namespace="job1", memory_dir=str(root)))
     assert not marker.exists()
 

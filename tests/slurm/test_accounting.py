@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hpresilience.errors import ConfigError, SlurmParseError
 from hpresilience.slurm import accounting
 from hpresilience.slurm.accounting import finished_jobs, job_record, new_delimiter, parse_records, since_seconds
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.fakerunner import FakeRunner
+from tests.fuzz import fuzz_settings
 
 SLURM = Path(__file__).parent.parent / "fixtures" / "slurm"
 RELEASES = ["22.05", "24.11", "26.05"]
@@ -89,6 +92,32 @@ def test_a_record_whose_fields_are_not_what_slurm_writes_there_is_skipped_and_lo
         records = parse_records(text, D)
     assert [(r.job_id, r.state, r.work_dir) for r in records] == [(14, "CANCELLED", "/home/carol\n/with a newline")]
     assert [e["event"] for e in logs] == ["slurm_record_skipped"] * 2
+
+
+# A working directory as a hostile user would name it: lookalike records in both field orders, `|`, newlines,
+# pieces of a delimiter, and a whole one that is not this query's.
+WORK_DIR = st.lists(
+    st.one_of(
+        st.text(max_size=12),
+        st.sampled_from(["\n", "|", "\n9|mallory|gpu|/m|COMPLETED|a|b\n", "\n9|mallory|gpu|RUNNING|a|b|/m", "|hpr"]),
+        st.builds(lambda n: f"\n{n}{D}mallory{D}gpu{D}RUNNING{D}a{D}b{D}/m", st.integers(0, 99)),
+    ),
+    max_size=6,
+).map("".join)
+
+
+@fuzz_settings()
+@given(dirs=st.lists(WORK_DIR, min_size=1, max_size=5), delimiter=st.builds(new_delimiter))
+def test_whatever_the_working_directories_hold_the_records_are_the_jobs_asked_for(
+    dirs: list[str], delimiter: str
+) -> None:
+    """Any directories (named before the query drew its delimiter): one record per job, in order, each with
+    its own directory."""
+    text = "".join(
+        delimiter.join([str(100 + i), "alice", "gpu", "COMPLETED", "s", "e", d]) + "\n" for i, d in enumerate(dirs)
+    )
+    records = parse_records(text, delimiter)
+    assert [(r.job_id, r.user, r.work_dir) for r in records] == [(100 + i, "alice", d) for i, d in enumerate(dirs)]
 
 
 def test_each_query_draws_its_own_delimiter() -> None:

@@ -37,9 +37,9 @@ _COUNT = len(SQUEUE_FIELDS)
 _SINCE = re.compile(r"^(\d{1,5})([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-_JOB_ID = re.compile(r"^[0-9]{1,18}$")
+_JOB_ID = re.compile(r"[0-9]{1,18}")
 # User, partition, state and times: what Slurm writes there, never a newline (only WorkDir may hold one).
-_PLAIN = re.compile(r"^[^\x00-\x1f\x7f]{0,256}$")
+_PLAIN = re.compile(r"[^\x00-\x1f\x7f]{0,256}")
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,10 @@ def parse_records(text: str, delimiter: str, what: str = "sacct") -> list[JobRec
 
 def _record(fields: list[str]) -> JobRecord:
     job_id, user, partition, state, start, end, work_dir = fields
-    if not _JOB_ID.match(job_id):
+    if not _JOB_ID.fullmatch(job_id):
         raise ValueError(f"job id {job_id[:40]!r} is not a number")
     for name, value in (("user", user), ("partition", partition), ("state", state), ("start", start), ("end", end)):
-        if not _PLAIN.match(value):
+        if not _PLAIN.fullmatch(value):
             raise ValueError(f"job {job_id}: {name} {value[:80]!r} is not what Slurm writes there")
     # sacct prints `CANCELLED by 0`; the first word is the state.
     return JobRecord(int(job_id), user, partition, work_dir, state.split()[0] if state.strip() else "", start, end)

@@ -86,12 +86,13 @@ def test_a_record_whose_fields_are_not_what_slurm_writes_there_is_skipped_and_lo
     text = (
         line("12_3", "bob", "gpu", "COMPLETED", "s", "e", "/w")  # JobID, not JobIDRaw
         + line("13", "bo\tb", "gpu", "COMPLETED", "s", "e", "/w")
+        + line("15", "dave\n", "gpu", "COMPLETED", "s", "e", "/w")  # a newline anywhere but in WorkDir
         + line("14", "carol", "cpu", "CANCELLED by 0", "s", "Unknown", "/home/carol\n/with a newline")
     )
     with structlog.testing.capture_logs() as logs:
         records = parse_records(text, D)
     assert [(r.job_id, r.state, r.work_dir) for r in records] == [(14, "CANCELLED", "/home/carol\n/with a newline")]
-    assert [e["event"] for e in logs] == ["slurm_record_skipped"] * 2
+    assert [e["event"] for e in logs] == ["slurm_record_skipped"] * 3
 
 
 # A working directory as a hostile user would name it: lookalike records in both field orders, `|`, newlines,

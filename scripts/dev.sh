@@ -21,7 +21,8 @@ RELEASE_TESTS=(-m integration tests/slurm/test_client_filtered.py tests/testing/
   tests/testing/test_slurmroot.py tests/autoresume/test_recipe_integration.py
   tests/autoresume/test_wrapper_integration.py tests/autoresume/test_capacity.py tests/autoresume/test_poll_queries.py
   tests/controller/test_repair_devcluster.py tests/controller/test_controller_queries.py
-  tests/agent/test_agent_queries.py tests/autoresume/test_nudge_integration.py)
+  tests/agent/test_agent_queries.py tests/autoresume/test_nudge_integration.py
+  tests/slurm/test_accounting_hostile.py)
 
 say() { printf '[dev.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

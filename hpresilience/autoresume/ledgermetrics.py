@@ -5,11 +5,12 @@ users' group: any user could write any series there. This collector instead read
 slurmdbd lists (last `window_s`), on the controller's scrape, and labels them with the job id, user and
 partition *Slurm* reports. A ledger's events file is still the user's: it is read as ledgerread.py says (a
 regular file of the job's user, no link, bounded in bytes, records and time, numbers finite), so it can at
-worst misstate its own job's figures, never another job's nor the collector: a scrape waits for at most
-one refresh (sacct's timeout plus `budget_s` of ledger reads), and while one scrape refreshes, the others
-are answered at once from the last refresh (never queued behind a slow ledger). A finished job's ledger is
-read once (cached while Slurm's state of the job is unchanged); what one refresh costs is one sacct query
-(slurmdbd, not slurmctld) every `refresh_s` and the ledgers of the jobs not yet ended.
+worst misstate its own job's figures, never another job's nor the collector. Slurm and the ledgers are read
+on a refresh thread (bounded by sacct's timeout plus `budget_s` of ledger reads); the scrape that starts a
+refresh waits for it at most `wait_s`, any other scrape not at all: each is answered from the last figures
+the refresh installed, never queued behind a slow ledger. A finished job's ledger is read once (cached
+while Slurm's state of the job is unchanged); what one refresh costs is one sacct query (slurmdbd, not
+slurmctld) every `refresh_s` and the ledgers of the jobs not yet ended.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class LedgerCollector(Collector):
         refresh_s: float = 60.0,
         budget_s: float = 20.0,
         read_timeout_s: float = READ_TIMEOUT_S,
+        wait_s: float = 5.0,
     ) -> None:
         self.client = client
         self.state_dir = state_dir
@@ -56,9 +58,12 @@ class LedgerCollector(Collector):
         self.refresh_s = refresh_s
         self.budget_s = budget_s
         self.read_timeout_s = read_timeout_s
-        # Held only to read or swap the results, never while Slurm or a ledger is read.
+        self.wait_s = wait_s
+        # Held only to read or swap the results, never while Slurm or a ledger is read: that is done by
+        # one refresh thread at a time, which a scrape waits for at most `wait_s` (Prometheus' default
+        # scrape timeout is 10 s), and only the scrape that started it.
         self.lock = threading.Lock()
-        self.refreshing = False
+        self.worker: threading.Thread | None = None
         self.jobs: dict[int, _Seen] = {}
         self.refreshed = 0.0
         # Badput of jobs that left the window: kept so the cluster counters never go down.
@@ -102,16 +107,25 @@ class LedgerCollector(Collector):
                     self.retired_productive += seen.ledger.productive_s
             self.jobs, self.refreshed = current, t
 
+    def _refresh_in_background(self) -> None:
+        try:
+            self.refresh()
+        except Exception as err:  # noqa: BLE001 - the next scrape tries again; /metrics stays up
+            log.warning("goodput_refresh_failed", error=str(err)[:300])
+        finally:
+            with self.lock:
+                self.worker = None
+
     def collect(self) -> Iterator[Metric]:
         with self.lock:
-            mine = not self.refreshing and time.time() - self.refreshed >= self.refresh_s
-            self.refreshing = self.refreshing or mine
-        if mine:  # this scrape refreshes; one arriving meanwhile gets the last figures at once
-            try:
-                self.refresh()
-            finally:
-                with self.lock:
-                    self.refreshing = False
+            started = None
+            if self.worker is None and time.time() - self.refreshed >= self.refresh_s:
+                started = self.worker = threading.Thread(
+                    target=self._refresh_in_background, name="hpr-goodput-refresh", daemon=True
+                )
+                started.start()
+        if started is not None:  # this scrape asked for the refresh: it waits a little for the new figures
+            started.join(self.wait_s)
         with self.lock:
             jobs = list(self.jobs.values())
             retired, retired_productive = dict(self.retired), self.retired_productive

@@ -38,7 +38,7 @@ log = get_logger("hpresilience.goodput")
 
 T = TypeVar("T")
 
-MAX_RECORDS = 200_000  # a job's decisions: tens per attempt; thousands of attempts is already a storm
+MAX_RECORDS = 100_000  # a job's decisions: tens per attempt; thousands of attempts is already a storm
 MAX_LINE_BYTES = 64 * 1024
 READ_TIMEOUT_S = 10.0
 CHUNK = 1 << 20
@@ -223,7 +223,7 @@ def read_user_records(
     path = base.joinpath(*parts)
 
     def work() -> T | None:
-        deadline = time.monotonic() + timeout_s * 0.8  # the rest is for `consume` after the last record
+        deadline = time.monotonic() + timeout_s / 2  # the other half is for `consume` (linear in the records)
         try:
             fd = open_user_file(base, parts, uid)
         except Refused as err:

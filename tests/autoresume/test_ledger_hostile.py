@@ -142,7 +142,7 @@ def test_a_scrape_is_answered_from_the_last_figures_while_another_is_stuck_readi
         release.wait(120)
         return real_open(base, parts, uid)
 
-    c = collector_for(monkeypatch, [record(tmp_path)], read_timeout_s=600)
+    c = collector_for(monkeypatch, [record(tmp_path)], read_timeout_s=600, wait_s=600)
     assert 'hpr_job_goodput_ratio{job_id="7"' in scrape(c)  # the last figures a stuck scrape leaves standing
     monkeypatch.setattr(ledgerread, "open_user_file", stuck_open)
     c.jobs[7].ledger.ended = False  # read it again

@@ -75,7 +75,7 @@ def record(work: Path, job_id: int = 7, user: str = "nobody") -> JobRecord:
     return JobRecord(job_id, user, "gpu", str(work), "COMPLETED", "", "")
 
 
-def in_thread(fn: Any, timeout: float = 20.0) -> tuple[bool, list[Any]]:
+def in_thread(fn: Any, timeout: float = 60.0) -> tuple[bool, list[Any]]:
     """Run fn on a daemon thread; (returned within `timeout`, [its result])."""
     box: list[Any] = []
     t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
@@ -86,7 +86,8 @@ def in_thread(fn: Any, timeout: float = 20.0) -> tuple[bool, list[Any]]:
 
 def collector_for(monkeypatch: pytest.MonkeyPatch, records: list[JobRecord], **kw: Any) -> LedgerCollector:
     monkeypatch.setattr(ledgermetrics, "finished_jobs", lambda client, window_s: records)
-    return LedgerCollector(SlurmClient(), refresh_s=0, **kw)
+    # A scrape waits for the refresh it starts up to wait_s: long here, so a loaded machine changes nothing.
+    return LedgerCollector(SlurmClient(), refresh_s=0, **{"wait_s": 60.0, **kw})
 
 
 def scrape(c: LedgerCollector) -> str:

@@ -7,6 +7,7 @@ context; journald and log shippers read the JSON form.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Any, Literal, TextIO
 
@@ -75,3 +76,24 @@ def get_logger(name: str | None = None, **context: Any) -> Logger:
 def level_number(level: Level) -> int:
     """The number `Logger.log` takes for a level name."""
     return logging.getLevelNamesMapping()[level.upper()]
+
+
+# C0 and C1 controls, DEL, and the Unicode line/paragraph separators and bidi overrides a terminal or a
+# pager acts on: text a user wrote (a ledger's cause, a node name, an event's reason) printed to root's
+# terminal must not move the cursor, retitle the window, or start a line that looks like ours.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object, keep_newlines: bool = False) -> str:
+    """`text` with every control character shown as a visible escape (`\\x1b`, `\\n`, `\\u202e`); with
+    `keep_newlines`, newlines and tabs stay (a whole report of ours, whose lines are its structure)."""
+
+    def esc(m: re.Match[str]) -> str:
+        c = m.group()
+        if keep_newlines and c in "\n\t":
+            return c
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
+            f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+        )
+
+    return _UNPRINTABLE.sub(esc, str(text))

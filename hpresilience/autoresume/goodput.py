@@ -8,14 +8,17 @@ ledger is computed from its decision records as of now. Who ran the job and wher
 
 from __future__ import annotations
 
+import pwd
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from hpresilience.autoresume.ledger import Badput, Ledger, Restart, compute
-from hpresilience.autoresume.ledgerfile import read_events
+from hpresilience.autoresume.ledgerread import READ_TIMEOUT_S, ReadStats, read_user_records
+from hpresilience.log import printable
 from hpresilience.slurm.accounting import JobRecord
 
 STATE_SUBDIR = Path(".hpresilience") / "jobs"
@@ -38,24 +41,49 @@ LIVE_STATES = frozenset(
 )
 
 
-def candidate_dirs(record: JobRecord, state_dir: str) -> list[Path]:
-    dirs = [Path(state_dir)] if state_dir else []
-    if record.work_dir:
-        dirs.append(Path(record.work_dir) / STATE_SUBDIR)
-    return dirs
+def candidate_files(record: JobRecord, state_dir: str) -> list[tuple[Path, tuple[str, ...]]]:
+    """Where the job's events file may be: (a base directory the user does not choose, the path below it)."""
+    name = f"{record.job_id}.events.jsonl"
+    out: list[tuple[Path, tuple[str, ...]]] = [(Path(state_dir), (name,))] if state_dir else []
+    if record.work_dir.startswith("/"):  # a relative one would be taken from the reader's own directory
+        out.append((Path(record.work_dir), (*STATE_SUBDIR.parts, name)))
+    return out
 
 
-def load_ledger(record: JobRecord, state_dir: str, now: float | None = None) -> Ledger | None:
+def job_uid(record: JobRecord) -> int | None:
+    """The uid of the user Slurm says ran the job (sacct prints a name, or the number of an unknown one)."""
+    if record.user.isdigit():
+        return int(record.user)
+    try:
+        return pwd.getpwnam(record.user).pw_uid
+    except (KeyError, ValueError):
+        return None
+
+
+def load_ledger(
+    record: JobRecord, state_dir: str, now: float | None = None, timeout_s: float = READ_TIMEOUT_S
+) -> Ledger | None:
     """The job's ledger from its decision records (the ledger file is their summary at the job's end);
-    None when no readable events file of the job is found."""
-    for d in candidate_dirs(record, state_dir):
-        events = d / f"{record.job_id}.events.jsonl"
-        try:
-            recs = read_events(events)
-        except OSError:
-            continue
-        # A job killed before its wrapper wrote its last record (scancel past KillWait) ends when Slurm says.
-        return compute(record.job_id, recs, now=_slurm_end(record) or now)
+    None when no events file of the job is found that is a regular file of the job's user, read within
+    `timeout_s` per directory (ledgerread.py: root reads it, the user wrote it)."""
+    uid = job_uid(record)
+    if uid is None:
+        return None
+    end = _slurm_end(record) or now  # a job killed before its wrapper wrote its last record ends when Slurm says
+
+    def consume(records: Iterator[dict[str, Any]], stats: ReadStats) -> Ledger:
+        ledger = compute(record.job_id, records, now=end)
+        if stats.stopped:
+            ledger.notes.append(
+                f"read only the first {stats.records} record(s), {stats.bytes_read} bytes of the events file "
+                f"(limit of {stats.stopped} reached)"
+            )
+        return ledger
+
+    for base, parts in candidate_files(record, state_dir):
+        ledger = read_user_records(base, parts, uid, consume, timeout_s)
+        if ledger is not None:
+            return ledger
     return None
 
 
@@ -135,10 +163,11 @@ def render_cluster(g: ClusterGoodput) -> str:
     if bad:
         lines.append("  badput: " + ", ".join(f"{k} {v:.1f} s" for v, k in bad))
     if g.by_cause:
-        lines.append("  by cause: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(g.by_cause.items())))
+        causes = sorted(g.by_cause.items())  # a cause and a node name are the users' text: escaped
+        lines.append("  by cause: " + ", ".join(f"{printable(k)} {v:.1f} s" for k, v in causes))
     top = sorted(g.by_node.items(), key=lambda kv: -kv[1])[:5]
     if top:
-        lines.append("  costliest nodes: " + ", ".join(f"{n} {v:.1f} s" for n, v in top))
+        lines.append("  costliest nodes: " + ", ".join(f"{printable(n)} {v:.1f} s" for n, v in top))
     if g.without_ledger:
         lines.append(
             f"  {g.without_ledger} job(s) without a readable ledger (not auto-resume jobs, or "

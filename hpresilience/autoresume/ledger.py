@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
+from hpresilience.log import printable
+
 LEDGER_VERSION = 1
 
 
@@ -38,6 +40,15 @@ class Badput(str, Enum):
     CHECKPOINT = "checkpoint"
     OTHER = "other"
 
+
+# Root reads these records from a file the job's user can write (docs/input-validation.md): a number
+# outside this range, or not finite, is not one of ours (epoch seconds, durations, step counters all fit),
+# and keeping every figure inside it keeps every sum and product finite.
+MAX_ABS = 1e15
+# The nodes a restart names (a fault involves a few nodes; a record naming thousands is kept short).
+MAX_FAULT_NODES = 64
+MAX_CAUSE_CHARS = 200
+MAX_NOTES = 20
 
 # Decision records that end a job's supervision for good (a requeue is not an end: the job goes on).
 ENDINGS = ("job_step_succeeded", "job_step_given_up", "supervisor_stopped", "no_replacement")
@@ -113,11 +124,11 @@ class Ledger:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class _Attempt:
     number: int
     launched: float
-    nodes: list[str]
+    nodes: str  # as recorded, comma-separated: split only to compare (a long list costs no memory per name)
     ended: dict[str, Any] | None = None  # the attempt_ended record
     fault_marks: list[float] = field(default_factory=list)  # when Slurm marked a node of it bad
     fault: dict[str, Any] | None = None  # fault_seen
@@ -129,22 +140,34 @@ class _Attempt:
     progress: dict[str, Any] | None = None  # attempt_progress: its first step, written as soon as seen
 
     def first_step(self) -> int | None:
-        v = (self.ended or self.progress or {}).get("first_step")
-        return v if isinstance(v, int) else None
+        return _int(self.ended or self.progress or {}, "first_step")
 
     def step_s(self) -> float | None:
-        v = (self.ended or {}).get("step_s")
-        return float(v) if isinstance(v, (int, float)) and v > 0 else None
+        v = _num(self.ended or {}, "step_s")
+        return v if v is not None and v > 0 else None
 
     def blocked(self, key: str) -> float:
         """Seconds hpresilience.torch reported blocked (`checkpoint_s`, `restore_s`) in this attempt."""
-        v = (self.ended or {}).get(key)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0.0
+        v = _num(self.ended or {}, key)
+        return v if v is not None and v > 0 else 0.0
 
 
 def _num(record: Mapping[str, Any], key: str) -> float | None:
+    """A finite number within MAX_ABS, else None (`1e999`, NaN, 10**400 and a bool are not figures)."""
     v = record.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and -MAX_ABS <= v <= MAX_ABS:  # NaN: False
+        return float(v)
+    return None
+
+
+def _int(record: Mapping[str, Any], key: str) -> int | None:
+    v = record.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and -MAX_ABS <= v <= MAX_ABS else None
+
+
+def _names(text: object, limit: int | None = None) -> list[str]:
+    names = [n for n in str(text or "").split(",") if n]
+    return names if limit is None else names[:limit]
 
 
 def _attempts(events: Iterable[Mapping[str, Any]]) -> tuple[list[_Attempt], float | None, bool]:
@@ -160,8 +183,7 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> tuple[list[_Attempt], floa
         if name in ("supervisor_started", "job_requeue_requested"):
             ended = False
         if name == "attempt_started":
-            nodes = [n for n in str(e.get("nodes", "")).split(",") if n]
-            attempts.append(_Attempt(int(_num(e, "attempt") or len(attempts) + 1), t, nodes))
+            attempts.append(_Attempt(_int(e, "attempt") or len(attempts) + 1, t, str(e.get("nodes") or "")))
             continue
         if name in ENDINGS:
             ended = True
@@ -202,6 +224,13 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
     steps = [s for a in attempts if (s := a.step_s()) is not None]
     typical_step = statistics.median(steps) if steps else None
     cursor = ledger.start
+    # resumed_at[i]: the first step of the first attempt from i on that reported progress. Built once, from
+    # the end, so that pairing each attempt with the one that resumed it is linear in the attempts (searching
+    # the later attempts for each was quadratic: hours of CPU for a hostile file of 500,000 restarts).
+    resumed_at: list[int | None] = [None] * (len(attempts) + 1)
+    for i in range(len(attempts) - 1, -1, -1):
+        s = attempts[i].first_step()
+        resumed_at[i] = s if s is not None else resumed_at[i + 1]
 
     def span(until: float | None, category: Badput | None) -> float:
         """Account [cursor, until] (clamped to the job's end) to `category` (None: productive)."""
@@ -229,7 +258,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
         decided = _num(e, "decided_at") or (nxt.launched if nxt else end)
         first_at, last_at = _num(e or a.progress or {}, "first_progress_at"), _num(e, "last_progress_at")
         step = a.step_s() or typical_step or 0.0
-        cause = str((a.fault or {}).get("cause", ""))
+        cause = str((a.fault or {}).get("cause", ""))[:MAX_CAUSE_CHARS]
         # The fault: Slurm's mark of a node; a hang began at the last progress; else the step's end.
         if a.fault_marks:
             fault_at = min(a.fault_marks)
@@ -261,7 +290,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
                     Badput.CHECKPOINT,
                 )
             else:
-                kept = _kept_steps(a, attempts[i + 1 :])
+                kept = _kept_steps(a, resumed_at[i + 1])
                 if kept is None or not step:
                     span(fault_at, Badput.OTHER)
                     ledger.lost_work_known = False
@@ -283,16 +312,16 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
         if a.fault is None:
             span(nxt.launched if nxt else end, Badput.OTHER)
             continue
-        lost_s = (a.ended or {}).get("lost_s")
+        lost_s = _num(a.ended or {}, "lost_s")
         span(a.stopped or _num(a.fault, "time"), Badput.STOP)
         if a.requeued is not None:
             span(a.requeued, Badput.REPLACEMENT if a.no_replacement else Badput.OTHER)
             span(nxt.launched if nxt else end, Badput.REQUEUE)
         else:
-            moved = nxt is not None and set(nxt.nodes) != set(a.nodes)
+            moved = nxt is not None and nxt.nodes != a.nodes and set(_names(nxt.nodes)) != set(_names(a.nodes))
             span(a.relaunching, Badput.REPLACEMENT if moved or a.no_replacement else Badput.OTHER)
             span(nxt.launched if nxt else end, Badput.OTHER)
-        nodes = [n for n in str(a.fault.get("nodes") or "").split(",") if n]
+        nodes = _names(a.fault.get("nodes"), MAX_FAULT_NODES)
         cost = {k: v - before.get(k, 0.0) for k, v in ledger.badput_s.items()}
         ledger.restarts.append(
             Restart(
@@ -301,7 +330,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
                 cause=cause or "unknown",
                 nodes=nodes,
                 action="requeue" if a.requeued is not None else "relaunch",
-                lost_s=float(lost_s) if isinstance(lost_s, (int, float)) else None,
+                lost_s=lost_s,
                 badput_s=sum(cost.values()),
                 by_category=cost,
             )
@@ -309,8 +338,14 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
     span(end, Badput.OTHER)
     if not ledger.progress_seen:
         ledger.notes.append("the step reported no progress (no step counter, no heartbeat): lost work unknown")
+    if len(ledger.notes) > MAX_NOTES:  # one per attempt at most: a screen of them says it
+        more = len(ledger.notes) - MAX_NOTES
+        ledger.notes[MAX_NOTES:] = [f"... and {more} more note(s)"]
+    by_number: dict[int, _Attempt] = {}
+    for b in reversed(attempts):  # the first attempt of a number, as a search from the start would find
+        by_number[b.number] = b
     for r in ledger.restarts:  # the next attempt's reinit is part of what the fault cost
-        nxt_a = next((b for b in attempts if b.number == r.attempt + 1), None)
+        nxt_a = by_number.get(r.attempt + 1)
         if nxt_a is not None and nxt_a.first_step() is not None:
             first_at = _num(nxt_a.ended or nxt_a.progress or {}, "first_progress_at")
             step = nxt_a.step_s() or typical_step or 0.0
@@ -324,14 +359,14 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
     return ledger
 
 
-def _kept_steps(a: _Attempt, later: list[_Attempt]) -> int | None:
-    """Steps of attempt `a` that the next attempt with progress did not redo (it restarted after them)."""
+def _kept_steps(a: _Attempt, resumed: int | None) -> int | None:
+    """Steps of attempt `a` that the next attempt with progress (it resumed at step `resumed`) did not redo
+    (it restarted after them)."""
     first = a.first_step()
-    resumed = next((s for b in later if (s := b.first_step()) is not None), None)
     if first is None or resumed is None:
         return None
-    last = (a.ended or {}).get("last_step")
-    done = (last - first + 1) if isinstance(last, int) else resumed - first
+    last = _int(a.ended or {}, "last_step")
+    done = (last - first + 1) if last is not None else resumed - first
     return max(0, min(resumed - first, done))
 
 
@@ -348,11 +383,18 @@ def render(ledger: Ledger) -> str:
     if bad:
         lines.append("  badput: " + ", ".join(f"{k} {v:.1f} s" for v, k in bad))
     for r in ledger.restarts:
-        when = datetime.fromtimestamp(r.at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         lost = "unknown" if r.lost_s is None else f"{r.lost_s:.1f} s"
+        # cause and nodes are the user's text (the records are in their directory): escaped, one line each.
         lines.append(
-            f"  {when}Z attempt {r.attempt}: {r.cause} on {','.join(r.nodes) or '-'} -> {r.action}, "
-            f"lost work {lost}, cost {r.badput_s:.1f} s"
+            f"  {_utc(r.at)} attempt {r.attempt}: {printable(r.cause)} on {printable(','.join(r.nodes)) or '-'} "
+            f"-> {r.action}, lost work {lost}, cost {r.badput_s:.1f} s"
         )
-    lines.extend(f"  note: {n}" for n in ledger.notes)
+    lines.extend(f"  note: {printable(n)}" for n in ledger.notes)
     return "\n".join(lines)
+
+
+def _utc(t: float) -> str:
+    try:
+        return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        return f"t={t:.0f}"  # a time no calendar holds (a record's own figure, within MAX_ABS)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from hpresilience.config import Config, load_config
-from hpresilience.log import setup_logging
+from hpresilience.log import printable, setup_logging
 
 
 @dataclass
@@ -29,8 +29,14 @@ class Ctx:
         return self._config
 
     def emit(self, data: Any, text: str) -> None:
-        """Print a report: JSON with --json, the human text otherwise."""
-        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str) if self.json_output else text)
+        """Print a report: JSON with --json (which escapes every control character), the human text otherwise,
+        its control characters but newline and tab shown as escapes: a report quotes text users wrote
+        (ledgers, job fields, reasons), and nothing of it may reach a terminal as a control sequence."""
+        click.echo(
+            json.dumps(data, indent=2, sort_keys=True, default=str)
+            if self.json_output
+            else printable(text, keep_newlines=True)
+        )
 
 
 pass_ctx = click.make_pass_decorator(Ctx)

@@ -12,6 +12,7 @@ import click
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.controller.events import EventLog
 from hpresilience.errors import ConfigError, HPResilienceError
+from hpresilience.log import printable
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -49,9 +50,10 @@ def events(c: Ctx, node: str | None, since: str | None, state_dir: str | None) -
             "directory (events are kept on the head node, where it runs; or pass --state-dir)"
         )
     found = log.read(node, start)
+    # A node's reason and a job's text can be users' (Slurm reasons, job names): escaped, one line per event.
     lines = [
-        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['at']))}  {e.get('node', '?')!s:12} "
-        f"{e.get('kind', '?')!s:26} by {e.get('by', '?')!s:24} {e.get('why', '')}"
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['at']))}  {printable(e.get('node', '?')):12} "
+        f"{printable(e.get('kind', '?')):26} by {printable(e.get('by', '?')):24} {printable(e.get('why', ''))}"
         for e in found
     ]
     c.emit(found, "\n".join(lines) or "(no events)")

@@ -10,6 +10,7 @@ from hpresilience.autoresume.goodput import ClusterGoodput, load_ledger, render_
 from hpresilience.autoresume.ledger import render
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.errors import HPResilienceError
+from hpresilience.log import printable
 from hpresilience.slurm.accounting import finished_jobs, job_record, since_seconds
 from hpresilience.slurm.client import SlurmClient
 
@@ -26,8 +27,9 @@ def job(c: Ctx, job_id: int) -> None:
     ledger = load_ledger(record, c.config.autoresume.state_dir, now=time.time())
     if ledger is None:
         raise HPResilienceError(
-            f"job {job_id}: no ledger under {record.work_dir or '(no working directory)'}"
-            "/.hpresilience/jobs (not run with srun --auto-resume=1, or not readable here)"
+            f"job {job_id}: no ledger under {printable(record.work_dir) or '(no working directory)'}"
+            "/.hpresilience/jobs (not run with srun --auto-resume=1, not readable here, or not a regular file "
+            "of the job's user: the log says which)"
         )
     data = {**ledger.to_dict(), "user": record.user, "partition": record.partition, "state": record.state}
     c.emit(data, render(ledger))

@@ -169,7 +169,7 @@ def test_goodput_over_finished_jobs_is_the_sum_of_their_ledgers(
     assert data["productive_s"] == pytest.approx(sum(j["productive_s"] for j in data["jobs"]), abs=0.01)
     # The controller's collector: the same figures, labelled with the job and user slurmdbd reports.
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(slurm, refresh_s=0))
+    registry.register(LedgerCollector(slurm, refresh_s=0, wait_s=60))  # each scrape waits for its whole refresh
     for job_id, ledger in ledgers.items():
         who = {"job_id": str(job_id), "user": by_id[job_id]["user"], "partition": by_id[job_id]["partition"]}
         assert who["user"] and registry.get_sample_value("hpr_job_goodput_ratio", who) == pytest.approx(

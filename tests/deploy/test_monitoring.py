@@ -148,7 +148,7 @@ def test_the_rules_alert_on_what_the_issue_asks() -> None:
     assert 'outcome="given_up"' in alerts["HpresilienceNodeGivenUp"]
     assert "hpr_controller_repair_failures_total" in alerts["HpresilienceRepairFailureRate"]
     assert "hpr_agent_last_cycle_timestamp_seconds" in alerts["HpresilienceAgentNotCycling"]
-    assert "hpr_autoresume_restarts_total" in alerts["HpresilienceRestartStorm"]
+    assert "hpr_job_restarts_total" in alerts["HpresilienceRestartStorm"]
     assert alerts["HpresilienceControllerAbsent"].startswith("absent(")
     assert 'step="lemon"' in alerts["HpresilienceNodeNeedsAPerson"]
 
@@ -320,5 +320,103 @@ def test_promtool_fires_the_down_absent_and_ceiling_alerts(tmp_path: Path) -> No
     }
     path = tmp_path / "rules_test.yml"
     path.write_text(yaml.safe_dump(tests))
+    res = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+PROJECT_JOBS = {"hpresilience-agent", "hpresilience-controller"}
+
+
+def test_every_series_a_rule_reads_is_selected_by_one_of_the_projects_scrape_jobs() -> None:
+    """A rule reading a metric name alone would take it from any scrape: node_exporter's textfile directory
+    (which sites used to make writable by their users), any exporter."""
+    unselected = [
+        f"{name} in {expr!r}"
+        for expr in rule_exprs()
+        for name, body in re.findall(r"\b(hpr_[a-z0-9_]+)(\{[^}]*\})?", expr)
+        if not set(re.findall(r'\bjob="([^"]+)"', body)) & PROJECT_JOBS
+    ]
+    assert not unselected, unselected
+
+
+def _rules_without_annotations(tmp_path: Path) -> Path:
+    doc = yaml.safe_load(RULES.read_text())
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            r.pop("annotations", None)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(doc))
+    return rules
+
+
+def _alert_series(job: str, instance: str) -> list[dict[str, str]]:
+    """What each alert of issue 31 reads, at values that fire it: a lemon node, an agent stopped since the
+    epoch, a repair given up, a ceiling hold and a job restarting every minute."""
+    at = f'job="{job}",instance="{instance}"'
+    return [
+        {"series": f'hpr_controller_nodes{{{at},step="lemon"}}', "values": "1x40"},
+        {"series": f"hpr_agent_last_cycle_timestamp_seconds{{{at}}}", "values": "0x40"},
+        {
+            "series": f'hpr_controller_repairs_total{{{at},provider="hyperpod",action="Replace",outcome="given_up"}}',
+            "values": "0+1x40",
+        },
+        {"series": f'hpr_agent_ceiling_holds_total{{{at},action="Reboot"}}', "values": "0+1x40"},
+        {"series": f'hpr_job_restarts_total{{{at},job_id="7",user="mallory",partition="gpu"}}', "values": "0+1x40"},
+    ]
+
+
+def test_promtool_a_lookalike_series_from_another_job_fires_no_alert(tmp_path: Path) -> None:
+    """Issue 31, point 6: a user writing `hpr_controller_nodes{step="lemon"} 1` (and the others) into a
+    textfile directory node_exporter serves (job "node") fires nothing; the same series from the project's
+    own scrape jobs fire each alert (so the first half is not silent for another reason)."""
+    healthy_controller = {
+        "series": 'hpr_controller_last_cycle_timestamp_seconds{job="hpresilience-controller",instance="head:9760"}',
+        "values": "0+60x40",  # a cycle a minute: the controller is there and cycling
+    }
+    names = [
+        "HpresilienceNodeNeedsAPerson",
+        "HpresilienceAgentNotCycling",
+        "HpresilienceNodeGivenUp",
+        "HpresilienceFleetCeilingReached",
+        "HpresilienceRestartStorm",
+        "HpresilienceRepairFailureRate",
+        "HpresilienceControllerNotCycling",
+    ]
+    lookalike = {
+        "interval": "1m",
+        "input_series": [*_alert_series("node", "n1:9100"), healthy_controller],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": n, "exp_alerts": []} for n in names],
+    }
+    own_series = [
+        *[s for s in _alert_series("hpresilience-agent", "n1:9761") if s["series"].startswith("hpr_agent")],
+        *[s for s in _alert_series("hpresilience-controller", "head:9760") if not s["series"].startswith("hpr_agent")],
+        healthy_controller,
+    ]
+    fired = {
+        "HpresilienceNodeNeedsAPerson": [{"exp_labels": {"severity": "warning"}}],
+        "HpresilienceAgentNotCycling": [
+            {"exp_labels": {"severity": "warning", "job": "hpresilience-agent", "instance": "n1:9761"}}
+        ],
+        "HpresilienceNodeGivenUp": [
+            {"exp_labels": {"severity": "critical", "provider": "hyperpod", "action": "Replace"}}
+        ],
+        "HpresilienceFleetCeilingReached": [{"exp_labels": {"severity": "critical"}}],
+        "HpresilienceRestartStorm": [{"exp_labels": {"severity": "warning", "job_id": "7"}}],
+    }
+    own = {
+        "interval": "1m",
+        "input_series": own_series,
+        "alert_rule_test": [{"eval_time": "20m", "alertname": n, "exp_alerts": e} for n, e in fired.items()],
+    }
+    path = tmp_path / "rules_test.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(_rules_without_annotations(tmp_path))],
+                "evaluation_interval": "1m",
+                "tests": [lookalike, own],
+            }
+        )
+    )
     res = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set-up and run, on a fresh Debian 12 machine as root (idempotent; fast when already set up).
 #   bash scripts/dev.sh demo   install, then run the main job on the embedded local Slurm cluster
-#   bash scripts/dev.sh test   install, then run the whole test suite (ruff check and format, mypy strict, pytest), then the
-#                              Slurm-facing integration tests again on Slurm 24.11 and 26.05, each inside its Debian
-#                              root (built on first use with debootstrap, cached in /var/cache/hpresilience/roots);
+#   bash scripts/dev.sh test   install, then run the whole test suite (ruff check and format, mypy strict, pytest on
+#                              HPRESILIENCE_TEST_WORKERS (3) workers), and beside it the Slurm-facing integration tests
+#                              again on Slurm 24.11 and 26.05, each inside its Debian root (built on first use with
+#                              debootstrap, cached in /var/cache/hpresilience/roots); prints the time of each phase.
 #                              HPRESILIENCE_TEST_RELEASES="24.11" picks the releases, "" runs only the host's 22.05
 #   bash scripts/dev.sh setup  install only
 set -euo pipefail
@@ -13,6 +14,11 @@ VENV=$ROOT/.venv
 APT_PACKAGES="slurm-wlm slurmdbd mariadb-server stress-ng python3-venv prometheus debootstrap iproute2"
 # The integration tests run again on these releases (hpresilience devcluster up --slurm).
 RELEASES=${HPRESILIENCE_TEST_RELEASES-24.11 26.05}
+# pytest-xdist workers for the 22.05 suite: the tests mostly wait on Slurm, so more workers than cores pay. Each worker
+# runs its own devcluster on its own block of 1000 ports above the base (tests/conftest.py).
+WORKERS=${HPRESILIENCE_TEST_WORKERS-3}
+# The releases' runs take the blocks above the workers' (the default base 18817 plus 1000 per worker).
+RELEASE_BASE_PORT=$((${HPRESILIENCE_TEST_BASE_PORT-18817} + 1000 * WORKERS))
 # What the newer releases run: the integration tests whose outcome depends on how Slurm answers (the client's
 # queries, the devcluster, the wrapper and the recipe, the controller's repairs). Left to 22.05: the agent's own
 # loop, the controller's CLI and limits, the 10,000-node table, install and the demo, which ask Slurm the same
@@ -66,8 +72,14 @@ case "$cmd" in
     exec "$VENV/bin/hpresilience" demo "$@"
     ;;
   test)
+    test_started=$SECONDS
+    phases=()
+    last=$SECONDS
+    phase() { phases+=("$1: $((SECONDS - last)) s"); last=$SECONDS; }
     setup
+    phase "set-up"
     shift
+    logs=$(mktemp -d /tmp/hpresilience-test.XXXXXX)
     say "ruff (lint, then format: --check only, \`ruff format\` fixes it)"
     "$VENV/bin/ruff" check hpresilience tests bench examples
     "$VENV/bin/ruff" format --check hpresilience tests bench examples
@@ -75,28 +87,49 @@ case "$cmd" in
     "$VENV/bin/mypy"
     say "mypy --strict (tests)"
     "$VENV/bin/mypy" tests
-    # The newer releases' roots are built (first time only) while the 22.05 suite runs.
-    roots_log=$(mktemp)
-    ( for release in $RELEASES; do "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- true; done ) \
-      >"$roots_log" 2>&1 &
-    roots_pid=$!
-    say "pytest (Slurm 22.05, the host's)"
-    rc=0
-    "$VENV/bin/python" -m pytest -q "$@" || rc=$?
-    if ! wait "$roots_pid"; then say "building the Slurm roots failed:"; cat "$roots_log" >&2; exit 1; fi
-    rm -f "$roots_log"
+    phase "ruff and mypy"
+    # The newer releases' roots (built on first use, then cached), before anything runs beside them.
+    for release in $RELEASES; do
+      "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- true >"$logs/root-$release.log" 2>&1 \
+        || { say "building the Slurm $release root failed:"; cat "$logs/root-$release.log" >&2; exit 1; }
+    done
+    phase "Slurm roots"
     # Arguments (a file, -k ...) select within the integration tests on every release; none: the list above.
     if [ $# -gt 0 ]; then selection=(-m integration "$@"); else selection=("${RELEASE_TESTS[@]}"); fi
-    # One release after the other: two MariaDBs (one per root) share the bound /tmp and each clears the other's
-    # temporary tables at start (`mariadb-install-db`: "Could not remove temporary table").
+    # Each release runs beside the 22.05 suite, in its own root, on its own block of ports (below Linux's ephemeral
+    # range, 32768+, and above the 22.05 workers' blocks: tests/conftest.py) with its own pytest and MariaDB
+    # temporary directories.
+    i=0
+    phase_start_releases=$SECONDS
     for release in $RELEASES; do
-      say "pytest: Slurm-facing integration tests on Slurm $release (inside its Debian root)"
-      r=0
-      "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- \
-        "$VENV/bin/python" -m pytest -q -p no:cacheprovider --slurm "$release" "${selection[@]}" || r=$?
+      say "pytest: Slurm-facing integration tests on Slurm $release (inside its Debian root, in the background)"
+      (
+        r=0
+        HPRESILIENCE_TEST_BASE_PORT=$((RELEASE_BASE_PORT + 1000 * i)) \
+          "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- "$VENV/bin/python" -m pytest -q \
+          -p no:cacheprovider --basetemp="$logs/tmp-$release" --slurm "$release" "${selection[@]}" \
+          >"$logs/pytest-$release.log" 2>&1 || r=$?
+        echo "$r $SECONDS" >"$logs/rc-$release"
+      ) &
+      i=$((i + 1))
+    done
+    say "pytest (Slurm 22.05, the host's; $WORKERS workers)"
+    rc=0
+    "$VENV/bin/python" -m pytest -q -n "$WORKERS" --dist loadfile "$@" || rc=$?
+    phase "pytest, Slurm 22.05"
+    wait
+    for release in $RELEASES; do
+      read -r r ended <"$logs/rc-$release"
+      say "pytest on Slurm $release (ended $((ended - phase_start_releases)) s after it started):"
+      cat "$logs/pytest-$release.log"
       # 5: nothing selected (arguments naming only unit tests)
       if [ "$r" != 0 ] && [ "$r" != 5 ]; then rc=$r; fi
+      phases+=("pytest, Slurm $release (beside 22.05): $((ended - phase_start_releases)) s")
     done
+    phase "waiting for the releases"
+    say "time per phase:"
+    printf '  %s\n' "${phases[@]}" >&2
+    say "total: $((SECONDS - test_started)) s"
     exit "$rc"
     ;;
   *) echo "usage: bash scripts/dev.sh demo|test|setup" >&2; exit 2 ;;

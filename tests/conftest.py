@@ -17,8 +17,18 @@ from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.slurmroot import SlurmRelease
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# Away from the default devcluster port so a demo cluster can run beside the tests.
-TEST_BASE_PORT = int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817"))
+# Away from the default devcluster port so a demo cluster can run beside the tests. Under pytest-xdist each worker
+# (gw0, gw1, ...) takes its own block of WORKER_PORTS: its session cluster, its module clusters (at most +900 above
+# the base) and their namespaces, job ids (FirstJobId is the base port x 1000) and databases never meet another's.
+WORKER_PORTS = 1000
+
+
+def worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+TEST_BASE_PORT = int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817")) + WORKER_PORTS * worker_index()
 # The Slurm release the session cluster runs: `pytest --slurm 24.11`, or HPRESILIENCE_TEST_SLURM.
 SLURM_ENV = "HPRESILIENCE_TEST_SLURM"
 

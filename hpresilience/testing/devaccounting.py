@@ -85,6 +85,12 @@ class Accounting:
         return self.state_dir / "db" / "data"
 
     @property
+    def tmpdir(self) -> Path:
+        """MariaDB's temporary files: its own, never the shared /tmp. Two servers sharing a tmpdir clear each other's
+        temporary tables at start (seen with two releases' clusters side by side)."""
+        return self.state_dir / "db" / "tmp"
+
+    @property
     def socket_path(self) -> Path:
         return self.state_dir / "db" / "mysqld.sock"
 
@@ -133,6 +139,7 @@ class Accounting:
         for tool in TOOLS:
             _tool(tool)
         (self.state_dir / "db").mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.tmpdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fresh = not (self.datadir / "mysql").is_dir()
         if fresh:
             self._install_db(timeout)
@@ -141,6 +148,7 @@ class Accounting:
                 _tool("mariadbd"),
                 "--no-defaults",
                 f"--datadir={self.datadir}",
+                f"--tmpdir={self.tmpdir}",
                 f"--port={self.db_port}",
                 "--bind-address=127.0.0.1",
                 f"--socket={self.socket_path}",
@@ -172,6 +180,7 @@ class Accounting:
             _tool("mariadb-install-db"),
             "--no-defaults",
             f"--datadir={self.datadir}",
+            f"--tmpdir={self.tmpdir}",
             "--user=root",
             "--auth-root-authentication-method=socket",
             "--skip-test-db",

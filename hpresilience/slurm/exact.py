@@ -11,7 +11,10 @@ show a record, or a field, that Slurm never had. Two ways out, depending on the 
   have put the mark into a field before the query ran, so the records split exactly, and an answer that is
   not a whole number of framed records is refused.
 
-Both are one-job queries: what slurmctld pays for the job alone (~0.3 ms), never the node table.
+Both are one-job queries: what slurmctld pays for the job, never the node table. Measured at 10,004 nodes on
+22.05 (slurmctld CPU per call, 300 calls): `scontrol show job J` 0.37 ms, the framed `squeue -j J -O
+JobID,admin_comment` 0.65 ms, the framed `squeue -j J -t PD -o MARK%A|%r|%k` 0.79 ms (0.63 ms unframed), against
+~10 ms for any node query at that size.
 """
 
 from __future__ import annotations

@@ -114,3 +114,14 @@ def test_the_one_job_read_since_23_02_is_the_json_record_of_that_job(answer: str
     got = held_among(SlurmClient(runner), [VICTIM, VICTIM])  # a job named twice is read once
     assert got == ([HeldJob(VICTIM, "BeginTime", "a\nb hpr:requeued")] if held else [])
     assert runner.commands()[1:] == [f"scontrol --json show job {VICTIM}"]
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_the_recorded_json_of_a_hostile_job_holds_no_job(release: str) -> None:
+    """Recorded on 24.11 and 26.05 (record_hostile.py inside their roots): nobody's job 22000001 with the
+    lookalike record of the victim 22000000 in its comment. JSON keeps the comment whole: no job is held."""
+    text = (SLURM / f"hostile_show_job_{release}.json").read_text()
+    runner = FakeRunner(f"{release}.5").answer("scontrol", "--json", "show", "job", stdout=text)
+    assert held_among(SlurmClient(runner), [22000000, 22000001]) == []
+    record = json.loads(text)["jobs"][0]
+    assert record["comment"] == "mine\n22000000|BeginTime|hpr:requeued forged"

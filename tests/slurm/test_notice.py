@@ -164,3 +164,12 @@ def test_a_drained_node_without_a_fault_is_a_planned_move_and_a_faulty_one_is_no
     assert not planned_move(node("ALLOCATED", "DRAIN", "FAIL"))
     assert not planned_move(node("IDLE", "DRAIN", "DOWN"))
     assert not planned_move(node("ALLOCATED"))
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_the_recorded_json_of_a_hostile_job_reads_as_its_empty_admin_comment(release: str) -> None:
+    """Recorded on 24.11 and 26.05: nobody's job whose JobName and WorkDir hold `AdminComment=` lines."""
+    text = (SLURM / f"hostile_show_job_{release}.json").read_text()
+    runner = FakeRunner(f"{release}.5").answer("scontrol", "--json", "show", "job", stdout=text)
+    assert read_notice(SlurmClient(runner), 22000001) == JobNotice({}, "", found=True)
+    assert "AdminComment=hpr:watch=1" in json.loads(text)["jobs"][0]["name"]

@@ -12,6 +12,7 @@ import pytest
 
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.exact import MARK_PATTERN
 from hpresilience.testing import slurmroot
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.slurmroot import SlurmRelease
@@ -45,6 +46,25 @@ def full_node_read(cl: DevCluster) -> str:
 
 def job_read(cl: DevCluster, job: int | str) -> str:
     return f"scontrol show job {job} -o" if cl.release is SlurmRelease.HOST else f"scontrol --json show job {job}"
+
+
+def unmarked(commands: list[str]) -> list[str]:
+    """Commands with each query's random record mark (slurm/exact.py) written as MARK."""
+    return [MARK_PATTERN.sub("MARK", c) for c in commands]
+
+
+def held_read(cl: DevCluster, job: int | str) -> str:
+    """How the requeue release reads one job exactly (unmarked): framed squeue before 23.02, JSON since."""
+    if cl.release is SlurmRelease.HOST:
+        return f"squeue -h -j {job} -t PD -o MARK%A|%r|%k"
+    return f"scontrol --json show job {job}"
+
+
+def notice_read(cl: DevCluster, job: int | str) -> str:
+    """How a job's AdminComment is read exactly (unmarked): framed squeue before 23.02, JSON since."""
+    if cl.release is SlurmRelease.HOST:
+        return f"squeue -h -t all -j {job} -O JobID:0MARK,admin_comment:0MARK"
+    return f"scontrol --json show job {job}"
 
 
 def slurm_installed() -> bool:

@@ -40,6 +40,8 @@ from hpresilience.slurm.models import Node
 log = get_logger("hpresilience.controller")
 # Gate outputs kept per node: enough to compare the last few repairs, bounded whatever happens.
 EVIDENCE_KEPT = 10
+# Directories every user may write on a node: never the gate job's working directory.
+SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 # The gates' own settings section (controller.gate), beside the gates it chooses among: settings.py composes it.
@@ -54,8 +56,9 @@ class GateSettings(Section):
     job_command: list[str] = Field(
         default_factory=lambda: ["/opt/hpresilience/venv/bin/hpresilience", "check", "--active", "--strict"]
     )
-    # The gate job's working directory on the node (stress-ng writes its scratch files there).
-    job_chdir: str = "/tmp"
+    # The gate job's working directory on the node. The job runs as the controller's user (root): never a
+    # directory users write, where a file they left would be run or imported in its stead (issue 31).
+    job_chdir: str = "/"
     command: list[str] = Field(
         default_factory=lambda: [
             # "--": whatever Slurm holds as NodeAddr, ssh takes it as the host, never as an option.
@@ -88,6 +91,18 @@ class GateSettings(Section):
         if problem:
             raise reference_error(problem)
         return command
+
+    @field_validator("job_chdir")
+    @classmethod
+    def _private_chdir(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise reference_error(f"{path!r} is not an absolute path")
+        if any(path == d or path.startswith(d + "/") for d in SHARED_WRITABLE):
+            raise reference_error(
+                f"{path} is writable by every user, and the gate job runs as root there: use / (the default) "
+                "or a directory only root writes"
+            )
+        return path
 
     @field_validator("job_command")
     @classmethod

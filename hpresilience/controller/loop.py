@@ -442,10 +442,10 @@ class Controller:
         a requeue because the job cannot go on in place, and Slurm's hold would only add two minutes.
         Looks at the jobs told of a bad node lately, one by one; `scan`: the whole pending queue too."""
         released = 0
-        held = held_among(self.client, self.notifier.recently_told())
+        told = self.notifier.recently_told()
+        held = held_among(self.client, told)  # each read exactly, by itself (slurm/jobs.py held_job)
         if scan:
-            known = {h.job_id for h in held}
-            held += [h for h in requeued_jobs_held(self.client) if h.job_id not in known]
+            held += requeued_jobs_held(self.client, known=set(told))
         for job in held:
             try:
                 release_requeued_job(self.client, job)

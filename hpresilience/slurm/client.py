@@ -345,8 +345,9 @@ class SlurmClient:
         return grown
 
     def _cancel_by_name(self, name: str) -> None:
-        # squeue's text form honours --name (its --json would read the whole queue).
-        res = self.runner.run("squeue", "-h", f"--name={name}", "-o", "%i", check=False)
+        # squeue's text form honours --name (its --json would read the whole queue). `--me`: a name is anyone's to
+        # choose, and another user's job of that name is not ours to cancel (issue 31).
+        res = self.runner.run("squeue", "-h", "--me", f"--name={name}", "-o", "%i", check=False)
         for word in res.stdout.split():
             if word.isdigit():
                 try:

@@ -8,9 +8,11 @@ service cluster-wide anyway, writes one word into the AdminComment of each job r
 
 and the wrapper reads its own job once a poll. AdminComment is writable only by an operator or admin
 (`scontrol update jobid=J AdminComment=...`), so a user cannot forge a notice onto another user's job; the
-rest of a site's AdminComment is kept byte for byte. The job is read in scontrol's multi-line form, where
-AdminComment has a line of its own (the one-line form cannot be split where a comment holds `k=v` words):
-the first line that starts with `AdminComment=` is the field (printed before Comment, and only once set).
+rest of a site's AdminComment is kept byte for byte. AdminComment is read exactly, as a field of its own
+(slurm/exact.py): `scontrol --json show job J` on 23.02+; on 22.05 `squeue -h -t all -j J -O JobID,admin_comment`,
+framed by a mark made for that query. Never from scontrol's text forms: a JobName, WorkDir, Command or Comment
+holding a newline and `AdminComment=...` prints a line that looks like the field, and the controller would write
+the user's text back into the site's field as root (issue 31).
 
 Reading its own job every second still cost slurmctld ~0.4 ms per job-second. So the controller also tells each
 running batch job that it is watched, with a lease (`hpr:watch=<until, epoch seconds>`, renewed long before it
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from hpresilience.errors import SlurmParseError
 from hpresilience.reasons import parse_reason
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.exact import json_job, json_text, record_mark, suffix_framed
 from hpresilience.slurm.hostlist import compress, expand
 from hpresilience.slurm.models import Node
 
@@ -116,24 +119,44 @@ def parse_watch(admin_comment: str) -> int:
     return 0
 
 
-def parse_admin_comment(text: str) -> str:
-    """AdminComment from `scontrol show job J` (multi-line form); "" when the job has none."""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("AdminComment="):
-            return line.split("AdminComment=", 1)[1].rstrip(" ")
-    return ""
+def admin_comment_format(mark: str) -> str:
+    """squeue's --Format for a job's id and AdminComment, each value followed by `mark` (width 0: whole)."""
+    return f"JobID:0{mark},admin_comment:0{mark}"
+
+
+def parse_admin_comment(text: str, mark: str, job_id: int) -> str | None:
+    """AdminComment of job `job_id` from `squeue -h -O <admin_comment_format(mark)>`; None when the answer
+    does not list the job. SlurmParseError when it is not made of framed records, or lists the job twice."""
+    what = "squeue -O JobID,admin_comment"
+    mine = [c for j, c in suffix_framed(text, mark, 2, what) if j == str(job_id)]
+    if len(mine) > 1:
+        raise SlurmParseError([what], None, "", f"{what}: job {job_id} is listed {len(mine)} times")
+    if not mine:
+        return None
+    return "" if mine[0] == "(null)" else mine[0]
 
 
 def read_notice(client: SlurmClient, job_id: int) -> JobNotice:
-    """One read of the job's own record (`scontrol show job J`: what a job query costs, never the node
-    table). Raises SlurmError when slurmctld does not answer; an unknown job is a notice with found=False."""
-    res = client.runner.run("scontrol", "show", "job", str(job_id), check=False)
+    """One exact read of the job's AdminComment (a one-job query: what slurmctld pays for the job, never the
+    node table). Raises SlurmError when slurmctld does not answer or the answer is not the record asked for;
+    an unknown job is a notice with found=False."""
+    mark = "" if client.scontrol_has_json else record_mark()
+    if not mark:
+        argv: tuple[str, ...] = ("scontrol", "--json", "show", "job", str(job_id))
+    else:
+        argv = ("squeue", "-h", "-t", "all", "-j", str(job_id), "-O", admin_comment_format(mark))
+    res = client.runner.run(*argv, check=False)
     if res.returncode != 0:
         if "Invalid job id" in res.stderr + res.stdout:
             return JobNotice({}, "", found=False)
-        res = client.runner.run("scontrol", "show", "job", str(job_id))
-    comment = parse_admin_comment(res.stdout)
+        res = client.runner.run(*argv)
+    if not mark:
+        record = json_job(res.stdout, job_id, "scontrol --json show job")
+        comment = None if record is None else json_text(record, "admin_comment")
+    else:
+        comment = parse_admin_comment(res.stdout, mark, job_id)
+    if comment is None:
+        return JobNotice({}, "", found=False)
     return JobNotice(parse_notice(comment), comment, watched_until=parse_watch(comment))
 
 

@@ -9,6 +9,7 @@ created with an end time, so a controller that dies mid-gate leaves nothing behi
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 
@@ -68,10 +69,12 @@ def run_in_reservation(
     timeout_s: float,
     job_name: str,
     partitions: Sequence[str] = (),
-    chdir: str = "/tmp",
+    chdir: str = "/",
 ) -> Result:
     """Run `argv` as a one-task job on `node` inside `reservation` (`srun`, which returns the job's output and
-    exit status to the caller: no shared file system needed). A timeout kills srun and cancels the job."""
+    exit status to the caller: no shared file system needed). A timeout kills srun and cancels the job.
+    `chdir`: the job runs as the controller's user (root), so never in a directory users write (a program
+    there would be found by a relative path or as a Python module): `/` by default."""
     args = [
         f"--reservation={reservation}",
         f"--nodelist={node}",
@@ -87,12 +90,21 @@ def run_in_reservation(
     try:
         return client.runner.run("srun", *args, "--", *argv, timeout=timeout_s, check=False, retry=False)
     except SlurmError:
-        cancel_by_name(client, job_name)
+        cancel_by_name(client, job_name, reservation)
         raise
 
 
-def cancel_by_name(client: SlurmClient, job_name: str) -> None:
-    res = client.runner.run("scancel", f"--name={job_name}", check=False, retry=False)
+def cancel_by_name(client: SlurmClient, job_name: str, reservation: str) -> None:
+    """Cancel our own job of that name in that reservation. A job name is anyone's to choose: without
+    `--user` (the controller's own uid) root would cancel every user's job named `hpr-gate-<node>`."""
+    res = client.runner.run(
+        "scancel",
+        f"--name={job_name}",
+        f"--user={os.getuid()}",
+        f"--reservation={reservation}",
+        check=False,
+        retry=False,
+    )
     if res.returncode:
         log.warning("gate_job_not_cancelled", job_name=job_name, error=res.stderr.strip()[:200])
 

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +20,7 @@ import pytest
 
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.settings import ControllerSettings
+from hpresilience.slurm.parse import parse_job_id
 from hpresilience.testing.devcluster import DevCluster
 
 
@@ -96,6 +101,61 @@ def start_controller() -> Iterator[Callable[[Controller], Controller]]:
     for ctl, t in running:
         ctl.stop()
         t.join(timeout=30)
+
+
+NOBODY = 65534
+
+
+@dataclass
+class Nobody:
+    """Submits jobs as the ordinary user `nobody` (uid 65534) to the devcluster: what any user of a shared
+    cluster can do. `public` is a root-owned folder (0755) with a copy of slurm.conf nobody can read."""
+
+    public: Path
+    env: dict[str, str]
+
+    def run(self, *argv: str, cwd: Path | None = None) -> str:
+        res = subprocess.run(
+            argv,
+            env=self.env,
+            cwd=cwd or self.public,
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert res.returncode == 0, f"{argv[0]} as nobody: {res.stderr.strip()}"
+        return res.stdout + res.stderr
+
+    def sbatch(self, *args: str) -> int:
+        """A batch job (it cannot run: the devcluster's spool is not nobody's to read; pending ones serve)."""
+        return parse_job_id(self.run("sbatch", "--parsable", "-o", "/dev/null", *args))
+
+    def salloc(self, *args: str, cwd: Path | None = None) -> int:
+        """A running job without a batch script (`salloc --no-shell`): its WorkDir is `cwd`."""
+        return parse_job_id(self.run("salloc", "--no-shell", *args, cwd=cwd))
+
+    def folder(self, name: str) -> Path:
+        """A folder of nobody's own, named as they like (newlines and all)."""
+        path = self.public / name
+        path.mkdir()
+        os.chown(path, NOBODY, NOBODY)
+        return path
+
+
+@pytest.fixture()
+def nobody(cluster: DevCluster) -> Iterator[Nobody]:
+    # Under /tmp, not tmp_path: pytest's folders are 0700, which nobody cannot pass through.
+    public = Path(tempfile.mkdtemp(prefix="hpr-nobody-", dir="/tmp"))
+    public.chmod(0o755)
+    conf = public / "slurm.conf"
+    shutil.copyfile(cluster.env()["SLURM_CONF"], conf)
+    conf.chmod(0o644)
+    yield Nobody(public, dict(cluster.env(), SLURM_CONF=str(conf)))
+    shutil.rmtree(public, ignore_errors=True)
 
 
 def wait_until(probe: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:

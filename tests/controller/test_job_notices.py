@@ -19,7 +19,7 @@ from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.notice import read_notice, running_batch_jobs
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster
-from tests.conftest import node_read
+from tests.conftest import held_read, node_read, notice_read, unmarked
 from tests.controller.conftest import Scripts, settings_for
 
 pytestmark = pytest.mark.integration
@@ -52,26 +52,26 @@ def test_job_thread_tells_the_job_on_a_bad_node_and_never_reads_the_pending_queu
     slurm.set_node_state(["n2"], "fail", "Action:Replace")
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 10)
-    cmds = runner.commands()
+    cmds = unmarked(runner.commands())
     assert cmds[:4] == [
         LIST_OUT_OF_SERVICE,
         node_read(cluster, "n2"),
         "squeue -h -t R,CG,S -w n2 -o %i|%N",
-        f"scontrol show job {job_id}",
+        notice_read(cluster, job_id),
     ]
     assert cmds[4].startswith(f"scontrol update jobid={job_id} AdminComment=hpr:bad=n2@")
     assert cmds[5:] == [
         nudge_of(job_id),  # its wrapper reads the notice now
-        f"squeue -h -j {job_id} -t PD -o %i|%r|%k",
+        held_read(cluster, job_id),
     ]  # the release: the told job only
     assert not any(c.startswith("squeue -h -t PD") for c in cmds) and str(pending) not in " ".join(cmds)
     assert set(read_notice(slurm, job_id).bad) == {"n2"}
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 20)  # nothing changed: no job is read or written again
-    assert runner.commands() == [
+    assert unmarked(runner.commands()) == [
         LIST_OUT_OF_SERVICE,
         node_read(cluster, "n2"),
-        f"squeue -h -j {job_id} -t PD -o %i|%r|%k",
+        held_read(cluster, job_id),
     ]
     slurm.set_node_state(["n2"], "resume")
     runner.calls.clear()
@@ -88,16 +88,16 @@ def test_the_wrapper_reads_its_own_job_each_poll_and_the_nodes_only_on_a_notice(
     watch = NodeWatch(client, job_id, full_check_s=3600)
     for _ in range(3):
         assert watch.bad_nodes(["n1", "n2"]) == []
-    assert runner.commands() == [f"scontrol show job {job_id}"] * 3
+    assert unmarked(runner.commands()) == [notice_read(cluster, job_id)] * 3
     slurm.set_node_state(["n2"], "fail", "Action:Replace")
     assert watch.bad_nodes(["n1", "n2"]) == []  # Slurm knows, nobody told the job: not read (no full check due)
     Controller(settings_for(scripts, tmp_path / "state", watch_jobs_every_s=0), slurm).notify_jobs()
     runner.calls.clear()
     assert [n.name for n in watch.bad_nodes(["n1", "n2"])] == ["n2"]
-    assert runner.commands() == [f"scontrol show job {job_id}", node_read(cluster, "n[1-2]")]
+    assert unmarked(runner.commands()) == [notice_read(cluster, job_id), node_read(cluster, "n[1-2]")]
     runner.calls.clear()
     watch.bad_nodes(["n1", "n2"])  # the same mark is not news twice
-    assert runner.commands() == [f"scontrol show job {job_id}"]
+    assert unmarked(runner.commands()) == [notice_read(cluster, job_id)]
 
 
 def test_without_a_controller_the_wrapper_reads_its_nodes_every_full_check(
@@ -111,7 +111,7 @@ def test_without_a_controller_the_wrapper_reads_its_nodes_every_full_check(
     assert watch.bad_nodes(["n1", "n2"]) == []
     time.sleep(0.6)
     assert [n.name for n in watch.bad_nodes(["n1", "n2"])] == ["n2"]
-    assert runner.commands() == [f"scontrol show job {job_id}"] * 2 + [node_read(cluster, "n[1-2]")]
+    assert unmarked(runner.commands()) == [notice_read(cluster, job_id)] * 2 + [node_read(cluster, "n[1-2]")]
 
 
 def wait_in_accounting(slurm: SlurmClient, job_id: int) -> None:
@@ -143,8 +143,8 @@ def test_job_thread_leases_each_running_batch_job_from_accounting_once_per_renew
         )
         t0 = time.monotonic()
         ctl.jobs_tick(t0)
-        cmds = runner.commands()
-        assert cmds[:3] == [LIST_OUT_OF_SERVICE, RUNNING_BATCH, f"scontrol show job {job_id}"]
+        cmds = unmarked(runner.commands())
+        assert cmds[:3] == [LIST_OUT_OF_SERVICE, RUNNING_BATCH, notice_read(cluster, job_id)]
         assert cmds[3].startswith(f"scontrol update jobid={job_id} AdminComment=hpr:watch=")
         assert len(cmds) == 4 and str(salloc_job) not in " ".join(cmds)  # no batch step: nothing to nudge
         lease = read_notice(slurm, job_id).watched_until
@@ -159,8 +159,8 @@ def test_job_thread_leases_each_running_batch_job_from_accounting_once_per_renew
         ctl.notifier.leases[job_id] -= RENEW_EVERY_S + 1  # as if written RENEW_EVERY_S ago: renewed
         runner.calls.clear()
         ctl.jobs_tick(t0 + 80)
-        cmds = runner.commands()
-        assert cmds[:3] == [LIST_OUT_OF_SERVICE, RUNNING_BATCH, f"scontrol show job {job_id}"] and len(cmds) == 4
+        cmds = unmarked(runner.commands())
+        assert cmds[:3] == [LIST_OUT_OF_SERVICE, RUNNING_BATCH, notice_read(cluster, job_id)] and len(cmds) == 4
         assert cmds[3].startswith(f"scontrol update jobid={job_id} AdminComment=hpr:watch=")
     finally:
         alloc.terminate()
@@ -180,14 +180,14 @@ def test_a_watched_wrapper_reads_its_job_only_when_nudged_or_at_the_safety_read_
     watch = NodeWatch(client, job_id, full_check_s=0.3, watched_read_s=3600)
     assert watch.bad_nodes(["n1", "n2"]) == []
     # A lease: the wrapper sends itself the controller's nudge once, to see that it reaches it.
-    assert runner.commands() == [f"scontrol show job {job_id}", nudge_of(job_id)]
+    assert unmarked(runner.commands()) == [notice_read(cluster, job_id), nudge_of(job_id)]
     for _ in range(2):  # the nudge has not come back (yet): still a read every poll, and the full check
         time.sleep(0.35)
         assert watch.bad_nodes(["n1", "n2"]) == [] and not watch.watched()
     watch.on_nudge()  # what the SIGWINCH handler does when the nudge arrives
     runner.calls.clear()
     assert watch.bad_nodes(["n1", "n2"]) == [] and watch.watched()
-    assert runner.commands() == [f"scontrol show job {job_id}"]
+    assert unmarked(runner.commands()) == [notice_read(cluster, job_id)]
     runner.calls.clear()
     for _ in range(3):  # watched: no job read, and no node read however long since the last full check
         time.sleep(0.35)
@@ -198,7 +198,7 @@ def test_a_watched_wrapper_reads_its_job_only_when_nudged_or_at_the_safety_read_
     assert watch.bad_nodes(["n1", "n2"]) == [] and runner.commands() == []  # not nudged: not read
     watch.on_nudge()
     assert [n.name for n in watch.bad_nodes(["n1", "n2"])] == ["n2"]
-    assert runner.commands() == [f"scontrol show job {job_id}", node_read(cluster, "n[1-2]")]
+    assert unmarked(runner.commands()) == [notice_read(cluster, job_id), node_read(cluster, "n[1-2]")]
 
 
 def test_a_wrapper_whose_nudge_never_comes_back_keeps_polling_each_poll(
@@ -215,7 +215,10 @@ def test_a_wrapper_whose_nudge_never_comes_back_keeps_polling_each_poll(
         watch.bad_nodes(["n1"])
         time.sleep(0.1)
     assert not watch.watched()
-    assert runner.commands() == [f"scontrol show job {job_id}", nudge_of(job_id)] + [f"scontrol show job {job_id}"] * 3
+    assert (
+        unmarked(runner.commands())
+        == [notice_read(cluster, job_id), nudge_of(job_id)] + [notice_read(cluster, job_id)] * 3
+    )
     watch.on_nudge()  # too late: the path was given up, the job stays on polling
     watch.bad_nodes(["n1"])
     assert not watch.watched()

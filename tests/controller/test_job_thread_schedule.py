@@ -3,6 +3,7 @@ pass, the told jobs' release every pass, the whole pending queue only every rele
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,8 +12,17 @@ from hpresilience.controller.settings import ControllerSettings
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.testing.fakerunner import FakeRunner
+from tests.conftest import FIXTURES, unmarked
 
-SCAN = "squeue -h -t PD -o %i|%r|%k"
+SCAN = "squeue -h -t PD -o MARK%A|%r|%k"
+SLURM = FIXTURES / "slurm"
+
+
+def job_json(job_id: int, **fields: object) -> str:
+    """`scontrol --json show job J` as 24.11 prints it (recorded), the job's fields changed as given."""
+    data = json.loads((SLURM / "scontrol_show_job_24.11.json").read_text())
+    data["jobs"] = [dict(data["jobs"][0], job_id=job_id, **fields)]
+    return json.dumps(data)
 
 
 def controller(tmp_path: Path, runner: FakeRunner, **changes: object) -> Controller:
@@ -27,16 +37,17 @@ def test_the_pending_queue_is_scanned_only_every_release_scan_every_s(tmp_path: 
     now = time.monotonic()
     for i in range(5):  # 5 passes within a minute of the start: notices and the (empty) told-job release only
         ctl.jobs_tick(now + i * 2.0)
-    assert runner.commands().count("sinfo -h -N -R -o %N") == 5 and SCAN not in runner.commands()
+    assert runner.commands().count("sinfo -h -N -R -o %N") == 5 and SCAN not in unmarked(runner.commands())
     ctl.jobs_tick(now + 61)
-    assert runner.commands().count(SCAN) == 1
+    assert unmarked(runner.commands()).count(SCAN) == 1
     ctl.jobs_tick(now + 63)
-    assert runner.commands().count(SCAN) == 1
+    assert unmarked(runner.commands()).count(SCAN) == 1
 
 
 def test_a_released_job_is_one_the_controller_told(tmp_path: Path) -> None:
     """The release reads the told jobs one by one and starts the one under the hold with the marker."""
-    runner = FakeRunner().answer("squeue", "-h", "-j", "7", "-t", "PD", stdout="7|BeginTime|run a=1 hpr:requeued\n")
+    held = job_json(7, job_state=["PENDING"], state_reason="BeginTime", comment="run a=1 hpr:requeued")
+    runner = FakeRunner().answer("scontrol", "--json", "show", "job", "7", stdout=held)
     runner.answer("scontrol", "update", stdout="")
     ctl = controller(tmp_path, runner, release_scan_every_s=0)
     ctl.notifier.recent[7] = time.monotonic()
@@ -50,7 +61,7 @@ def test_a_released_job_is_one_the_controller_told(tmp_path: Path) -> None:
 def test_a_notice_refused_by_a_busy_slurmctld_is_written_on_the_next_pass(tmp_path: Path) -> None:
     runner = FakeRunner(retries=0)
     runner.answer("squeue", "-h", "-t", "R,CG,S", "-w", "n2", stdout="7|n[1-2]\n")
-    runner.answer("scontrol", "show", "job", "7", stdout="JobId=7 JobName=x\n   AdminComment=site note \n")
+    runner.answer("scontrol", "--json", "show", "job", "7", stdout=job_json(7, admin_comment="site note"))
     runner.answer("scontrol", "update", exit_code=1, stderr="slurm_update error: Socket timed out on send/recv")
     runner.answer("scontrol", "update", stdout="")
     runner.answer("scancel", stdout="")

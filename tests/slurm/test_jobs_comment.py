@@ -18,6 +18,7 @@ from hpresilience.slurm.jobs import (
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.fakerunner import FakeRunner
+from tests.conftest import held_read, unmarked
 
 COMMENT = "exp7 lr=0.1 bs=64  two|bars"
 
@@ -44,8 +45,11 @@ def test_the_release_looks_only_at_the_jobs_named(cluster: DevCluster, slurm: Sl
     job_id = slurm.sbatch("-N1", "-o", "/dev/null", f"--comment={COMMENT} {REQUEUE_MARKER}", "--wrap", "sleep 300")
     slurm.wait_running(job_id)
     runner = CountingRunner.like(cluster.client().runner)
-    assert held_among(SlurmClient(runner), [job_id]) == []
-    assert runner.commands() == [f"squeue -h -j {job_id} -t PD -o %i|%r|%k"]
+    client = SlurmClient(runner)
+    assert client.version  # which release (the read it asks depends on it)
+    runner.calls.clear()
+    assert held_among(client, [job_id]) == []
+    assert unmarked(runner.commands()) == [held_read(cluster, job_id)]
 
 
 def test_an_empty_comment_reads_as_empty_and_a_failed_read_raises() -> None:

@@ -1,42 +1,98 @@
-"""The bad-node notice in a job's AdminComment: written without touching the site's own text, read from
-scontrol's multi-line job form (recorded format, Slurm 22.05), and the rule of which node leaves a step."""
+"""The bad-node notice in a job's AdminComment: written without touching the site's own text, read exactly as
+a field of its own (framed squeue on 22.05, JSON since 23.02; recorded output), and the rule of which node
+leaves a step."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from hpresilience.errors import SlurmParseError
+from hpresilience.slurm import notice
+from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.notice import (
     WATCH_PREFIX,
+    JobNotice,
+    admin_comment_format,
     leaves_step,
     parse_admin_comment,
     parse_notice,
     parse_running_batch,
     parse_watch,
     planned_move,
+    read_notice,
     with_notice,
     with_word,
 )
+from hpresilience.testing.fakerunner import FakeRunner
+from tests.conftest import FIXTURES
 
-# `scontrol show job J` on 22.05 (our own job, same shape as the real output): AdminComment has a line of its own,
-# before Comment; the one-line form would run both together.
-SHOW_JOB = """JobId=30617000 JobName=wrap
-   UserId=u(1000) GroupId=u(1000) MCS_label=N/A
-   JobState=RUNNING Reason=None Dependency=(null)
-   NodeList=n1 BatchHost=n1 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
-   Command=(null)
-   WorkDir=/home/u
-   AdminComment=site x=1 hpr:bad=n2@1764090077,n5@1764090079{sp}
-   Comment=AdminComment=hpr:bad=n1@1 lr=0.1{sp}
-   StdErr=/dev/null
-""".format(sp=" ")  # scontrol ends these two lines with a space
+SLURM = FIXTURES / "slurm"
+
+# Recorded on 22.05 (tests/fixtures/slurm/record_hostile.py): a victim job whose site AdminComment is "site note",
+# and a job of `nobody` whose JobName, WorkDir and Comment hold lines that look like an AdminComment.
+SHOW_JOB = (SLURM / "hostile_show_job_22.05.txt").read_text()
+ADMIN = (SLURM / "hostile_squeue_admin_comment_22.05.txt").read_text()
+MARK = "hpr0123456789abcdef01234567"
+VICTIM, HOSTILE = 22000004, 22000005
 
 
-def test_the_notice_is_read_from_the_admin_comment_line_not_from_the_users_comment() -> None:
-    comment = parse_admin_comment(SHOW_JOB)
-    assert comment == "site x=1 hpr:bad=n2@1764090077,n5@1764090079"
-    assert parse_notice(comment) == {"n2": 1764090077, "n5": 1764090079}
-    assert parse_admin_comment(SHOW_JOB.replace("   AdminComment=site", "   XAdmin=site")) == ""
+def test_the_text_form_shows_admin_comment_lookalikes_from_user_fields() -> None:
+    """Why scontrol's multi-line form is never read for AdminComment: the user's JobName and WorkDir print
+    `AdminComment=` lines of their own (the job has no AdminComment)."""
+    assert [ln.strip() for ln in SHOW_JOB.splitlines() if ln.strip().startswith("AdminComment=")] == [
+        "AdminComment=hpr:watch=1 from-jobname",
+        "AdminComment=hpr:bad=n3@1 from-workdir",
+    ]
+
+
+def test_the_admin_comment_is_read_from_its_own_framed_field() -> None:
+    assert parse_admin_comment(ADMIN, MARK, HOSTILE) == ""
+    assert parse_admin_comment(ADMIN, MARK, VICTIM) == "site note"
+    assert parse_admin_comment(ADMIN, MARK, 1) is None  # not listed: the job is gone
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ADMIN.replace(MARK, "hprffffffffffffffffffffffff"),  # not this query's mark
+        ADMIN.rstrip("\n"),  # cut short
+        ADMIN + ADMIN,  # the job twice
+        "22000005" + MARK + "x\n",  # a record missing its second mark
+    ],
+)
+def test_an_admin_comment_answer_of_any_other_shape_is_refused(text: str) -> None:
+    with pytest.raises(SlurmParseError):
+        parse_admin_comment(text, MARK, HOSTILE)
+
+
+def test_on_22_05_the_notice_is_read_with_squeue_never_from_the_text_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(notice, "record_mark", lambda: MARK)
+    runner = FakeRunner("22.05.8").answer("squeue", stdout=ADMIN)
+    got = read_notice(SlurmClient(runner), HOSTILE)
+    assert got == JobNotice({}, "", found=True)
+    assert runner.commands()[-1] == f"squeue -h -t all -j {HOSTILE} -O " + admin_comment_format(MARK)
+
+
+def test_on_23_02_and_later_the_notice_is_read_from_json() -> None:
+    """`scontrol --json show job J` (recorded 24.11 shape): the record of the job asked, its admin_comment
+    field alone, whatever its other fields hold."""
+    data = json.loads((SLURM / "scontrol_show_job_24.11.json").read_text())
+    first = data["jobs"][0]
+    data["jobs"] = [
+        dict(first, job_id=7, name="x\n   AdminComment=hpr:watch=1", comment="AdminComment=hpr:bad=n1@1"),
+        dict(first, job_id=8, admin_comment="hpr:bad=n9@9"),
+    ]
+    runner = FakeRunner("24.11.5").answer("scontrol", "--json", "show", "job", stdout=json.dumps(data))
+    assert read_notice(SlurmClient(runner), 7) == JobNotice({}, "", found=True)
+    assert read_notice(SlurmClient(runner), 8).bad == {"n9": 9}
+    assert read_notice(SlurmClient(runner), 9).found is False
+    data["jobs"].append(data["jobs"][0])
+    runner = FakeRunner("24.11.5").answer("scontrol", "--json", "show", "job", stdout=json.dumps(data))
+    with pytest.raises(SlurmParseError):
+        read_notice(SlurmClient(runner), 7)
 
 
 @pytest.mark.parametrize("site", ["", "site x=1", "  spaced  text ", "a\tb", "hpr:badX=1"])
@@ -108,3 +164,12 @@ def test_a_drained_node_without_a_fault_is_a_planned_move_and_a_faulty_one_is_no
     assert not planned_move(node("ALLOCATED", "DRAIN", "FAIL"))
     assert not planned_move(node("IDLE", "DRAIN", "DOWN"))
     assert not planned_move(node("ALLOCATED"))
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_the_recorded_json_of_a_hostile_job_reads_as_its_empty_admin_comment(release: str) -> None:
+    """Recorded on 24.11 and 26.05: nobody's job whose JobName and WorkDir hold `AdminComment=` lines."""
+    text = (SLURM / f"hostile_show_job_{release}.json").read_text()
+    runner = FakeRunner(f"{release}.5").answer("scontrol", "--json", "show", "job", stdout=text)
+    assert read_notice(SlurmClient(runner), 22000001) == JobNotice({}, "", found=True)
+    assert "AdminComment=hpr:watch=1" in json.loads(text)["jobs"][0]["name"]

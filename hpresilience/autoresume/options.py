@@ -19,6 +19,22 @@ from hpresilience.autoresume.state import default_state_dir
 from hpresilience.errors import ConfigError
 from hpresilience.settings_base import validation_problems
 
+# MASTER_PORT is drawn from [base, base + span). The span stops where the kernel's ephemeral range begins: a port in
+# it may be held by any outgoing connection on the node (a rank's own, another job's), and the rendezvous then fails
+# with EADDRINUSE (seen on a busy 2-core CI machine with the default 29500 + 20000 reaching into 32768-60999).
+DEFAULT_PORT_SPAN = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def master_port_span(base: int, span: int = DEFAULT_PORT_SPAN, range_file: Path = EPHEMERAL_RANGE) -> int:
+    """How many ports above `base` MASTER_PORT may take: `span`, cut at the start of this host's ephemeral range
+    when `base` lies below it (a base a site set inside the range is its own choice, kept)."""
+    try:
+        low = int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return span
+    return min(span, low - base) if low > base else span
+
 
 @dataclass(frozen=True)
 class WrapperOptions:
@@ -38,7 +54,7 @@ class WrapperOptions:
     full_node_check_s: float = 120.0
     metrics_path: str | None = None
     master_port_base: int = 29500
-    master_port_span: int = 20000
+    master_port_span: int = DEFAULT_PORT_SPAN
     pre_train_script: str | None = None
     post_train_script: str | None = None
     script_timeout_s: float = 600.0
@@ -115,6 +131,7 @@ def options_from(
         full_node_check_s=settings.full_node_check_s,
         metrics_path=metrics_path or None,
         master_port_base=master_port_base or settings.master_port_base,
+        master_port_span=master_port_span(master_port_base or settings.master_port_base),
         script_timeout_s=settings.script_timeout_s,
         requeue_wait_s=settings.requeue_wait_s,
         pre_train_script=pre_train_script,

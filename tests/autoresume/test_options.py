@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.options import job_id_from, options_from
+from hpresilience.autoresume.options import (
+    DEFAULT_PORT_SPAN,
+    EPHEMERAL_RANGE,
+    job_id_from,
+    master_port_span,
+    options_from,
+)
+from hpresilience.autoresume.plan import master_port
 from hpresilience.autoresume.settings import AutoResumeSettings
 from hpresilience.autoresume.srunargs import parse_srun_args
 from hpresilience.errors import ConfigError
@@ -100,3 +107,22 @@ def test_min_nodes_and_grow_back_come_from_the_config_and_the_command_line_wins(
 def test_a_negative_min_nodes_is_refused_with_the_option_named() -> None:
     res = _srun("--auto-resume=1", "--auto-resume-min-nodes=-1", "true")
     assert res.returncode == 2 and "--auto-resume-min-nodes" in res.stderr, res.stderr
+
+
+def test_master_ports_stay_below_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    """A port in the ephemeral range may be held by any outgoing connection: the rendezvous would fail (EADDRINUSE)."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    span = master_port_span(29500, range_file=ranges)
+    assert span == 32768 - 29500
+    assert max(master_port(29500, span, job, a) for job in range(1000, 1400) for a in range(1, 4)) < 32768
+    # A base a site put inside the range is its choice; an unreadable range keeps the span.
+    assert master_port_span(40000, range_file=ranges) == DEFAULT_PORT_SPAN
+    assert master_port_span(29500, range_file=tmp_path / "missing") == DEFAULT_PORT_SPAN
+    # The options the wrapper runs with carry this host's cut span.
+    args = parse_srun_args(["-N2", "train.sh"], frozenset(), frozenset())
+    opts = options_from(AutoResumeSettings(state_dir=str(tmp_path)), args, "/usr/bin/srun", {"SLURM_JOB_ID": "7"})
+    assert opts.master_port_span == master_port_span(opts.master_port_base)
+    if EPHEMERAL_RANGE.exists():
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+        assert low <= opts.master_port_base or opts.master_port_base + opts.master_port_span <= low

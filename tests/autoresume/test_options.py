@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -10,9 +11,15 @@ from pathlib import Path
 import pytest
 
 from hpresilience.autoresume.options import job_id_from, options_from
-from hpresilience.autoresume.settings import AutoResumeSettings
+from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.rules import RuleSet
+from hpresilience.autoresume.settings import AutoResumeSettings, LogRuleSettings, RunPolicySettings
 from hpresilience.autoresume.srunargs import parse_srun_args
+from hpresilience.autoresume.state import StateStore
+from hpresilience.autoresume.steps import StepRunner
+from hpresilience.autoresume.stream import RuleFeed
 from hpresilience.errors import ConfigError
+from hpresilience.slurm.client import SlurmClient
 
 
 def test_config_values_apply_and_command_line_wins(tmp_path: Path) -> None:
@@ -100,3 +107,27 @@ def test_min_nodes_and_grow_back_come_from_the_config_and_the_command_line_wins(
 def test_a_negative_min_nodes_is_refused_with_the_option_named() -> None:
     res = _srun("--auto-resume=1", "--auto-resume-min-nodes=-1", "true")
     assert res.returncode == 2 and "--auto-resume-min-nodes" in res.stderr, res.stderr
+
+
+def _runner(settings: AutoResumeSettings, tmp_path: Path) -> StepRunner:
+    opts = options_from(
+        settings, parse_srun_args(["-N2", "train.sh"], frozenset(), frozenset()), "/usr/bin/srun", {"SLURM_JOB_ID": "7"}
+    )
+    rules = RuleSet(list(opts.run_policy.log_monitoring_configuration))
+    reporter = Reporter(StateStore(tmp_path, 7), 7, None)
+    return StepRunner(opts, SlurmClient(), RuleFeed(rules), reporter, {}, io.BytesIO(), io.BytesIO())
+
+
+def test_hang_detection_stays_on_with_a_log_rule_configured(tmp_path: Path) -> None:
+    """Issue 32: one rule (here a loss threshold, which says nothing about hangs) turned the built-in hang clock
+    off, and with it the 60 s verdict on a silent step. Only `hang_detection: false` turns it off."""
+    rule = LogRuleSettings.model_validate(
+        {"name": "loss", "logPattern": r".*loss=([0-9.]+)", "metricThreshold": 10, "operator": "gt"}
+    )
+    with_rule = AutoResumeSettings(
+        state_dir=str(tmp_path), runPolicy=RunPolicySettings(logMonitoringConfiguration=[rule])
+    )
+    assert _runner(with_rule, tmp_path).hang_clock is not None
+    assert _runner(AutoResumeSettings(state_dir=str(tmp_path)), tmp_path).hang_clock is not None
+    off = AutoResumeSettings(state_dir=str(tmp_path), hang_detection=False, runPolicy=with_rule.run_policy)
+    assert _runner(off, tmp_path).hang_clock is None

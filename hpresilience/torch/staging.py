@@ -163,8 +163,9 @@ class CachedStager(AsyncStager):
         fut = self._pending
         return fut is not None and not fut.done()
 
-    def wait(self) -> float:
-        """Block until a background copy has finished; the seconds waited (0.0 when none was running).
+    def wait(self, timeout: float | None = None) -> float:
+        """Block until a background copy has finished, at most `timeout` seconds (None: until it ends); the
+        seconds waited (0.0 when none was running).
 
         Never raises: a failed copy fails its save, which the checkpointer logs.
         """
@@ -173,18 +174,20 @@ class CachedStager(AsyncStager):
             return 0.0
         t0 = time.monotonic()
         try:
-            fut.result()
-        except Exception:  # noqa: BLE001 - reported through the save's own future
+            fut.result(timeout)
+        except Exception:  # noqa: BLE001 - reported through the save's own future; a timeout leaves it running
             pass
         return time.monotonic() - t0
 
     def synchronize_staging(self) -> None:
         """Inline staging is finished when stage() returns; background staging reports through its future."""
 
-    def close(self) -> None:
-        self.wait()
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the copy thread, waiting at most `timeout` seconds for a copy in progress (None: until it
+        ends); one still running then finishes in its thread, unwaited here."""
+        self.wait(timeout)
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=not self.pending())
             self._pool = None
         self._cache = None
         self._layout = None

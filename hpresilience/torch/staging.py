@@ -198,13 +198,29 @@ class CachedStager(AsyncStager):
 _COMPARE_CHUNK_BYTES = 64 << 20
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as integers of the element's width: compared bit for bit, a NaN equals itself
+    (torch.equal(nan, nan) is False, so a tensor holding a NaN read as changed and every save failed)."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    width = _INT_OF_WIDTH.get(t.element_size())
+    return t if width is None or t.dtype == width else t.view(width)
+
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(_bits(a), _bits(b)))
+
+
 def _same(dst: torch.Tensor, src: torch.Tensor) -> bool:
-    if dst.device == src.device:
-        return bool(torch.equal(dst, src))
     if dst.shape != src.shape or dst.dtype != src.dtype:
         return False
+    if dst.device == src.device:
+        return _equal(dst, src)
     if not (dst.is_contiguous() and src.is_contiguous()):
-        return bool(torch.equal(dst.to(src.device), src))
+        return _equal(dst.to(src.device), src)
     a, b = dst.reshape(-1), src.reshape(-1)
     step = max(1, _COMPARE_CHUNK_BYTES // max(1, src.element_size()))
-    return all(bool(torch.equal(a[i : i + step].to(src.device), b[i : i + step])) for i in range(0, a.numel(), step))
+    return all(_equal(a[i : i + step].to(src.device), b[i : i + step]) for i in range(0, a.numel(), step))

@@ -4,8 +4,8 @@ Sources: a signal (Slurm's `--signal=USR1@120`, or SIGTERM when Slurm preempts o
 notice file the hpresilience agent writes on a cloud reclaim or maintenance notice (/run/hpresilience/
 notice.json by default; trusted only when root owns it and its directory, so a user on a shared node cannot
 stop another's job by creating it), the `srun --auto-resume` wrapper's notice file ($HPR_NOTICE_FILE, trusted
-only when it is this user's own regular file), and the EC2 spot interruption notice from instance metadata.
-The last is polled in a background thread, and only when enabled; a file check is an lstat() per call.
+only when it is this user's own regular file in this user's own 0700 directory), and the EC2 spot
+interruption notice from instance metadata. The last is polled in a background thread, and only when enabled; a file check is an lstat() per call.
 """
 
 from __future__ import annotations
@@ -124,12 +124,21 @@ def untrusted_notice(path: str, owner: int = 0) -> str | None:
 
 
 def _ours(path: str) -> bool:
-    """The wrapper's notice: a regular file (not a link) owned by this user; anything else is not trusted."""
+    """The wrapper's notice: a regular file (not a link) owned by this user, in a directory (not a link) that
+    this user owns and nobody else may enter or write (the wrapper creates it 0700). Anything else, e.g. a file
+    another user planted or a directory they prepared at that name, is not trusted."""
     try:
-        st = os.lstat(path)
+        st = os.lstat(path)  # the common case, no file: one lstat per call
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+    me = os.getuid()
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
+        return False
+    try:
+        dst = os.lstat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return stat.S_ISDIR(dst.st_mode) and dst.st_uid == me and not dst.st_mode & 0o077
 
 
 def spot_interruption(base_url: str, timeout: float = 2.0) -> str | None:

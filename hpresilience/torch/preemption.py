@@ -5,7 +5,8 @@ notice file the hpresilience agent writes on a cloud reclaim or maintenance noti
 notice.json by default; trusted only when root owns it and its directory, so a user on a shared node cannot
 stop another's job by creating it), the `srun --auto-resume` wrapper's notice file ($HPR_NOTICE_FILE, trusted
 only when it is this user's own regular file in this user's own 0700 directory), and the EC2 spot
-interruption notice from instance metadata. The last is polled in a background thread, and only when enabled; a file check is an lstat() per call.
+interruption notice from instance metadata. The last is polled in a background thread, and only when
+enabled; a file check is an lstat() per call.
 """
 
 from __future__ import annotations

@@ -203,6 +203,7 @@ class StepRunner:
             self.opts.srun.command,
             self.opts.srun.export,
             overlap=self.overlap,
+            env=env,
         )
         self.feed.reset()
         self.pending_trip = None

@@ -201,6 +201,7 @@ class TieredCheckpointer:
         self._inflight_posted = posted
         return fut
 
+    @heartbeat.blocking("checkpoint")
     def wait_staged(self) -> float:
         """Block until the state passed to the last async_save is copied; the seconds waited.
 
@@ -212,13 +213,16 @@ class TieredCheckpointer:
     def _before_forward(self, module: Any, args: Any) -> None:
         if self._stager.pending():
             waited = self._stager.wait()
+            heartbeat.blocked("checkpoint", waited)  # the goodput ledger's: the forward waited for the copy
             log.info("checkpoint_staging_waited", seconds=round(waited, 4), rank=self.rank, before="forward")
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         waited = self._stager.wait()
         if waited > 0:
+            heartbeat.blocked("checkpoint", waited)
             log.info("checkpoint_staging_waited", seconds=round(waited, 4), rank=self.rank)
 
+    @heartbeat.blocking("checkpoint")
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the in-flight save (not its peer copy or upload), at most `timeout` seconds (None: until it
         ends); False if it failed or is still running (then it stays in flight: a later wait waits again)."""
@@ -258,6 +262,7 @@ class TieredCheckpointer:
         """Queue a saved step's post-commit work (for DirectWriter; save()/async_save() do it themselves)."""
         self._post.submit(job)
 
+    @heartbeat.blocking("checkpoint")  # a preemption exit's or a HyperPod script's wait for the copies
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every committed step is copied to its peer and uploaded where due, at most
         `timeout` seconds (default `timeout_s`). True when all of it finished and nothing failed since
@@ -278,6 +283,7 @@ class TieredCheckpointer:
         """
         return self._loader.load(state_dict, step)
 
+    @heartbeat.blocking("restore")
     def prepare_load(
         self, step: int | None = None, *, verify_first: bool = False, state_dict: dict[str, Any] | None = None
     ) -> tuple[int, TierStorageReader] | None:
@@ -286,11 +292,13 @@ class TieredCheckpointer:
         after reading."""
         return self._loader.prepare_load(step, verify_first=verify_first, state_dict=state_dict)
 
+    @heartbeat.blocking("restore")
     def finish_load(self, step: int) -> None:
         """Remove what a prepared load fetched for `step` (collective like prepare_load)."""
         self._loader.finish_load(step)
 
     # ------------------------------------------------------------------ lifecycle
+    @heartbeat.blocking("checkpoint")
     def close(self, *, keep_tier: bool = False, timeout: float | None = None) -> bool:
         """Finish pending copies and uploads (within `timeout`, default `timeout_s`), stop the background
         threads and, unless `keep_tier`, remove this job's memory tier on every node (collective).

@@ -5,6 +5,7 @@ close, and the staging waits. Nested calls (close flushes, load flushes) count o
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -114,30 +115,28 @@ def test_load_and_close_count_their_inner_flush_once(tmp_path: Path, hb: Recorde
     assert hb.take() == ["checkpoint"]
 
 
-def test_staging_waits_before_an_optimizer_step_and_wait_staged_report_checkpoint_time(
-    tmp_path: Path, hb: Recorded
-) -> None:
+def test_staging_waits_before_a_forward_and_wait_staged_report_checkpoint_time(tmp_path: Path, hb: Recorded) -> None:
     cfg = CheckpointConfig(namespace="s", memory_dir=str(tmp_path), replicate=False, background_staging=True)
     with TieredCheckpointer(cfg) as ck:
         model = nn.Linear(512, 512)  # 1 MiB of weight: copied in the background
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         orig = ck._stager._copy
+        release = threading.Event()
 
-        def slow(pairs: Any, view: Any) -> Any:
-            time.sleep(0.3)
+        def held(pairs: Any, view: Any) -> Any:
+            release.wait(30)  # the copy ends only once training is waiting for it
             return orig(pairs, view)
 
-        ck._stager._copy = slow  # type: ignore[method-assign]
-        fut = ck.async_save({"model": model.state_dict()}, 1)
-        hb.take()
-        model(torch.randn(2, 512)).sum().backward()  # the forward's pre-hook waits for the copy
-        opt.step()
-        fut.result()
-        waited = [(k, s) for k, s in hb.reports if s > 0.1]
-        assert waited and waited[0][0] == "checkpoint", hb.reports
-        hb.take()
-        fut = ck.async_save({"model": model.state_dict()}, 2)
-        hb.take()
-        assert ck.wait_staged() > 0.1
-        assert hb.take() == ["checkpoint"]
-        fut.result()
+        ck._stager._copy = held  # type: ignore[method-assign]
+        for step, wait in ((1, "forward"), (2, "wait_staged")):
+            release.clear()
+            fut = ck.async_save({"model": model.state_dict()}, step)
+            hb.take()
+            threading.Timer(0.3, release.set).start()
+            if wait == "forward":
+                model(torch.randn(2, 512)).sum().backward()  # the forward's pre-hook waits for the copy
+                opt.step()
+            else:
+                assert ck.wait_staged() > 0
+            assert hb.take() == ["checkpoint"], (wait, hb.reports)
+            fut.result()

@@ -16,7 +16,7 @@ import click
 from hpresilience import __version__
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import config_as_dict
-from hpresilience.errors import EXIT_USAGE, HPResilienceError
+from hpresilience.errors import EXIT_USAGE, HPResilienceError, MissingExtra, missing_extra
 from hpresilience.registry import Registry
 
 
@@ -41,6 +41,22 @@ class LazyGroup(click.Group):
         if cmd_name != "srun":  # srun's arguments are srun's, passed through untouched
             accept_global_options(cmd)
         return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's listing, except that a command whose optional extra is missing is listed as needing it
+        (a training environment has no `node` extra): `--help` must work wherever the package is installed."""
+        rows: list[tuple[str, click.Command]] = []
+        for name in self.list_commands(ctx):
+            try:
+                cmd = self.get_command(ctx, name)
+            except MissingExtra as e:
+                cmd = click.Command(name, help=f"(needs: pip install 'hpresilience[{e.extra}]')")
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd))
+        if rows:
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, cmd.get_short_help_str(limit)) for name, cmd in rows])
 
 
 def _set_global(name: str) -> Any:
@@ -149,14 +165,25 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         click.echo(f"hpresilience: {e.format_message()}", err=True)
         return e.exit_code
+    except ModuleNotFoundError as e:
+        # An extra imported deep inside a command (the wrapper's metrics, a provider's boto3).
+        extra = missing_extra(e)
+        if extra is None:
+            raise
+        return _report(extra, verbose)
     except HPResilienceError as e:
-        if verbose:
-            import traceback
-
-            traceback.print_exc()
-        for i, line in enumerate(str(e).splitlines() or [type(e).__name__]):
-            click.echo(f"hpresilience: error: {line}" if i == 0 else f"  {line}", err=True)
-        return e.exit_code
+        return _report(e, verbose)
     except KeyboardInterrupt:
         return 130
     return rv if isinstance(rv, int) else 0
+
+
+def _report(e: HPResilienceError, verbose: bool) -> int:
+    """One clear line on stderr (more lines indented), the traceback only with --verbose; the exit code."""
+    if verbose:
+        import traceback
+
+        traceback.print_exc()
+    for i, line in enumerate(str(e).splitlines() or [type(e).__name__]):
+        click.echo(f"hpresilience: error: {line}" if i == 0 else f"  {line}", err=True)
+    return e.exit_code

@@ -79,3 +79,37 @@ class JobFailed(HPResilienceError):
     def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# The optional dependencies of pyproject.toml, by the top-level module a missing one shows as. The node
+# side's modules are in a training environment (`pip install hpresilience[torch]`) only if someone put them there.
+EXTRA_OF_MODULE = {
+    "re2": "node",
+    "psutil": "node",
+    "pynvml": "node",
+    "prometheus_client": "node",
+    "boto3": "node",
+    "botocore": "node",
+    "hostlist": "node",
+    "torch": "torch",
+    "numpy": "torch",
+    "xxhash": "torch",
+}
+
+
+class MissingExtra(EnvironmentMissing):
+    """A command needs an optional extra that is not installed: one line naming the extra to install."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"this needs the '{extra}' extra (no module named {module!r}): pip install 'hpresilience[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+
+
+def missing_extra(err: ModuleNotFoundError) -> MissingExtra | None:
+    """The MissingExtra an import failure means, or None when the missing module is no extra's."""
+    top = (err.name or "").partition(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    return None if extra is None else MissingExtra(top, extra)

@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, overload
 
-from hpresilience.errors import ConfigError
+from hpresilience.errors import ConfigError, missing_extra
 
 T = TypeVar("T")
 
@@ -26,6 +26,12 @@ def import_target(target: str) -> Any:
         raise ConfigError(f"{target!r} is not 'module:attribute'")
     try:
         obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        # An optional extra not installed is no typo: say which extra (an EnvironmentMissing, not a ConfigError).
+        extra = missing_extra(err)
+        if extra is not None:
+            raise extra from None
+        raise ConfigError(f"cannot import {module_name!r} ({type(err).__name__}: {err})") from None
     except Exception as err:  # noqa: BLE001 - a site module may fail in any way; the file named it
         raise ConfigError(f"cannot import {module_name!r} ({type(err).__name__}: {err})") from None
     for part in attr.split("."):

@@ -14,31 +14,66 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Literal first words keep the per-line cost to a substring test; the regexes run only on candidates.
+# The lines torch, NCCL and gloo print when a collective is lost, each as its source writes it (ProcessGroupNCCL.cpp,
+# gloo/transport/tcp, TCPStore.cpp, the store's Python wrapper). Patterns are case-sensitive and anchored on
+# the message's fixed words and numbers: a loose word pair reads benign lines as failures (issue 32: "Using
+# TCPStore with timeout 1800 seconds" was a store timeout, "no NCCL errors so far" an NCCL abort), and one
+# such line anywhere in an attempt turns a later application error into a same-node relaunch.
+# The literal is a substring every match contains: the per-line cost stays a substring test.
 SIGNATURES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     (
         "nccl_watchdog",
         "Watchdog caught collective operation timeout",
-        re.compile(r"Watchdog caught collective operation timeout"),
+        # [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, ...)
+        re.compile(r"Watchdog caught collective operation timeout: Work\w*\("),
+    ),
+    # NCCL communicator was aborted on rank 3. Original reason for failure was: ...
+    ("nccl_abort", "NCCL communicator was aborted", re.compile(r"NCCL communicator was aborted on rank \d+")),
+    # torch.distributed.DistBackendError: NCCL error in: .../ProcessGroupNCCL.cpp:1970, unhandled system error
+    ("nccl_abort", "NCCL error in: ", re.compile(r"NCCL error in: \S+:\d+, \S")),
+    (
+        "nccl_abort",
+        "Some NCCL operations have failed or timed out",
+        re.compile(r"Some NCCL operations have failed or timed out"),
     ),
     (
         "nccl_abort",
-        "NCCL",
+        "watchdog thread terminated with exception",
+        re.compile(r"(?:Process group|NCCL) watchdog thread terminated with exception"),
+    ),
+    (
+        "nccl_abort",
+        "watchdog got stuck for",
+        re.compile(r"ProcessGroupNCCL's watchdog got stuck for \d+ seconds"),
+    ),
+    # RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234
+    # ... pair.cc:598] Read error [10.0.0.2]:1234: Connection reset by peer
+    (
+        "gloo_connection",
+        "by peer",
         re.compile(
-            r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:timed out|watchdog)"
-            r"|NCCL error",
-            re.IGNORECASE,
+            r"gloo/transport/\w+/\w+\.cc:\d+\] (?:Connection closed by peer|Read error .*: Connection reset by peer)"
         ),
     ),
-    ("gloo_connection", "by peer", re.compile(r"Connection (?:closed|reset) by peer")),
+    # [.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 60000ms for recv operation to complete
     ("gloo_timeout", "Timed out waiting", re.compile(r"Timed out waiting \d+ms for (?:recv|send) operation")),
+    # torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.
     (
         "store_timeout",
-        "out",
-        re.compile(
-            r"(?:DistStoreError|TCPStore|[Ss]tore).{0,120}(?:[Tt]imed out|[Tt]imeout)"
-            r"|[Ss]ocket [Tt]imeout"
-        ),
+        "waiting for clients",
+        re.compile(r"Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined"),
+    ),
+    # torch.distributed.DistStoreError: wait timeout after 300000ms, keys: /default_pg/0//cuda//0
+    ("store_timeout", "wait timeout after", re.compile(r"[Ww]ait timeout after \d+ms, keys: ")),
+    # (older TCPStore) RuntimeError: Timeout waiting for key: default_pg/0/0 / RuntimeError: Socket Timeout
+    ("store_timeout", "Timeout waiting for key: ", re.compile(r"Timeout waiting for key: \S")),
+    ("store_timeout", "Socket Timeout", re.compile(r"(?:Error|Exception): Socket Timeout\b")),
+    # torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to
+    # connect to (10.0.0.1, 29500).
+    (
+        "store_timeout",
+        "socket has timed out after",
+        re.compile(r"The client socket has timed out after \S+ while trying to connect to \("),
     ),
 )
 

@@ -64,6 +64,14 @@ class WrapperOptions:
     # The sick-not-dead knobs (hangs, collective failures, stragglers), as the configuration file gives them.
     watch: AutoResumeSettings = field(default_factory=AutoResumeSettings)
 
+    @property
+    def hang_detection(self) -> bool:
+        """Whether the built-in hang clock runs: as `hang_detection` says, whatever log rules are configured.
+        A rule watches what its author chose (a metric, a start cut-off, one line's rhythm); a user with one
+        such rule must not lose the 60 s verdict on a step gone silent (issue 32). `hang_detection: false`
+        leaves hangs to the rules alone."""
+        return self.watch.hang_detection
+
     def step_size(self, allocation_size: int) -> int:
         """Nodes per step: srun's -N when given, else the allocation minus the hot spares."""
         size = self.srun.nodes if self.srun.nodes else allocation_size - self.spares

@@ -26,6 +26,22 @@ STALE_SHAPE_VARS = (
 )
 
 
+# What the wrapper gives the ranks beside environment()'s variables (StepRunner.run_attempt, flight_recorder_env):
+# the heartbeat period, the evidence directory, the notice file check_alive() watches, and PyTorch's flight
+# recorder. A user's `--export=NONE` or explicit list must still carry them (issue 32: without HPR_NOTICE_FILE,
+# check_alive() never saw a move notice); each is exported when the step's environment has it.
+RANK_VARIABLES = (
+    "HPR_HEARTBEAT_EVERY_S",
+    "HPR_EVIDENCE_DIR",
+    "HPR_NOTICE_FILE",
+    "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_FR_DUMP_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+)
+
+
 def plan_nodes(
     allocation: Sequence[str], size: int, bad: Iterable[str] = (), previous: Sequence[str] | None = None
 ) -> list[str] | None:
@@ -105,7 +121,16 @@ class AttemptLaunch:
             )
         return env
 
-    def exported_names(self) -> list[str]:
+    def exported_names(self, env: Mapping[str, str] | None = None) -> list[str]:
+        """The variables a user's own `--export` list must still carry: environment()'s, and those of
+        RANK_VARIABLES that `env` (the step's environment) holds."""
+        return [
+            *self._shape_names(),
+            *(name for name in RANK_VARIABLES if env is not None and name in env),
+        ]
+
+    @staticmethod
+    def _shape_names() -> list[str]:
         return [
             "NODE_LIST",
             "NNODES",
@@ -133,7 +158,10 @@ class AttemptLaunch:
         command: Sequence[str],
         user_export: str | None = None,
         overlap: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> list[str]:
+        """The step's srun command line; `env` is the environment it runs with (what a user's own `--export`
+        list must still carry of it: exported_names)."""
         n = len(self.nodes)
         # With arbitrary distribution the node list is a task list: each node once per task on it. The node count
         # follows from it; Slurm 23.02+ refuses --nodes beside it ("--nodes is incompatible with
@@ -144,7 +172,7 @@ class AttemptLaunch:
         else:
             # A user's explicit list (or NONE) still has to carry our variables into the step.
             head = "" if user_export.upper() == "NONE" else user_export + ","
-            export = head + ",".join(self.exported_names())
+            export = head + ",".join(self.exported_names(env))
         argv = [
             srun,
             f"--jobid={job_id}",

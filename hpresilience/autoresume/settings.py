@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from hpresilience.autoresume.regex import compile_rule_pattern
 from hpresilience.errors import ConfigError
 from hpresilience.fileio import read_yaml
 from hpresilience.settings_base import Section, format_validation_error
@@ -41,12 +40,10 @@ class LogRuleSettings(Section):
 
     @model_validator(mode="after")
     def _check_rule(self) -> LogRuleSettings:
-        compiled = compile_rule_pattern(self.name, "logPattern", self.log_pattern)
-        if self.stop_pattern is not None:
-            compile_rule_pattern(self.name, "stopPattern", self.stop_pattern)
+        groups = self._pattern_groups()
         if (self.metric_threshold is None) != (self.operator is None):
             raise ValueError(f"rule {self.name!r}: metricThreshold and operator must be given together")
-        if self.metric_threshold is not None and compiled.groups < 1:
+        if self.metric_threshold is not None and groups is not None and groups < 1:
             raise ValueError(
                 f"rule {self.name!r}: metricThreshold needs a capture group in logPattern "
                 "(the first group is the metric)"
@@ -64,6 +61,24 @@ class LogRuleSettings(Section):
                 "expectedRecurringFrequencyInSeconds, metricThreshold with operator, or faultOnMatch"
             )
         return self
+
+    def _pattern_groups(self) -> int | None:
+        """Compile the patterns on RE2 (a bad one is an error naming the rule); the capture groups of logPattern.
+
+        None where RE2 is not installed: a training environment (`hpresilience[torch]`, no `node` extra)
+        reads the same config.yaml for `hpresilience job`, and runs no rule; the wrapper, which runs them,
+        needs the node extra and compiles every pattern again (rules.py) before the step starts.
+        """
+        try:
+            from hpresilience.autoresume.regex import compile_rule_pattern
+        except ModuleNotFoundError as e:
+            if e.name != "re2":
+                raise
+            return None
+        compiled = compile_rule_pattern(self.name, "logPattern", self.log_pattern)
+        if self.stop_pattern is not None:
+            compile_rule_pattern(self.name, "stopPattern", self.stop_pattern)
+        return compiled.groups
 
     @property
     def data_points(self) -> int:

@@ -148,10 +148,9 @@ class StepRunner:
         w = opts.watch
         # Our own labels name each line's task; they are taken off again before the user sees the output.
         self.add_labels = w.label_tasks and not user_labels(opts.srun.passthrough)
-        # The user's rules take precedence: with any rule configured the built-in hang detection is off.
         self.hang_clock = (
             HangClock(self.progress, w.hang_floor_s, w.hang_interval_factor, w.hang_first_step_s)
-            if w.hang_detection and not opts.run_policy.log_monitoring_configuration
+            if opts.hang_detection
             else None
         )
         self.stragglers: StragglerDetector | None = None
@@ -204,6 +203,7 @@ class StepRunner:
             self.opts.srun.command,
             self.opts.srun.export,
             overlap=self.overlap,
+            env=env,
         )
         self.feed.reset()
         self.pending_trip = None

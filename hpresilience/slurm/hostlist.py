@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-
-import hostlist as _hostlist
+from types import ModuleType
 
 from hpresilience.errors import SlurmParseError
 
@@ -17,11 +16,21 @@ from hpresilience.errors import SlurmParseError
 _TRAILING_NUMBER = re.compile(r"^(?P<prefix>.*?)(?P<number>\d+)$")
 
 
+def _lib() -> ModuleType:
+    """python-hostlist, imported on first use: it is in the `node` extra, and a training environment
+    (`hpresilience[torch]`) imports the Slurm client for `hpresilience job` without ever expanding a list."""
+    import hostlist
+
+    lib: ModuleType = hostlist
+    return lib
+
+
 def expand(expr: str | None) -> list[str]:
     """`n[1-3]` -> [n1, n2, n3]; empty, None and Slurm's `(null)` give []. Spaces around names are dropped,
     as scontrol drops them."""
     if not expr or expr.strip() in ("", "(null)", "None"):
         return []
+    _hostlist = _lib()
     try:
         names = [name.strip() for name in _hostlist.expand_hostlist(expr.strip())]
     except _hostlist.BadHostlist as err:
@@ -47,6 +56,7 @@ def compress(names: Iterable[str]) -> str:
         else:
             groups.setdefault(m["prefix"], []).append(m["number"])
     parts = []
+    _hostlist = _lib()
     for prefix, numbers in sorted(groups.items()):
         try:
             ranged = str(_hostlist.collect_hostlist([f"x{n}" for n in numbers]))[1:]

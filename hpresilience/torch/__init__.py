@@ -55,6 +55,12 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"hpresilience.torch.{module}"), name)
 
 
+def __dir__() -> list[str]:
+    # The names are lazy (__getattr__), so the default dir() lists none of them; tab completion
+    # and help() read this. Submodules already imported are in globals() and stay listed.
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = [
     "CheckpointConfig",
     "ChecksumError",

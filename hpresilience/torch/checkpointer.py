@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 from typing import Any
 
@@ -200,6 +201,7 @@ class TieredCheckpointer:
         self._inflight_posted = posted
         return fut
 
+    @heartbeat.blocking("checkpoint")
     def wait_staged(self) -> float:
         """Block until the state passed to the last async_save is copied; the seconds waited.
 
@@ -211,29 +213,40 @@ class TieredCheckpointer:
     def _before_forward(self, module: Any, args: Any) -> None:
         if self._stager.pending():
             waited = self._stager.wait()
+            heartbeat.blocked("checkpoint", waited)  # the goodput ledger's: the forward waited for the copy
             log.info("checkpoint_staging_waited", seconds=round(waited, 4), rank=self.rank, before="forward")
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         waited = self._stager.wait()
         if waited > 0:
+            heartbeat.blocked("checkpoint", waited)
             log.info("checkpoint_staging_waited", seconds=round(waited, 4), rank=self.rank)
 
-    def wait(self) -> bool:
-        """Wait for the in-flight save (not its peer copy or upload); False if it failed."""
-        fut, self._inflight = self._inflight, None
+    @heartbeat.blocking("checkpoint")
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the in-flight save (not its peer copy or upload), at most `timeout` seconds (None: until it
+        ends); False if it failed or is still running (then it stays in flight: a later wait waits again)."""
+        fut = self._inflight
         if fut is None:
             return True
+        deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         try:
-            fut.result()
+            fut.result(timeout)
+        except FutureTimeout:
+            # A flush/close with a timeout returns on time: a preemption exit must not wait for the save's
+            # gloo collective (timeout_s, 600 s by default) because a peer is gone.
+            log.error("checkpoint_save_still_running", rank=self.rank, waited_s=timeout)
+            return False
         # CheckpointException derives from BaseException in torch 2.13: catch it by name, or a failed
         # background save would surface from whichever save/load/close comes next.
         except (Exception, CheckpointException):  # noqa: BLE001 - logged by the done callback
             ok = False
+        self._inflight = None
         # A future's waiters wake before its callbacks run: wait until the step's post-commit job is
         # queued, or a flush() right after could miss it.
-        self._inflight_posted.wait(self.cfg.timeout_s)
-        return ok
+        left = self.cfg.timeout_s if deadline is None else max(0.05, deadline - time.monotonic())
+        return self._inflight_posted.wait(left) and ok
 
     def storage_writer(self, step: int, *, to_s3: bool | None = None) -> DirectWriter:
         """A writer for `dcp.save`/`dcp.async_save(storage_writer=...)` that carries the whole tiered
@@ -249,12 +262,13 @@ class TieredCheckpointer:
         """Queue a saved step's post-commit work (for DirectWriter; save()/async_save() do it themselves)."""
         self._post.submit(job)
 
+    @heartbeat.blocking("checkpoint")  # a preemption exit's or a HyperPod script's wait for the copies
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every committed step is copied to its peer and uploaded where due, at most
         `timeout` seconds (default `timeout_s`). True when all of it finished and nothing failed since
         the last flush; the failures themselves are in `failures` and counted in `stats`."""
         deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
-        ok = self.wait()
+        ok = self.wait(max(0.0, deadline - time.monotonic()))
         return self._post.settle(deadline) and ok
 
     # ------------------------------------------------------------------ loading
@@ -269,6 +283,7 @@ class TieredCheckpointer:
         """
         return self._loader.load(state_dict, step)
 
+    @heartbeat.blocking("restore")
     def prepare_load(
         self, step: int | None = None, *, verify_first: bool = False, state_dict: dict[str, Any] | None = None
     ) -> tuple[int, TierStorageReader] | None:
@@ -277,11 +292,13 @@ class TieredCheckpointer:
         after reading."""
         return self._loader.prepare_load(step, verify_first=verify_first, state_dict=state_dict)
 
+    @heartbeat.blocking("restore")
     def finish_load(self, step: int) -> None:
         """Remove what a prepared load fetched for `step` (collective like prepare_load)."""
         self._loader.finish_load(step)
 
     # ------------------------------------------------------------------ lifecycle
+    @heartbeat.blocking("checkpoint")
     def close(self, *, keep_tier: bool = False, timeout: float | None = None) -> bool:
         """Finish pending copies and uploads (within `timeout`, default `timeout_s`), stop the background
         threads and, unless `keep_tier`, remove this job's memory tier on every node (collective).
@@ -293,11 +310,13 @@ class TieredCheckpointer:
         deadline = time.monotonic() + (self.cfg.timeout_s if timeout is None else timeout)
         ok = self.flush(timeout=max(0.0, deadline - time.monotonic()))
         stuck = self._post.stop(deadline)
+        if self._inflight is not None and not self._inflight.done():
+            stuck.append("save")  # DCP's writer thread, still in the save group's collective
         for hook in (self._step_hook, self._forward_hook):
             if hook is not None:
                 hook.remove()
         self._step_hook = self._forward_hook = None
-        self._stager.close()
+        self._stager.close(max(0.0, deadline - time.monotonic()))
         if stuck:
             # A thread still inside a collective would use a destroyed group: leave the groups (and the
             # daemon threads) to the process's exit.

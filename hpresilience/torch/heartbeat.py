@@ -18,7 +18,8 @@ data parallel training every rank waits for the slowest in the gradient all-redu
 equal on all ranks and only the time a rank spends on its own work shows a slow node.
 
 Time a rank spends blocked in a checkpoint save or restore (TieredCheckpointer's blocking part of save,
-async_save and load, through `blocking`) is reported for the goodput ledger: the beat lines carry the
+async_save, load, flush, close and the staging waits; the DCP writers and readers it hands out, HyperPod's
+drop-in classes included; through `blocking`) is reported for the goodput ledger: the beat lines carry the
 process's totals so far (`ckpt_s=F restore_s=F`); a block that ends writes a line at once when the rate
 allows (one without `step=` when no step was beaten yet, e.g. the restore before training), else the next
 beat carries it, and what is left unsaid at exit is written then.
@@ -269,20 +270,50 @@ def working() -> contextlib.AbstractContextManager[None]:
     return default().working()
 
 
+class _Depth(threading.local):
+    n = 0
+
+
+# Blocking calls nest (close() flushes, load() flushes, async_save() waits for the save before): only the
+# outermost of a thread counts, or its time would be reported twice.
+_depth = _Depth()
+
+
+def blocked(kind: Literal["checkpoint", "restore"], seconds: float) -> None:
+    """Training was blocked `seconds` on a checkpoint (outside any `blocking` call, which counts its own)."""
+    if _depth.n == 0:
+        default().blocked(kind, seconds)
+
+
+@contextlib.contextmanager
+def blocked_while(kind: Literal["checkpoint", "restore"]) -> Iterator[None]:
+    """`with heartbeat.blocked_while("checkpoint"): ...`: the block's duration is blocked time, once."""
+    hb = default()
+    if not hb.enabled:
+        yield
+        return
+    outer = _depth.n == 0
+    _depth.n += 1
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        _depth.n -= 1
+        if outer:
+            hb.blocked(kind, time.monotonic() - start)
+
+
 def blocking(kind: Literal["checkpoint", "restore"]) -> Callable[[F], F]:
-    """Decorator: the call's duration is time training was blocked on a checkpoint (`Heartbeat.blocked`)."""
+    """Decorator: the call's duration is time training was blocked on a checkpoint (`Heartbeat.blocked`),
+    unless it runs inside another such call."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            hb = default()
-            if not hb.enabled:
+            if not default().enabled:
                 return fn(*args, **kwargs)
-            start = time.monotonic()
-            try:
+            with blocked_while(kind):
                 return fn(*args, **kwargs)
-            finally:
-                hb.blocked(kind, time.monotonic() - start)
 
         return timed  # type: ignore[return-value]
 

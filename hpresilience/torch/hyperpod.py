@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from hpresilience.errors import ConfigError
+from hpresilience.torch import heartbeat
 from hpresilience.torch.checkpointer import TieredCheckpointer
 from hpresilience.torch.direct import DirectWriter
 from hpresilience.torch.reader import TierStorageReader
@@ -79,6 +80,7 @@ def checkpointer_for(config: SageMakerCheckpointConfig) -> TieredCheckpointer:
         return ck
 
 
+@heartbeat.blocking("checkpoint")
 def flush() -> None:
     """Wait until every save made through these classes is committed, copied and uploaded where due."""
     for ck in list(_ENGINES.values()):
@@ -140,6 +142,7 @@ class SageMakerTieredStorageReader(StorageReader):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self._inner = None
 
+    @heartbeat.blocking("restore")  # the goodput ledger's `restore`
     def read_metadata(self) -> Metadata:
         # Collective over the checkpointer's groups: DCP calls this on every rank at the same point.
         # dcp.load cannot be retried from inside, so damaged shards are found (and other sources tried)
@@ -167,6 +170,7 @@ class SageMakerTieredStorageReader(StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return self._reader().prepare_global_plan(plans)
 
+    @heartbeat.blocking("restore")  # reading and the cleanup after it: one block
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         try:
             return self._reader().read_data(plan, planner)

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from hpresilience.torch import heartbeat
 from hpresilience.torch.layout import (
     METADATA,
     ChecksumError,
@@ -138,6 +139,7 @@ class TierStorageReader(StorageReader):
             )
         return other[0], other[1].items.get(_key(index), loc)
 
+    @heartbeat.blocking("restore")  # with dcp.load after prepare_load(); inside load() it counts once
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         fds: dict[Path, int] = {}
         # Checksums of items read straight into their targets run in a second thread while the next

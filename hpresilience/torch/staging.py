@@ -163,8 +163,9 @@ class CachedStager(AsyncStager):
         fut = self._pending
         return fut is not None and not fut.done()
 
-    def wait(self) -> float:
-        """Block until a background copy has finished; the seconds waited (0.0 when none was running).
+    def wait(self, timeout: float | None = None) -> float:
+        """Block until a background copy has finished, at most `timeout` seconds (None: until it ends); the
+        seconds waited (0.0 when none was running).
 
         Never raises: a failed copy fails its save, which the checkpointer logs.
         """
@@ -173,18 +174,20 @@ class CachedStager(AsyncStager):
             return 0.0
         t0 = time.monotonic()
         try:
-            fut.result()
-        except Exception:  # noqa: BLE001 - reported through the save's own future
+            fut.result(timeout)
+        except Exception:  # noqa: BLE001 - reported through the save's own future; a timeout leaves it running
             pass
         return time.monotonic() - t0
 
     def synchronize_staging(self) -> None:
         """Inline staging is finished when stage() returns; background staging reports through its future."""
 
-    def close(self) -> None:
-        self.wait()
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the copy thread, waiting at most `timeout` seconds for a copy in progress (None: until it
+        ends); one still running then finishes in its thread, unwaited here."""
+        self.wait(timeout)
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=not self.pending())
             self._pool = None
         self._cache = None
         self._layout = None
@@ -195,13 +198,29 @@ class CachedStager(AsyncStager):
 _COMPARE_CHUNK_BYTES = 64 << 20
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as integers of the element's width: compared bit for bit, a NaN equals itself
+    (torch.equal(nan, nan) is False, so a tensor holding a NaN read as changed and every save failed)."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    width = _INT_OF_WIDTH.get(t.element_size())
+    return t if width is None or t.dtype == width else t.view(width)
+
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(_bits(a), _bits(b)))
+
+
 def _same(dst: torch.Tensor, src: torch.Tensor) -> bool:
-    if dst.device == src.device:
-        return bool(torch.equal(dst, src))
     if dst.shape != src.shape or dst.dtype != src.dtype:
         return False
+    if dst.device == src.device:
+        return _equal(dst, src)
     if not (dst.is_contiguous() and src.is_contiguous()):
-        return bool(torch.equal(dst.to(src.device), src))
+        return _equal(dst.to(src.device), src)
     a, b = dst.reshape(-1), src.reshape(-1)
     step = max(1, _COMPARE_CHUNK_BYTES // max(1, src.element_size()))
-    return all(bool(torch.equal(a[i : i + step].to(src.device), b[i : i + step])) for i in range(0, a.numel(), step))
+    return all(_equal(a[i : i + step].to(src.device), b[i : i + step]) for i in range(0, a.numel(), step))

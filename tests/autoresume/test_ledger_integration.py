@@ -183,3 +183,20 @@ def test_goodput_over_finished_jobs_is_the_sum_of_their_ledgers(
     )
     for category, seconds in data["badput_s"].items():
         assert seconds == pytest.approx(sum(j["badput_s"][category] for j in data["jobs"]), abs=0.01)
+
+
+def test_job_reads_the_ledger_in_a_training_environment_without_the_node_extra(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    """Issue 32: with `hpresilience[torch]` only (no re2, psutil, hostlist, boto3, prometheus_client),
+    `hpresilience job JOBID` finds the finished job through Slurm and prints its ledger."""
+    from tests.commands.test_training_env import hpr_without_node_extra
+
+    run = Recipe(cluster, tmp_path / "job", steps=3, sbatch_args=("--nodes=1",))
+    ledger = ledger_of(run)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = hpr_without_node_extra("job", str(run.job_id), "--json", env=run.env, cwd=elsewhere)
+    assert res.returncode == 0, res.stderr
+    shown = json.loads(res.stdout)
+    assert shown["job_id"] == run.job_id and shown["goodput"] == ledger["goodput"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -17,9 +18,15 @@ from hpresilience.autoresume.options import (
     options_from,
 )
 from hpresilience.autoresume.plan import master_port
-from hpresilience.autoresume.settings import AutoResumeSettings
+from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.rules import RuleSet
+from hpresilience.autoresume.settings import AutoResumeSettings, LogRuleSettings, RunPolicySettings
 from hpresilience.autoresume.srunargs import parse_srun_args
+from hpresilience.autoresume.state import StateStore
+from hpresilience.autoresume.steps import StepRunner
+from hpresilience.autoresume.stream import RuleFeed
 from hpresilience.errors import ConfigError
+from hpresilience.slurm.client import SlurmClient
 
 
 def test_config_values_apply_and_command_line_wins(tmp_path: Path) -> None:
@@ -126,3 +133,27 @@ def test_master_ports_stay_below_the_kernels_ephemeral_range(tmp_path: Path) -> 
     if EPHEMERAL_RANGE.exists():
         low = int(EPHEMERAL_RANGE.read_text().split()[0])
         assert low <= opts.master_port_base or opts.master_port_base + opts.master_port_span <= low
+
+
+def _runner(settings: AutoResumeSettings, tmp_path: Path) -> StepRunner:
+    opts = options_from(
+        settings, parse_srun_args(["-N2", "train.sh"], frozenset(), frozenset()), "/usr/bin/srun", {"SLURM_JOB_ID": "7"}
+    )
+    rules = RuleSet(list(opts.run_policy.log_monitoring_configuration))
+    reporter = Reporter(StateStore(tmp_path, 7), 7, None)
+    return StepRunner(opts, SlurmClient(), RuleFeed(rules), reporter, {}, io.BytesIO(), io.BytesIO())
+
+
+def test_hang_detection_stays_on_with_a_log_rule_configured(tmp_path: Path) -> None:
+    """Issue 32: one rule (here a loss threshold, which says nothing about hangs) turned the built-in hang clock
+    off, and with it the 60 s verdict on a silent step. Only `hang_detection: false` turns it off."""
+    rule = LogRuleSettings.model_validate(
+        {"name": "loss", "logPattern": r".*loss=([0-9.]+)", "metricThreshold": 10, "operator": "gt"}
+    )
+    with_rule = AutoResumeSettings(
+        state_dir=str(tmp_path), runPolicy=RunPolicySettings(logMonitoringConfiguration=[rule])
+    )
+    assert _runner(with_rule, tmp_path).hang_clock is not None
+    assert _runner(AutoResumeSettings(state_dir=str(tmp_path)), tmp_path).hang_clock is not None
+    off = AutoResumeSettings(state_dir=str(tmp_path), hang_detection=False, runPolicy=with_rule.run_policy)
+    assert _runner(off, tmp_path).hang_clock is None

@@ -280,6 +280,29 @@ def test_application_error_is_not_retried_and_the_wrapper_exits_with_its_code(
     assert run.named("job_step_given_up")[0]["exit_code"] == 3
 
 
+@pytest.mark.parametrize("export", ["NONE", "PATH"])
+def test_a_users_export_list_still_gives_the_ranks_the_notice_file_and_the_heartbeat_period(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, export: str
+) -> None:
+    """Issue 32: with `--export=NONE` (or a list of the user's own) HPR_NOTICE_FILE, HPR_HEARTBEAT_EVERY_S,
+    HPR_EVIDENCE_DIR and the flight recorder's TORCH_* never reached the ranks, so check_alive() never saw a
+    move notice. The user's choice for everything else stands: HOME is not passed on."""
+    show = (
+        "echo rank=$SLURM_PROCID notice=${HPR_NOTICE_FILE:-none} hb=${HPR_HEARTBEAT_EVERY_S:-none} "
+        "ev=${HPR_EVIDENCE_DIR:-none} fr=${TORCH_NCCL_DUMP_ON_TIMEOUT:-none} nodes=${NODE_LIST:-none} "
+        "home=${HOME:-none}"
+    )
+    run = Run(cluster, slurm, tmp_path, f"--export={export}", f"/bin/sh -c {shlex.quote(show)}", nodes=2)
+    assert run.wait_done() == "0", run.err
+    lines = [ln for ln in run.out.splitlines() if ln.startswith("rank=")]
+    assert len(lines) == 2, run.out
+    for line in lines:
+        got = dict(part.split("=", 1) for part in line.split())
+        assert got["notice"].endswith("/notice") and got["hb"] != "none", line
+        assert got["ev"] != "none" and got["fr"] == "1" and got["nodes"] != "none", line
+        assert got["home"] == "none", line
+
+
 def test_exit_code_of_the_failing_rank_survives_srun_terminating_the_others(
     cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.srunargs import parse_srun_args
 from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState, belongs_to
+from hpresilience.autoresume.steps import flight_recorder_env
 from hpresilience.errors import ConfigError
 from hpresilience.slurm.jobs import REQUEUE_MARKER, with_requeue_marker
 from hpresilience.slurm.models import Node
@@ -238,3 +239,30 @@ def test_each_decision_is_a_json_line_and_metrics_are_written(tmp_path: Path) ->
     assert 'hpr_autoresume_attempts{job_id="7"} 2.0' in text
     assert "hpr_autoresume_restart_latency_seconds_count" in text
     assert "hpr_autoresume_fault_detection_latency_seconds_sum" in text
+
+
+@pytest.mark.parametrize("user_export", ["NONE", "PATH,HOME", "none"])
+def test_a_users_export_list_still_carries_every_variable_the_wrapper_gives_the_ranks(user_export: str) -> None:
+    """Issue 32: with `--export=NONE` or a list, HPR_NOTICE_FILE, HPR_HEARTBEAT_EVERY_S, HPR_EVIDENCE_DIR and the
+    flight recorder's TORCH_* did not reach the ranks, so check_alive() never saw a move notice. The environment
+    is built as StepRunner.run_attempt builds it; every variable the wrapper added is in the export list."""
+    base = {"PATH": "/usr/bin", "HOME": "/home/u", "SLURM_JOB_ID": "9"}
+    launch = AttemptLaunch(1, ("n3", "n2"), ("n2", "n3"), "a", 1, 2)
+    env = launch.environment(base, restarts=0)
+    env["HPR_HEARTBEAT_EVERY_S"] = "5"
+    env["HPR_EVIDENCE_DIR"] = "/shared/ev/attempt-1"
+    flight_recorder_env(env, "/shared/ev/attempt-1", 2000)
+    env["HPR_NOTICE_FILE"] = "/tmp/hpr-0-abc/notice"
+    argv = launch.srun_argv("/bin/srun", 9, "step", [], ["train.sh"], user_export=user_export, env=env)
+    export = next(a for a in argv if a.startswith("--export=")).removeprefix("--export=").split(",")
+    added = {k for k, v in env.items() if base.get(k) != v}
+    assert added <= set(export), added - set(export)
+    assert {"HPR_NOTICE_FILE", "HPR_HEARTBEAT_EVERY_S", "HPR_EVIDENCE_DIR", "TORCH_NCCL_DUMP_ON_TIMEOUT"} <= added
+    assert ("PATH" in export) == (user_export == "PATH,HOME")  # the user's own choice of the rest stands
+
+
+def test_the_export_list_names_only_the_rank_variables_the_step_has() -> None:
+    launch = AttemptLaunch(1, ("n1",), ("n1",), "a", 1, 1)
+    env = launch.environment({}, restarts=0)
+    argv = launch.srun_argv("/bin/srun", 9, "step", [], ["x"], user_export="NONE", env=env)
+    assert "HPR_EVIDENCE_DIR" not in next(a for a in argv if a.startswith("--export="))

@@ -94,8 +94,8 @@ def test_a_checkpoint_save_beats_and_a_repeated_step_counts_once(tmp_path: Path,
 def test_the_blocking_part_of_save_and_load_is_reported_in_the_heartbeat_for_the_ledger(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    """TieredCheckpointer's save, async_save and load report the time they blocked training (`ckpt_s`,
-    `restore_s`, the process's totals), and the wrapper's parser reads them (the goodput ledger's input)."""
+    """TieredCheckpointer's save, async_save, wait, load and close report the time they blocked training
+    (`ckpt_s`, `restore_s`, the process's totals), and the wrapper's parser reads them (the ledger's input)."""
     import torch
 
     from hpresilience.autoresume.progress import parse_heartbeat
@@ -114,9 +114,12 @@ def test_the_blocking_part_of_save_and_load_is_reported_in_the_heartbeat_for_the
     with os.fdopen(r) as f:
         beats = [b for line in f.read().splitlines() if (b := parse_heartbeat(line)) is not None]
     totals = sorted({b.ckpt_s for b in beats if b.ckpt_s is not None and b.restore_s == 0})
-    assert len(totals) == 2 and 0 < totals[0] < totals[1]  # the save's, then the save's and async_save's
+    # The save's, then the save's and async_save's (wait() adds its own, often below the lines' 1 ms).
+    assert len(totals) in (2, 3) and 0 < totals[0] < totals[1]
     last = beats[-1]
-    assert last.restore_s is not None and last.restore_s > 0 and last.ckpt_s == totals[1]
+    # close() at the end of the with block: its flush is checkpoint time too (issue 32).
+    assert last.restore_s is not None and last.restore_s > 0 and last.ckpt_s is not None
+    assert last.ckpt_s >= totals[-1]
     assert last.step == 4  # the blocked-time line names the last step beaten, and is no progress of its own
 
 

@@ -237,3 +237,39 @@ def test_the_agents_notice_is_judged_in_one_resolution_so_a_swapped_path_cannot_
     why = preemption.untrusted_notice(path)
     monkeypatch.undo()
     assert swapped and why is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another user")
+@pytest.mark.parametrize(
+    "planted",
+    ["file_of_another_user", "directory_of_another_user", "directory_others_may_enter", "directory_is_a_link"],
+)
+def test_the_wrapper_notice_is_trusted_only_as_this_users_file_in_this_users_0700_directory(
+    watcher_factory: list[PreemptionWatcher], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str
+) -> None:
+    """Issue 32: each check of the wrapper's notice (own uid, own 0700 directory, no link) has a test that fails
+    without it. Another user on a shared node must not stop this user's ranks by preparing the notice path."""
+    private = tmp_path / "hpr-0-abc" if planted != "directory_is_a_link" else tmp_path / "real"
+    private.mkdir(mode=0o700)
+    notice = private / "notice"
+    notice.write_text("grow back to 3 nodes")
+    path = notice
+    if planted == "file_of_another_user":
+        os.chown(notice, 65534, 65534)
+    elif planted == "directory_of_another_user":
+        os.chown(private, 65534, 65534)
+    elif planted == "directory_others_may_enter":
+        os.chmod(private, 0o755)
+    else:
+        link = tmp_path / "hpr-0-abc"
+        link.symlink_to(private)
+        path = link / "notice"
+    monkeypatch.setenv("HPR_NOTICE_FILE", str(path))
+    w = _start(watcher_factory, signals=())
+    assert w.alive(), planted
+    # The same file, this user's in this user's 0700 directory, is the notice.
+    os.chown(notice, 0, 0)
+    os.chown(private, 0, 0)
+    os.chmod(private, 0o700)
+    monkeypatch.setenv("HPR_NOTICE_FILE", str(notice))
+    assert not _start(watcher_factory, signals=()).alive()

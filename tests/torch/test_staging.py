@@ -169,3 +169,32 @@ def test_in_place_change_during_the_background_copy_fails_that_save_loudly(bg: T
     assert bg.wait() is False  # the failed save reports through wait() too, without raising
     assert bg.load({"model": _model().state_dict()}) == 1
     assert torch.equal(_loaded(bg, 1)["0.weight"], before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.complex64])
+def test_a_tensor_holding_a_nan_saves_in_the_background_and_comes_back_bit_for_bit(
+    bg: TieredCheckpointer, dtype: torch.dtype
+) -> None:
+    """Issue 32: the end-of-copy comparison used torch.equal, and NaN != NaN: every save of a state with a NaN
+    (a diverged run's weights, an optimizer's inf/NaN scaler state) failed with a false TornStateError."""
+    w = torch.zeros(1 << 19, dtype=dtype)  # >= 1 MiB: copied in the background
+    w[7] = float("nan")
+    w[9] = float("-inf")
+    bg.async_save({"w": w}, 1).result()
+    got = {"w": torch.ones_like(w)}
+    assert bg.load(got, 1) == 1
+    real = torch.view_as_real(w) if w.is_complex() else w
+    back = torch.view_as_real(got["w"]) if w.is_complex() else got["w"]
+    assert torch.equal(back.view(torch.uint8), real.view(torch.uint8))
+
+
+def test_a_changed_nan_is_still_a_change() -> None:
+    """Bitwise: equal NaNs are the same, a value written over a NaN is not."""
+    from hpresilience.torch.staging import _same
+
+    a = torch.tensor([float("nan"), 1.0])
+    assert _same(a.clone(), a)
+    b = a.clone()
+    b[0] = 2.0
+    assert not _same(b, a)
+    assert not _same(torch.tensor([0.0]), torch.tensor([-0.0]))  # bit for bit, as the checkpoint stores it

@@ -3,10 +3,13 @@ and sized against both the tier's free space and the job's cgroup memory limit b
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from hpresilience.errors import ConfigError
 from hpresilience.torch import CheckpointConfig, TieredCheckpointer
@@ -95,3 +98,43 @@ def test_first_save_too_big_for_the_jobs_memory_limit_is_one_clear_error_before_
     ok.save({"w": torch.zeros(1 << 18)}, 1)
     assert ok.tier.is_committed(ok.tier.step_dir(1))
     ok.close()
+
+
+def test_flush_and_close_return_within_their_timeout_while_a_save_is_in_flight(tmp_path: Path) -> None:
+    """Issue 32: both waited on the save's future without a timeout (6 s for a 6 s save; gloo's timeout_s
+    when a peer is gone). A preemption exit asks for 0.5 s and gets about that; the save stays in flight and
+    close() says it did not finish."""
+    ck = _ck(tmp_path)
+    release = threading.Event()
+    ck.fault_hook = lambda rank: release.wait(30)  # the shard is written; its rename waits
+    fut = ck.async_save(state_for(1, 0), 1)
+    try:
+        t0 = time.monotonic()
+        assert ck.flush(timeout=0.5) is False
+        assert time.monotonic() - t0 < 3
+        t0 = time.monotonic()
+        assert ck.close(timeout=0.5) is False
+        assert time.monotonic() - t0 < 3
+    finally:
+        release.set()
+        fut.result(timeout=30)
+
+
+def test_close_returns_within_its_timeout_while_a_background_copy_runs(tmp_path: Path) -> None:
+    ck = _ck(tmp_path, background_staging=True)
+    stager = ck._stager
+    orig = stager._copy
+
+    def slow(pairs: Any, view: Any) -> Any:
+        time.sleep(6)
+        return orig(pairs, view)
+
+    stager._copy = slow  # type: ignore[method-assign]
+    big = {"w": torch.zeros(1 << 20)}  # 4 MiB: above the inline threshold, copied in the background
+    fut = ck.async_save(big, 1)
+    try:
+        t0 = time.monotonic()
+        assert ck.close(timeout=0.5) is False
+        assert time.monotonic() - t0 < 3
+    finally:
+        fut.result(timeout=30)

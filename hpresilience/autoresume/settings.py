@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from hpresilience.autoresume.regex import compile_rule_pattern
+from hpresilience.autoresume.watch.regex import compile_rule_pattern
 from hpresilience.errors import ConfigError
 from hpresilience.fileio import read_yaml
 from hpresilience.settings_base import Section, format_validation_error

@@ -17,24 +17,24 @@ import time
 from collections.abc import Mapping
 from typing import IO
 
-from hpresilience.autoresume.capacity import BatchHostLost, Capacity, NoReplacement
-from hpresilience.autoresume.classify import Cause, Diagnosis, classify, node_is_bad
-from hpresilience.autoresume.collective import CollectiveBudget
-from hpresilience.autoresume.evidence import HangInvestigator
-from hpresilience.autoresume.flightrec import read_dumps, wavefront
-from hpresilience.autoresume.hang import Attribution
+from hpresilience.autoresume.decide.capacity import BatchHostLost, Capacity, NoReplacement
+from hpresilience.autoresume.decide.classify import Cause, Diagnosis, classify, node_is_bad
+from hpresilience.autoresume.decide.policy import Action, FailureKind, RestartPolicy
+from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
+from hpresilience.autoresume.launch.steps import TASK_MARKER, StepRunner, user_labels
+from hpresilience.autoresume.launch.stream import RuleFeed
 from hpresilience.autoresume.ledger import render
 from hpresilience.autoresume.ledgerfile import attempt_record, write_ledger
 from hpresilience.autoresume.options import WrapperOptions
-from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
-from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.rules import LogState, RuleSet, RuleTripped
 from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState
-from hpresilience.autoresume.steps import TASK_MARKER, StepRunner, user_labels
-from hpresilience.autoresume.stragglers import Straggler
-from hpresilience.autoresume.stream import RuleFeed
+from hpresilience.autoresume.watch.collective import CollectiveBudget
+from hpresilience.autoresume.watch.evidence import HangInvestigator
+from hpresilience.autoresume.watch.flightrec import read_dumps, wavefront
+from hpresilience.autoresume.watch.hang import Attribution
+from hpresilience.autoresume.watch.rules import LogState, RuleSet, RuleTripped
+from hpresilience.autoresume.watch.stragglers import Straggler
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient

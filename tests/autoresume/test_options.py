@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hpresilience.autoresume.launch.srunargs import parse_srun_args
 from hpresilience.autoresume.options import job_id_from, options_from
 from hpresilience.autoresume.settings import AutoResumeSettings
-from hpresilience.autoresume.srunargs import parse_srun_args
 from hpresilience.errors import ConfigError
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpresilience.autoresume.collective import CollectiveBudget, match_signature
 from hpresilience.autoresume.progress import StepTime
-from hpresilience.autoresume.stragglers import StragglerDetector
+from hpresilience.autoresume.watch.collective import CollectiveBudget, match_signature
+from hpresilience.autoresume.watch.stragglers import StragglerDetector
 
 
 def feed(d: StragglerDetector, t: float, times: dict[str, float]) -> None:

@@ -20,18 +20,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from hpresilience.autoresume.classify import node_is_bad
-from hpresilience.autoresume.flightrec import DUMP_PREFIX
-from hpresilience.autoresume.hang import Attribution, HangClock, HangDue
-from hpresilience.autoresume.nodewatch import NodeWatch
+from hpresilience.autoresume.decide.classify import node_is_bad
+from hpresilience.autoresume.launch.plan import AttemptLaunch
+from hpresilience.autoresume.launch.stream import Pump, RuleFeed
 from hpresilience.autoresume.options import WrapperOptions
-from hpresilience.autoresume.plan import AttemptLaunch
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.rules import RuleTripped
-from hpresilience.autoresume.silence import SilenceWatch
-from hpresilience.autoresume.stragglers import Straggler, StragglerDetector
-from hpresilience.autoresume.stream import Pump, RuleFeed
+from hpresilience.autoresume.watch.flightrec import DUMP_PREFIX
+from hpresilience.autoresume.watch.hang import Attribution, HangClock, HangDue
+from hpresilience.autoresume.watch.nodewatch import NodeWatch
+from hpresilience.autoresume.watch.rules import RuleTripped
+from hpresilience.autoresume.watch.silence import SilenceWatch
+from hpresilience.autoresume.watch.stragglers import Straggler, StragglerDetector
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient

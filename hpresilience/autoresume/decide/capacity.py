@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpresilience.autoresume.classify import node_is_bad
-from hpresilience.autoresume.plan import plan_nodes
+from hpresilience.autoresume.decide.classify import node_is_bad
+from hpresilience.autoresume.launch.plan import plan_nodes
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.state import WrapperState
 from hpresilience.errors import HPResilienceError

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import IO
 
 from hpresilience.autoresume.progress import HEARTBEAT_PREFIX, OutputFilter, ProgressStream
-from hpresilience.autoresume.rules import LineBuffer, RuleSet, RuleTripped
+from hpresilience.autoresume.watch.rules import LineBuffer, RuleSet, RuleTripped
 from hpresilience.log import get_logger
 from hpresilience.slurm.srun import srun_error_lines
 

@@ -14,11 +14,11 @@ import stat
 import time
 from pathlib import Path
 
-from hpresilience.autoresume.flightrec import REQUEST, read_dumps, wavefront
-from hpresilience.autoresume.hang import Attribution, HangDue, attribute
-from hpresilience.autoresume.plan import AttemptLaunch
+from hpresilience.autoresume.launch.plan import AttemptLaunch
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.watch.flightrec import REQUEST, read_dumps, wavefront
+from hpresilience.autoresume.watch.hang import Attribution, HangDue, attribute
 from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger

@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import yaml
 
-from hpresilience.autoresume.rules import LineBuffer, RuleSet
 from hpresilience.autoresume.settings import LogRuleSettings, RunPolicySettings
+from hpresilience.autoresume.watch.rules import LineBuffer, RuleSet
 
 RULES = r"""
 - name: JobStart

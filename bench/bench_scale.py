@@ -130,7 +130,7 @@ def prepare(name: str, client: Any, work: str) -> Any:
         names = [f"gpu-st-p5-{i}" for i in range(1, 65)]
         return lambda: client.nodes(names)
     if name == "wrapper_notice":
-        from hpresilience.autoresume.nodewatch import NodeWatch
+        from hpresilience.autoresume.watch.nodewatch import NodeWatch
 
         watch = NodeWatch(client, int(Path(work, "job").read_text()), full_check_s=0)
         return lambda: watch.bad_nodes(["n1", "n2"])
@@ -171,7 +171,7 @@ def simulated_pollers(client: Any, ctld: int, idle: float, job: int, pollers: in
     """`pollers` jobs' wrappers, each reading its own job once a second (NodeWatch's poll), for `seconds`."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from hpresilience.autoresume.nodewatch import NodeWatch
+    from hpresilience.autoresume.watch.nodewatch import NodeWatch
 
     watches = [NodeWatch(client, job, full_check_s=0) for _ in range(pollers)]
     done = [0]
@@ -206,8 +206,8 @@ def watcher(conf: str, job: int, out: str) -> None:
     detection and, every second, its state (watched, own-job reads so far) to `out`."""
     import signal
 
-    from hpresilience.autoresume.nodewatch import NodeWatch
     from hpresilience.autoresume.settings import AutoResumeSettings
+    from hpresilience.autoresume.watch.nodewatch import NodeWatch
     from hpresilience.log import setup_logging
     from hpresilience.slurm.client import SlurmClient
     from hpresilience.slurm.runner import CommandRunner
@@ -452,8 +452,8 @@ def main() -> None:
         return
 
     from hpresilience.agent.settings import AgentSettings
-    from hpresilience.autoresume.nodewatch import WATCHED_READ_S
     from hpresilience.autoresume.settings import AutoResumeSettings
+    from hpresilience.autoresume.watch.nodewatch import WATCHED_READ_S
     from hpresilience.controller.notices import RENEW_EVERY_S
     from hpresilience.controller.settings import ControllerSettings
     from hpresilience.log import setup_logging

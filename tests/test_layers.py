@@ -378,3 +378,36 @@ def test_the_mechanism_scan_finds_planted_copies(tmp_path: Path) -> None:
         "health/x.py:2 imports subprocess (use hpresilience.proc)",
         "health/x.py:5 kills a process group (use proc.kill_group)",
     ]
+
+
+# The wrapper's parts (docs/design.md, "The wrapper's detectors"), lowest first: the detectors know nothing of how
+# a step is run or what their verdict will mean; the runner carries out verdicts and decides nothing; the
+# decisions read both. The supervisor, above them all, composes them.
+WRAPPER_PARTS = ["watch", "launch", "decide"]
+
+
+def wrapper_part_violations(graph: dict[str, set[str]]) -> list[str]:
+    def part(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 and parts[1] == "autoresume" and parts[2] in WRAPPER_PARTS else None
+
+    out = []
+    for module, targets in sorted(graph.items()):
+        src = part(module)
+        for target in sorted(targets):
+            dst = part(target)
+            if src is not None and dst is not None and WRAPPER_PARTS.index(dst) > WRAPPER_PARTS.index(src):
+                out.append(f"{module} ({src}) imports {target} ({dst})")
+    return out
+
+
+def test_the_wrappers_watch_launch_and_decide_parts_import_one_way() -> None:
+    bad = wrapper_part_violations(module_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_wrapper_part_check_sees_a_detector_importing_the_runner() -> None:
+    graph = {"hpresilience.autoresume.watch.toy": {"hpresilience.autoresume.launch.runner"}}
+    assert wrapper_part_violations(graph) == [
+        "hpresilience.autoresume.watch.toy (watch) imports hpresilience.autoresume.launch.runner (launch)"
+    ]

@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hpresilience.autoresume.launch.srunargs import SrunArgs
 from hpresilience.autoresume.optiontable import SRUN_OPTIONS, Target
 from hpresilience.autoresume.report import default_metrics_path
 from hpresilience.autoresume.settings import AutoResumeSettings, RunPolicySettings, load_rules_file
-from hpresilience.autoresume.srunargs import SrunArgs
 from hpresilience.autoresume.state import default_state_dir
 from hpresilience.errors import ConfigError
 from hpresilience.settings_base import validation_problems

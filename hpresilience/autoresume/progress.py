@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hpresilience.autoresume.collective import Signature, match_signature
+from hpresilience.autoresume.watch.collective import Signature, match_signature
 
 HEARTBEAT_PREFIX = "[hpr-heartbeat]"
 _HB_BYTES = HEARTBEAT_PREFIX.encode()

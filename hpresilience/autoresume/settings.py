@@ -70,7 +70,7 @@ class LogRuleSettings(Section):
         needs the node extra and compiles every pattern again (rules.py) before the step starts.
         """
         try:
-            from hpresilience.autoresume.regex import compile_rule_pattern
+            from hpresilience.autoresume.watch.regex import compile_rule_pattern
         except ModuleNotFoundError as e:
             if e.name != "re2":
                 raise

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
+from hpresilience.autoresume.launch.srunargs import SrunArgs, parse_srun_args
 from hpresilience.autoresume.optiontable import SRUN_OPTIONS, Kind, SrunOption, merge_scanned, scan_names
-from hpresilience.autoresume.srunargs import SrunArgs, parse_srun_args
 from hpresilience.commands.context import Ctx, pass_ctx
 
 F = TypeVar("F", bound=Callable[..., Any])

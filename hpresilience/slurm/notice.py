@@ -19,7 +19,7 @@ running batch job that it is watched, with a lease (`hpr:watch=<until, epoch sec
 runs out), and nudges the job's batch step once per notice (`nudge`: SIGWINCH through `scancel --full
 --batch`, which reaches the wrapper and the batch shell, never the tasks of a step). A wrapper that saw the lease
 and got the nudge it sent itself reads its job only when nudged, and rarely as a safety net
-(autoresume/nodewatch.py). The jobs to watch come from slurmdbd (`sacct -s R`), never from slurmctld's queue.
+(autoresume/watch/nodewatch.py). The jobs to watch come from slurmdbd (`sacct -s R`), never from slurmctld's queue.
 """
 
 from __future__ import annotations

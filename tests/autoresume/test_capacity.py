@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.capacity import Capacity
+from hpresilience.autoresume.decide.capacity import Capacity
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.state import StateStore, WrapperState
 from hpresilience.errors import SlurmError

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpresilience.autoresume.collective import match_signature
 from hpresilience.autoresume.progress import ProgressStream
+from hpresilience.autoresume.watch.collective import match_signature
 
 REAL = [
     (

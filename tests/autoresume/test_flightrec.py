@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.flightrec import read_dumps, safe_load, wavefront
+from hpresilience.autoresume.watch.flightrec import read_dumps, safe_load, wavefront
 
 FIXTURES = Path(__file__).parent / "data" / "fr"
 
@@ -62,7 +62,7 @@ def test_torchs_own_dump_names_are_read_by_rank(tmp_path: Path) -> None:
 
 
 def test_the_step_runs_with_the_flight_recorder_dumping_into_its_evidence_dir_unless_the_user_set_it() -> None:
-    from hpresilience.autoresume.steps import flight_recorder_env
+    from hpresilience.autoresume.launch.stepops import flight_recorder_env
 
     env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
     flight_recorder_env(env, "/shared/jobs/7.evidence/attempt-2", 2000)

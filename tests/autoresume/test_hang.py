@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hpresilience.autoresume.hang import HangClock, attribute
 from hpresilience.autoresume.progress import ProgressStream, RankInfo
+from hpresilience.autoresume.watch.hang import HangClock, attribute
 from hpresilience.slurm.steps import parse_live_lines, parse_probe_lines
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -10,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hpresilience.autoresume.launch.plan import master_port
+from hpresilience.autoresume.launch.srunargs import parse_srun_args
 from hpresilience.autoresume.options import (
     DEFAULT_PORT_SPAN,
     EPHEMERAL_RANGE,
@@ -17,16 +18,9 @@ from hpresilience.autoresume.options import (
     master_port_span,
     options_from,
 )
-from hpresilience.autoresume.plan import master_port
-from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.rules import RuleSet
 from hpresilience.autoresume.settings import AutoResumeSettings, LogRuleSettings, RunPolicySettings
-from hpresilience.autoresume.srunargs import parse_srun_args
-from hpresilience.autoresume.state import StateStore
-from hpresilience.autoresume.steps import StepRunner
-from hpresilience.autoresume.stream import RuleFeed
+from hpresilience.autoresume.watch import hangwatch
 from hpresilience.errors import ConfigError
-from hpresilience.slurm.client import SlurmClient
 
 
 def test_config_values_apply_and_command_line_wins(tmp_path: Path) -> None:
@@ -135,13 +129,13 @@ def test_master_ports_stay_below_the_kernels_ephemeral_range(tmp_path: Path) -> 
         assert low <= opts.master_port_base or opts.master_port_base + opts.master_port_span <= low
 
 
-def _runner(settings: AutoResumeSettings, tmp_path: Path) -> StepRunner:
+def _hang_watch_built(settings: AutoResumeSettings, tmp_path: Path) -> bool:
+    from tests.autoresume.watch.test_table import _context
+
     opts = options_from(
         settings, parse_srun_args(["-N2", "train.sh"], frozenset(), frozenset()), "/usr/bin/srun", {"SLURM_JOB_ID": "7"}
     )
-    rules = RuleSet(list(opts.run_policy.log_monitoring_configuration))
-    reporter = Reporter(StateStore(tmp_path, 7), 7, None)
-    return StepRunner(opts, SlurmClient(), RuleFeed(rules), reporter, {}, io.BytesIO(), io.BytesIO())
+    return hangwatch.detector(_context(tmp_path, opts)) is not None
 
 
 def test_hang_detection_stays_on_with_a_log_rule_configured(tmp_path: Path) -> None:
@@ -153,7 +147,7 @@ def test_hang_detection_stays_on_with_a_log_rule_configured(tmp_path: Path) -> N
     with_rule = AutoResumeSettings(
         state_dir=str(tmp_path), runPolicy=RunPolicySettings(logMonitoringConfiguration=[rule])
     )
-    assert _runner(with_rule, tmp_path).hang_clock is not None
-    assert _runner(AutoResumeSettings(state_dir=str(tmp_path)), tmp_path).hang_clock is not None
+    assert _hang_watch_built(with_rule, tmp_path)
+    assert _hang_watch_built(AutoResumeSettings(state_dir=str(tmp_path)), tmp_path)
     off = AutoResumeSettings(state_dir=str(tmp_path), hang_detection=False, runPolicy=with_rule.run_policy)
-    assert _runner(off, tmp_path).hang_clock is None
+    assert not _hang_watch_built(off, tmp_path)

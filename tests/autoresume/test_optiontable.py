@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from hpresilience.autoresume.launch.srunargs import parse_srun_args
 from hpresilience.autoresume.options import WrapperOptions, options_from, resolve
 from hpresilience.autoresume.optiontable import SRUN_OPTIONS, Kind, SrunOption, Target, merge_scanned, scan_names
 from hpresilience.autoresume.settings import AutoResumeSettings
-from hpresilience.autoresume.srunargs import parse_srun_args
 from hpresilience.commands.srun import scanned_value, srun
 from hpresilience.errors import ConfigError
 

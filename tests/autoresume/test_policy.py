@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hpresilience.autoresume.policy import Action, FailureKind, RestartPolicy
+from hpresilience.autoresume.decide.policy import Action, FailureKind, RestartPolicy
 from hpresilience.autoresume.settings import RunPolicySettings
 from hpresilience.errors import ConfigError
 

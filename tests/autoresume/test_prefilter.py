@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from hpresilience.autoresume.prefilter import required_literal
+from hpresilience.autoresume.watch.prefilter import required_literal
 
 
 @pytest.mark.parametrize(

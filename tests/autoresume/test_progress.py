@@ -147,9 +147,10 @@ def test_once_ranks_beat_output_lines_give_no_step_time_samples() -> None:
 
 
 def test_the_pump_feeds_the_stream_and_the_rules_and_forwards_only_the_users_lines() -> None:
-    from hpresilience.autoresume.rules import RuleSet
+    from hpresilience.autoresume.launch.stream import Pump
     from hpresilience.autoresume.settings import LogRuleSettings
-    from hpresilience.autoresume.stream import Pump, RuleFeed
+    from hpresilience.autoresume.watch.feed import RuleFeed
+    from hpresilience.autoresume.watch.rules import RuleSet
 
     rule = LogRuleSettings.model_validate({"name": "beat", "logPattern": ".*hpr-heartbeat.*", "faultOnMatch": True})
     feed = RuleFeed(RuleSet([rule], strip_task_label=True))

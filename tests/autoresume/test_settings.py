@@ -189,7 +189,7 @@ def test_rules_file_errors_name_file_rule_and_key(tmp_path: Path) -> None:
 
 def test_hyperpod_documented_block_compiles_on_re2(tmp_path: Path) -> None:
     """Issue 14 item 6: the rule engine moved to RE2; AWS's published rules must still load and match."""
-    from hpresilience.autoresume.rules import RuleSet
+    from hpresilience.autoresume.watch.rules import RuleSet
 
     rp = _autoresume(HYPERPOD_BLOCK).run_policy
     rules = RuleSet(rp.log_monitoring_configuration)

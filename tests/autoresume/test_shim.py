@@ -204,7 +204,7 @@ def test_shim_and_wrapper_agree_on_which_srun_options_take_a_value() -> None:
     """The shim (sh) and the wrapper (Python) each split srun options from the command; the same lists."""
     import re
 
-    from hpresilience.autoresume.srunargs import LONG_WITH_VALUE, SHORT_WITH_VALUE
+    from hpresilience.autoresume.launch.srunargs import LONG_WITH_VALUE, SHORT_WITH_VALUE
 
     text = (Path(__file__).resolve().parents[2] / "slurm" / "srun").read_text()
     short = re.search(r"^short_val=(\S+)$", text, re.M)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hpresilience.autoresume.progress import RankInfo
-from hpresilience.autoresume.silence import SilenceWatch, silent_nodes
+from hpresilience.autoresume.watch.silence import SilenceWatch, silent_nodes
 
 NODES = ("n1", "n2", "n3")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpresilience.autoresume.collective import CollectiveBudget, match_signature
 from hpresilience.autoresume.progress import StepTime
-from hpresilience.autoresume.stragglers import StragglerDetector
+from hpresilience.autoresume.watch.collective import CollectiveBudget, match_signature
+from hpresilience.autoresume.watch.stragglers import StragglerDetector
 
 
 def feed(d: StragglerDetector, t: float, times: dict[str, float]) -> None:
@@ -78,8 +78,8 @@ def test_collective_retries_are_counted_per_period_and_nodes_per_implication() -
 
 
 def test_the_node_implicated_in_a_collective_failure_is_the_first_task_srun_reports_failed() -> None:
-    from hpresilience.autoresume.supervisor import _first_failed_node
+    from hpresilience.autoresume.decide.ending import first_failed_node
 
     errors = ["srun: error: n2: task 1: Exited with exit code 1", "srun: error: n1: task 0: Terminated"]
-    assert _first_failed_node(errors) == "n2"
-    assert _first_failed_node(["srun: error: Node failure on n3"]) is None
+    assert first_failed_node(errors) == "n2"
+    assert first_failed_node(["srun: error: Node failure on n3"]) is None

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.classify import Cause, classify, node_is_bad
-from hpresilience.autoresume.plan import AttemptLaunch, master_port, plan_nodes
+from hpresilience.autoresume.decide.classify import Cause, classify
+from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
+from hpresilience.autoresume.launch.srunargs import parse_srun_args
+from hpresilience.autoresume.launch.stepops import flight_recorder_env
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.srunargs import parse_srun_args
 from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState, belongs_to
-from hpresilience.autoresume.steps import flight_recorder_env
+from hpresilience.autoresume.watch.nodewatch import node_is_bad
 from hpresilience.errors import ConfigError
 from hpresilience.slurm.jobs import REQUEUE_MARKER, with_requeue_marker
 from hpresilience.slurm.models import Node

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume import nodewatch
-from hpresilience.autoresume.nodewatch import NodeWatch
+from hpresilience.autoresume.watch import nodewatch
+from hpresilience.autoresume.watch.nodewatch import NodeWatch
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.notices import LEASE_S, RENEW_EVERY_S
 from hpresilience.slurm.client import SlurmClient

@@ -141,7 +141,7 @@ time.sleep(30)
 def test_a_hang_request_makes_each_rank_dump_its_flight_recorder_into_the_evidence_dir(tmp_path: Path) -> None:
     """gloo records collectives but never dumps them: the heartbeat's thread writes the records (torch's own
     pickle) once the wrapper's `fr-request` appears, into a new private file the wrapper reads safely."""
-    from hpresilience.autoresume.flightrec import read_dumps, wavefront
+    from hpresilience.autoresume.watch.flightrec import read_dumps, wavefront
     from tests.conftest import TEST_BASE_PORT
 
     evidence = tmp_path / "ev"

@@ -14,11 +14,11 @@ import stat
 import time
 from pathlib import Path
 
-from hpresilience.autoresume.flightrec import REQUEST, read_dumps, wavefront
-from hpresilience.autoresume.hang import Attribution, HangDue, attribute
-from hpresilience.autoresume.plan import AttemptLaunch
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.watch.base import StepView
+from hpresilience.autoresume.watch.flightrec import REQUEST, read_dumps, wavefront
+from hpresilience.autoresume.watch.hang import Attribution, HangDue, attribute
 from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
@@ -70,7 +70,7 @@ class HangInvestigator:
         d = private_dir(self.root / f"attempt-{attempt}")
         return str(d) if d is not None else ""
 
-    def tasks_alive(self, launch: AttemptLaunch) -> bool | None:
+    def tasks_alive(self, launch: StepView) -> bool | None:
         """Whether the step still runs a task on some node (False: every node answered and none does; None:
         a node did not answer, so its tasks could not be counted). One srun for the whole step."""
         env = {k: v for k, v in self.env.items() if k != self.marker.split("=", 1)[0]}
@@ -84,7 +84,7 @@ class HangInvestigator:
         log.info("step_tasks_counted", attempt=launch.attempt, counts=counts)
         return None if counts is None else any(counts.values())
 
-    def __call__(self, launch: AttemptLaunch, due: HangDue) -> Attribution:
+    def __call__(self, launch: StepView, due: HangDue) -> Attribution:
         started = time.monotonic()
         directory = Path(self.attempt_dir(launch.attempt) or self.root)
         ranks = self.progress.ranks()

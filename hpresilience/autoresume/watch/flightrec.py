@@ -1,6 +1,6 @@
 """PyTorch flight-recorder dumps in a hang's or a collective failure's evidence: which ranks are behind.
 
-Where the backend has one, the step runs with PyTorch's flight recorder on (steps.py sets
+Where the backend has one, the step runs with PyTorch's flight recorder on (launch/stepops.py sets
 TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE unless the user did, and points
 TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE into the attempt's private evidence directory, so
 NCCL's dump on timeout lands there; TORCH_NCCL_DUMP_ON_TIMEOUT=1). gloo in torch 2.13 records but never

@@ -25,6 +25,7 @@ from enum import Enum
 
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
+from hpresilience.reasons import parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.notice import leaves_step, nudge, planned_move, read_notice
@@ -35,6 +36,15 @@ log = get_logger("hpresilience.autoresume")
 WATCHED_READ_S = 60.0
 # How long the nudge the wrapper sends itself may take to come back before the path is taken for broken.
 NUDGE_PROOF_S = 10.0
+
+HARD_STATES = frozenset({"FAIL", "DOWN", "NOT_RESPONDING"})
+
+
+def node_is_bad(node: Node) -> bool:
+    """The node must leave the step: Slurm or the agent says it is broken, or its reason asks for action."""
+    if node.states & HARD_STATES:
+        return True
+    return parse_reason(node.reason).action is not None and node.has("DRAIN", "FAIL", "DOWN")
 
 
 class Nudges(Enum):

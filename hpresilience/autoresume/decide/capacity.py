@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpresilience.autoresume.classify import node_is_bad
-from hpresilience.autoresume.plan import plan_nodes
+from hpresilience.autoresume.launch.plan import plan_nodes
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.state import WrapperState
+from hpresilience.autoresume.watch.nodewatch import node_is_bad
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress

@@ -36,7 +36,8 @@ class SilenceWatch:
     MAX_S = 300.0
 
     def __init__(self, silent_s: float) -> None:
-        self.silent_s = silent_s
+        self.base_s = silent_s  # 0: off
+        self.silent_s = silent_s  # the threshold of the last look (the base, or longer for a slow job)
         self._answered: dict[str, float] = {}  # node -> its last output time when it answered a probe
         self._threshold: dict[str, float] = {}  # node -> its own threshold once it answered a probe
 
@@ -44,9 +45,14 @@ class SilenceWatch:
         self._answered.clear()
         self._threshold.clear()
 
-    def suspects(self, tasks: Sequence[RankInfo], nodes: Sequence[str], now: float) -> list[str]:
-        if self.silent_s <= 0:
+    def suspects(
+        self, tasks: Sequence[RankInfo], nodes: Sequence[str], now: float, median_interval: float | None = None
+    ) -> list[str]:
+        """The nodes to probe now; a job whose progress lines come seldom (`median_interval`) is given three of
+        its own intervals, so a slow step is never mistaken for a silent node."""
+        if self.base_s <= 0:
             return []
+        self.silent_s = max(self.base_s, 3 * (median_interval or 0.0))
         last: dict[str, float] = {}
         for info in tasks:
             last[info.node] = max(last.get(info.node, info.last_at), info.last_at)

@@ -25,9 +25,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hpresilience.autoresume.prefilter import required_literal
-from hpresilience.autoresume.regex import RuleMatch, RulePattern
 from hpresilience.autoresume.settings import LogRuleSettings
+from hpresilience.autoresume.watch.prefilter import required_literal
+from hpresilience.autoresume.watch.regex import RuleMatch, RulePattern
 from hpresilience.log import get_logger
 from hpresilience.slurm.srun import strip_task_labels
 

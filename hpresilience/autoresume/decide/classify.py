@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hpresilience.autoresume.watch.nodewatch import node_is_bad
 from hpresilience.log import get_logger
-from hpresilience.reasons import parse_reason
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.srun import nodes_from_srun_errors
 
@@ -27,16 +27,6 @@ class Cause(str, Enum):
     SLOW = "slow"
     APPLICATION = "application"
     NONE = "none"  # the step succeeded
-
-
-HARD_STATES = frozenset({"FAIL", "DOWN", "NOT_RESPONDING"})
-
-
-def node_is_bad(node: Node) -> bool:
-    """The node must leave the step: Slurm or the agent says it is broken, or its reason asks for action."""
-    if node.states & HARD_STATES:
-        return True
-    return parse_reason(node.reason).action is not None and node.has("DRAIN", "FAIL", "DOWN")
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,8 @@ case "$cmd" in
     setup
     phase "set-up"
     shift
-    logs=$(mktemp -d /tmp/hpresilience-test.XXXXXX)
+    # Short: slurmstepd makes Unix sockets (108 bytes at most) in spool directories below the tests' temporary ones.
+    logs=$(mktemp -d /tmp/hpr.XXXXXX)
     say "ruff (lint, then format: --check only, \`ruff format\` fixes it)"
     "$VENV/bin/ruff" check hpresilience tests bench examples
     "$VENV/bin/ruff" format --check hpresilience tests bench examples
@@ -107,7 +108,7 @@ case "$cmd" in
         r=0
         HPRESILIENCE_TEST_BASE_PORT=$((RELEASE_BASE_PORT + 1000 * i)) \
           "$VENV/bin/hpresilience" devcluster exec --slurm "$release" -- "$VENV/bin/python" -m pytest -q \
-          -p no:cacheprovider --basetemp="$logs/tmp-$release" --slurm "$release" "${selection[@]}" \
+          -p no:cacheprovider --basetemp="$logs/$release" --slurm "$release" "${selection[@]}" \
           >"$logs/pytest-$release.log" 2>&1 || r=$?
         echo "$r $SECONDS" >"$logs/rc-$release"
       ) &

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,6 +170,13 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests import fuzz
 
     fuzz.set_long(bool(config.getoption("--long")))
+    # Under pytest-xdist each worker's temporary paths gain `popen-gwN/`; slurmstepd's Unix sockets live in a
+    # cluster's spool below them and Linux caps a socket path at 108 bytes (`/tmp/pytest-of-root/pytest-N/popen-gw0/
+    # test_.../cluster/spool/n1/n1_<job>.<step>` is 113: the batch step never starts). A short base of our own
+    # keeps every worker's paths shorter than a plain run's.
+    controller = not os.environ.get("PYTEST_XDIST_WORKER")
+    if controller and getattr(config.option, "numprocesses", None) and not config.option.basetemp:
+        config.option.basetemp = tempfile.mkdtemp(prefix="hpr", dir="/tmp")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

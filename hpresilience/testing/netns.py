@@ -21,11 +21,13 @@ behind a dead switch port); a slow link is netem on both ends of the node's veth
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 
@@ -52,6 +54,7 @@ NETNS_DIR = Path("/run/netns")
 GUARD_NET = f"{SUBNET}.0/24"
 GUARD_PROTO = "250"  # a free routing-protocol number (rt_protos reserves up to 4 for the kernel's own)
 _CTL_NAME = re.compile(r"^hpr\d+-ctl$")
+GUARD_LOCK = "/run/hpresilience-netns-guard.lock"  # root's /run: the namespaces are root's alone
 IP_TIMEOUT_S = 10.0
 APT_HINT = "apt-get install -y iproute2 util-linux"
 
@@ -159,8 +162,10 @@ def create(base_port: int, nodes: list[str], backup: bool = False) -> None:
     check_tools()
     ctl = ctl_ns(base_port)
     try:
-        guard_host()
-        _run("ip", "netns", "add", ctl)
+        with _guard_lock():
+            # The namespace first: a `destroy` elsewhere that looks for clusters left then sees this one.
+            _run("ip", "netns", "add", ctl)
+            guard_host()
         _run("ip", "-n", ctl, "link", "set", "lo", "up")
         _run("ip", "-n", ctl, "link", "add", BRIDGE, "type", "bridge")
         _run("ip", "-n", ctl, "addr", "add", f"{CTL_ADDR}/24", "dev", BRIDGE)
@@ -201,9 +206,25 @@ def destroy(base_port: int) -> list[str]:
             except OSError:
                 continue
         proc.run(["ip", "netns", "del", ns], IP_TIMEOUT_S)
-    if not clusters_left():
-        unguard_host()
+    # Only a destroy that removed a cluster may take the guard away: a devcluster inside a Slurm root (a chroot on
+    # the host's network) lists no namespaces at all, and must not drop the guard of the host's netns clusters.
+    if gone:
+        with _guard_lock():
+            if not clusters_left():
+                unguard_host()
     return gone
+
+
+@contextlib.contextmanager
+def _guard_lock() -> Iterator[None]:
+    """One cluster's create or destroy at a time decides on the host's guard route (clusters on other ports, in
+    parallel test workers, come and go together)."""
+    fd = os.open(GUARD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def clusters_left() -> bool:

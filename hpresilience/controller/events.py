@@ -21,14 +21,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpresilience.controller.selection import OUT_OF_SERVICE
+from hpresilience.controller.selection import OUT_OF_SERVICE, Look
 from hpresilience.log import get_logger
-from hpresilience.reasons import parse_reason
-from hpresilience.slurm.models import Node
 
 log = get_logger("hpresilience.controller")
 MAX_BYTES = 16 * 1024 * 1024
@@ -108,14 +106,13 @@ class EventLog:
                 seen.pop(node, None)
         return seen
 
-    def note_reasons(self, seen: Seen, nodes: list[Node]) -> Seen:
+    def note_reasons(self, seen: Seen, looks: Sequence[Look]) -> Seen:
         """Record each hpresilience reason or Action: request the first time it is seen in a snapshot of the nodes
         out of service (an agent's mark, an operator's request), and a marked node's return to service that
         the controller did not make. Returns what is seen now (the `seen` of the next call)."""
         current: Seen = {}
-        by_name = {n.name: n for n in nodes}
-        for n in nodes:
-            parsed = parse_reason(n.reason)
+        by_name = {x.node.name: x.node for x in looks}
+        for n, parsed in ((x.node, x.reason) for x in looks):
             if not n.states & OUT_OF_SERVICE or (parsed.owner is None and parsed.action is None):
                 continue
             current[n.name] = (n.reason, n.reason_changed_at)

@@ -1,6 +1,8 @@
 """Which nodes the controller repairs, with which action, through which node group.
 
-Pure functions over the nodes of one Slurm query (the nodes out of service, see loop.py).
+Pure functions over the nodes of one Slurm query (the nodes out of service, see loop.py). Each node's reason is
+parsed once per query (`look`): every decision of the cycle (the events, the fleet's counts, a pick-up, a repair's
+step) reads that one `Look`.
 A node is picked up when it is out of service (FAIL, DOWN or DRAIN, failing or draining included) and
  - its reason is an `Action:Replace` / `Action:Reboot` request (from the agent, an operator or us), or
  - `scontrol reboot` left it behind (reason "Reboot ASAP" or "reboot timed out") - if so configured, or
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hpresilience.controller.settings import ControllerSettings, NodeGroup
-from hpresilience.reasons import Action, parse_reason
+from hpresilience.reasons import Action, ParsedReason, parse_reason
 from hpresilience.slurm.hostlist import expand
 from hpresilience.slurm.models import Node
 
@@ -35,11 +37,30 @@ class Request:
     grace_from: float | None = None
 
 
-def requested(node: Node, settings: ControllerSettings) -> Request | None:
-    """What the node's state and reason ask of the controller, or None."""
+@dataclass(frozen=True)
+class Look:
+    """One node of a snapshot with its reason parsed (reasons.py has the grammar) and what it asks of us."""
+
+    node: Node
+    reason: ParsedReason
+    request: Request | None
+
+    @property
+    def in_service(self) -> bool:
+        return not self.node.states & OUT_OF_SERVICE
+
+
+def look(node: Node, settings: ControllerSettings) -> Look:
+    """The one parse of a node's reason in a cycle."""
+    parsed = parse_reason(node.reason)
+    return Look(node, parsed, requested(node, settings, parsed))
+
+
+def requested(node: Node, settings: ControllerSettings, parsed: ParsedReason | None = None) -> Request | None:
+    """What the node's state and reason ask of the controller, or None. `parsed`: its reason, parsed already."""
     if not node.states & OUT_OF_SERVICE or node.states & REBOOTING:
         return None
-    parsed = parse_reason(node.reason)
+    parsed = parse_reason(node.reason) if parsed is None else parsed
     if parsed.action is not None:
         who = parsed.owner or "operator"
         return Request(

@@ -17,6 +17,8 @@ from hpresilience.commands.events import parse_since
 from hpresilience.config import load_config
 from hpresilience.controller.events import EventLog
 from hpresilience.controller.loop import Controller
+from hpresilience.controller.selection import look
+from hpresilience.controller.settings import ControllerSettings
 from hpresilience.errors import ConfigError
 from hpresilience.reasons import agent_reason
 from hpresilience.slurm.client import SlurmClient
@@ -73,7 +75,8 @@ def node(name: str, states: set[str], reason: str = "", at: int | None = None) -
 
 def test_a_mark_is_recorded_once_and_its_lifting_outside_the_controller_too(tmp_path: Path) -> None:
     log = EventLog(tmp_path)
-    marked = [node("n3", {"IDLE", "FAIL"}, agent_reason_text(), 100), node("n4", {"IDLE", "DRAIN"}, "fan", 90)]
+    nodes = [node("n3", {"IDLE", "FAIL"}, agent_reason_text(), 100), node("n4", {"IDLE", "DRAIN"}, "fan", 90)]
+    marked = [look(n, ControllerSettings()) for n in nodes]
     seen = log.note_reasons({}, marked)
     seen = log.note_reasons(seen, marked)  # the same reason again: nothing new
     seen = log.note_reasons(seen, [])  # the agent lifted its mark

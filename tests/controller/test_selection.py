@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpresilience.controller.loop import came_back
 from hpresilience.controller.selection import first_rung, group_for, requested
 from hpresilience.controller.settings import ControllerSettings, NodeGroup
 from hpresilience.controller.state import RepairRecord
+from hpresilience.controller.steps import came_back
 from hpresilience.reasons import Action, PlannedKind, planned_reason
 from hpresilience.slurm.models import Node
 

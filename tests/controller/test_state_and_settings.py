@@ -10,10 +10,11 @@ from pydantic import ValidationError
 
 from hpresilience.config import config_from_mapping
 from hpresilience.controller.gates import GateSettings, create_gate
-from hpresilience.controller.loop import STEP_METHODS, Controller
+from hpresilience.controller.loop import Controller
 from hpresilience.controller.providers import ProviderContext, create_provider
 from hpresilience.controller.settings import ControllerSettings, NodeGroup
 from hpresilience.controller.state import FOR_A_PERSON, ControllerLocked, RepairRecord, StateStore, Step
+from hpresilience.controller.steps import STEP_FUNCTIONS
 from hpresilience.errors import ConfigError
 from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
@@ -191,9 +192,9 @@ def test_a_stored_record_with_a_word_not_ours_is_refused_naming_the_field(field:
         RepairRecord.from_json({**RECORD_OF_TODAY, field: word})
 
 
-def test_every_step_is_either_driven_by_one_method_or_left_for_a_person() -> None:
-    assert not set(STEP_METHODS) & FOR_A_PERSON
-    assert set(STEP_METHODS) | FOR_A_PERSON == set(Step)
+def test_every_step_is_either_driven_by_one_function_or_left_for_a_person() -> None:
+    assert not set(STEP_FUNCTIONS) & FOR_A_PERSON
+    assert set(STEP_FUNCTIONS) | FOR_A_PERSON == set(Step)
 
 
 def test_a_ladder_rung_of_none_is_refused() -> None:

@@ -13,6 +13,7 @@ In observe mode (agent.mode, or a check's own mode) a confirmed fault is logged 
 decision="would_mark" and nothing is done; an observing agent runs no Slurm command at all (and so no active
 check, which needs the node out of scheduling). A cycle holds the agent's state lock from reading its state
 to writing it back: the daemon and Slurm's HealthCheckProgram (`agent --once`) share that state.
+What a decision writes (the mark, its lifting, the ceiling's roll-back) is agent/marking.py's.
 A fault event (an XID in the kernel log, an NVML event) wakes the loop at once: that is the event path
 whose latency bench/ measures. A cloud reclaim or maintenance notice drains the node as a planned move
 (agent/planned.py). Nothing here raises out of the loop: a failed cycle is logged and retried.
@@ -30,26 +31,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
-from hpresilience.agent import hold, planned
+from hpresilience.agent import hold, marking, planned
 from hpresilience.agent import notices as cloud
-from hpresilience.agent.guard import (
-    Decision,
-    DecisionKind,
-    FleetView,
-    Memory,
-    decide,
-    fault_key,
-    fault_reason,
-    over_ceiling,
-)
+from hpresilience.agent.guard import Decision, DecisionKind, FleetView, Memory, decide
+from hpresilience.agent.marking import AgentMetrics
 from hpresilience.agent.settings import AgentSettings
 from hpresilience.agent.watchdog import WatchdogPinger
 from hpresilience.fileio import atomic_write_text, locked, read_json_state
 from hpresilience.health.base import CheckResult, Mode
 from hpresilience.log import get_logger
-from hpresilience.reasons import Action, agent_reason, parse_planned, parse_reason
+from hpresilience.reasons import parse_planned, parse_reason
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify
@@ -84,55 +77,14 @@ class ObservingSome(Protocol):
     def observe_only(self) -> frozenset[str]: ...
 
 
+def fault_mark_of_ours(node: Node) -> bool:
+    """The node's reason is this agent's fault mark: the agent's tag, and not a planned drain (a cloud notice's,
+    which the notice decides, agent/planned.py)."""
+    return parse_reason(node.reason).owner == "agent" and parse_planned(node.reason) is None
+
+
 def default_node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-
-
-def action_label(d: Decision) -> str:
-    """The action as log lines and the decisions metric have always spelt it: "Replace", "Reboot", "none"."""
-    return d.action.reason_word if d.action is not None and d.action is not Action.NONE else "none"
-
-
-class AgentMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.checks = Counter(
-            "hpr_agent_check_results_total", "Check results by check and status", ["check", "status"], registry=registry
-        )
-        self.duration = Histogram(
-            "hpr_agent_check_duration_seconds",
-            "Check run time",
-            ["check"],
-            registry=registry,
-            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
-        )
-        self.decisions = Counter(
-            "hpr_agent_decisions_total", "Guard-rail decisions", ["decision", "action"], registry=registry
-        )
-        self.latency = Histogram(
-            "hpr_agent_fault_detection_latency_seconds",
-            "From a fault being observed to the node marked in Slurm",
-            registry=registry,
-            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
-        )
-        self.last_cycle = Gauge(
-            "hpr_agent_last_cycle_timestamp_seconds", "End of the last check cycle", registry=registry
-        )
-        self.cycle_errors = Counter(
-            "hpr_agent_cycle_errors_total", "Cycles that failed (Slurm unreachable, ...)", registry=registry
-        )
-        self.planned = Counter(
-            "hpr_agent_planned_drains_total",
-            "Nodes drained (or, observing, that would have been) for a cloud notice",
-            ["kind", "decision"],
-            registry=registry,
-        )
-        self.ceiling_holds = Counter(
-            "hpr_agent_ceiling_holds_total",
-            "Marks held (or rolled back) because the fleet ceiling of nodes out of service "
-            "for hpresilience was reached",
-            ["action"],
-            registry=registry,
-        )
 
 
 class Agent:
@@ -237,7 +189,7 @@ class Agent:
         if node.is_idle:
             return True
         # Not on a node drained for a cloud notice: it is leaving, and a stress run there proves nothing.
-        return parse_reason(node.reason).owner == "agent" and parse_planned(node.reason) is None
+        return fault_mark_of_ours(node)
 
     def active_due(self) -> bool:
         if not self.settings.active_checks:
@@ -251,9 +203,7 @@ class Agent:
         """This node as Slurm sees it: one query naming it, whatever the cluster's size."""
         me = self.client.node(self.node_name)
         # A planned drain is not a mark to lift when checks pass: the notice decides (act_on_notice).
-        self.memory.marked = (
-            parse_reason(me.reason).owner == "agent" and me.is_unavailable and parse_planned(me.reason) is None
-        )
+        self.memory.marked = me.is_unavailable and fault_mark_of_ours(me)
         return me
 
     def fleet_view(self, me: Node) -> FleetView:
@@ -304,7 +254,7 @@ class Agent:
             self.metrics.duration.labels(r.check).observe(r.duration_s)
         self.memory.observe(results)
         observed = [r for r in results if self.observing or r.check in self.observe_only]
-        would = self.note_observed(observed)
+        would = marking.note_observed(self, observed)
         enforced = [] if self.observing else [r for r in results if r.check not in self.observe_only]
         # Nothing to report and no mark of ours to lift: nothing to ask Slurm.
         may_lift = self.settings.resume_when_clear and self.memory.marked is not False and not self.observing
@@ -320,9 +270,9 @@ class Agent:
                 me = hold.as_before(me)
             seen = me
             decision = decide(me, lambda: self.fleet_view(seen), enforced, self.memory, self.settings, t)
-            self.apply(me, decision, results)
+            marking.apply(self, me, decision, results)
             if decision.kind is DecisionKind.MARK and parse_reason(me.reason).owner != "agent":
-                decision = self.verify_ceiling(me, decision)
+                decision = marking.verify_ceiling(self, me, decision)
         if held is not None and held.taken:
             self._give_back()
         elif self.holding and held is None and me is not None and not hold.is_hold(me):
@@ -349,76 +299,6 @@ class Agent:
         if hold.give_back(self.client, self.node_name):
             self.memory.marked = False
         self.holding = False
-
-    def note_observed(self, results: Sequence[CheckResult]) -> Decision | None:
-        """Faults of observed checks: at the cycle where the guard would have marked (a certain fault at once,
-        another at its `required_repeats`-th run in a row) log it and count decision="would_mark" - never a
-        mark. The worst such fault is returned as the cycle's decision when nothing else is decided."""
-        due = [
-            r
-            for r in results
-            if r.asks_action
-            and self.memory.streaks.get(fault_key(r), 0) == (1 if r.certain else self.settings.required_repeats)
-        ]
-        out: Decision | None = None
-        for r in sorted(due, key=lambda r: -r.action.rank):
-            d = Decision(
-                DecisionKind.WOULD_MARK,
-                "observe mode: fault confirmed, node not marked",
-                r.action,
-                agent_reason(r.action, fault_reason(r)),
-                r,
-            )
-            self.metrics.decisions.labels(d.kind.value, action_label(d)).inc()
-            log.warning(
-                "node_would_be_marked_fail",
-                node=self.node_name,
-                reason=d.reason,
-                check=r.check,
-                finding=fault_reason(r),
-                mode="observe",
-            )
-            out = out or d
-        return out
-
-    def verify_ceiling(self, me: Node, d: Decision) -> Decision:
-        """Agents that see the same fault in the same second all pass the ceiling before any of them marked.
-        So each re-reads Slurm after marking and keeps its mark only if the nodes ahead of it (controller-held
-        ones, and agent marks earlier in (reason time, name) order, an order every agent computes the same)
-        leave room for it; else it backs out."""
-        why = over_ceiling(self.fleet_view(me), self.node_name, self.settings, after_mark=True)
-        if why is None:
-            return d
-        self.client.set_node_state([self.node_name], "resume")
-        self.memory.marked = False
-        log.warning("node_mark_rolled_back", node=self.node_name, why=why)
-        self.metrics.decisions.labels("rolled_back", action_label(d)).inc()
-        self.metrics.ceiling_holds.labels(action_label(d)).inc()
-        return Decision(DecisionKind.HOLD, why, d.action, finding=d.finding, held_by_ceiling=True)
-
-    def apply(self, node: Node, d: Decision, results: Sequence[CheckResult]) -> None:
-        action = action_label(d)
-        self.metrics.decisions.labels(d.kind.value, action).inc()
-        evidence = {
-            "checks": {r.check: r.status.value for r in results},
-            "finding": fault_reason(d.finding) if d.finding else None,
-            "check": d.finding.check if d.finding else None,
-        }
-        if d.kind is DecisionKind.MARK:
-            self.client.set_node_state([node.name], "fail", d.reason)
-            self.memory.marked = True
-            if d.finding is not None and d.finding.observed_at:
-                self.metrics.latency.observe(max(0.0, time.time() - d.finding.observed_at))
-            log.warning("node_marked_fail", node=node.name, reason=d.reason, why=d.why, **evidence)
-        elif d.kind is DecisionKind.RESUME:
-            self.client.set_node_state([node.name], "resume")
-            self.memory.marked = False
-            log.info("node_resumed", node=node.name, why=d.why, previous_reason=node.reason)
-        elif d.kind is DecisionKind.HOLD and d.held_by_ceiling:
-            self.metrics.ceiling_holds.labels(action).inc()
-            log.warning("node_mark_held_ceiling", node=node.name, why=d.why, action=action, **evidence)
-        elif d.kind is DecisionKind.HOLD:
-            log.info("verdict_held", node=node.name, why=d.why, action=action, **evidence)
 
     # -- the loop --------------------------------------------------------------------------------------
     def healthy(self) -> bool:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from hpresilience.agent.daemon import AgentMetrics
+from hpresilience.agent.marking import AgentMetrics
 from hpresilience.autoresume.ledger import Badput, Ledger
 from hpresilience.autoresume.ledgermetrics import LedgerCollector, _Seen
 from hpresilience.autoresume.report import Reporter

@@ -9,6 +9,7 @@ HPR_TEST_REPAIR_S sets the repair's length (10 s by default, for the suite's tim
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 from hpresilience.controller.loop import Controller
+from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_recipe_integration import Recipe, fill_the_rest
@@ -128,6 +130,21 @@ def short_then_repaired_then_grown(
         srun_args="--auto-resume-min-nodes=2",
         extra_env={"TRAIN_STEP_SLEEP": str(STEP_S)},
     )
+    try:
+        return fault_repair_grow_back(cluster, slurm, tmp_path, start, run, **ctl)
+    finally:  # also when it failed: its torchrun port is the next test's
+        with contextlib.suppress(HPResilienceError):
+            slurm.cancel(run.job_id)
+
+
+def fault_repair_grow_back(
+    cluster: DevCluster,
+    slurm: SlurmClient,
+    tmp_path: Path,
+    start: Callable[[Controller], Controller],
+    run: Recipe,
+    **ctl: Any,
+) -> tuple[str, dict[str, float]]:
     run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
     fill_the_rest(cluster, slurm, run, 3)  # the 4th node is busy: no replacement at hand
     scripts = write_scripts(tmp_path / "scripts", cluster, provider_delay_s=REPAIR_S)
@@ -186,7 +203,6 @@ def short_then_repaired_then_grown(
     assert sorted(hostnames(run, last["NODE_LIST"])) == sorted(run.named("attempt_started")[-1]["nodes"].split(","))
     run.wait(lambda: len(re.findall(r"resumed from step", run.out)) >= 2, "the resume on 3 nodes")
     assert not run.named("job_requeue_requested") and len(run.named("policy_decided")) == 1
-    slurm.cancel(run.job_id)
     figures = {
         "fault_to_short_step_s": short["time"] - fault_at,
         "fault_to_repair_started_s": repair_at - fault_at,

@@ -311,6 +311,7 @@ class Supervisor:
         target = result.target
         if target is None:  # off drained nodes: to a spare, a grown job, or short (min_nodes)
             target = self.capacity.recover(result.leaving, plan, size)
+        self.capacity.settle_returning(target, plan)
         self.reporter.decision(
             "step_moved",
             why=result.moved,

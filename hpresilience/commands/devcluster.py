@@ -267,15 +267,16 @@ def kill_node(c: Ctx, name: str, state_dir: str | None) -> None:
 
 @devcluster.command("restart-node")
 @click.argument("name")
+@click.option("--reboot", is_flag=True, help="Report the node rebooted (slurmd -b): a RebootProgram's reboot.")
 @state_dir_opt
 @pass_ctx
-def restart_node(c: Ctx, name: str, state_dir: str | None) -> None:
+def restart_node(c: Ctx, name: str, reboot: bool, state_dir: str | None) -> None:
     """Restart one node's slurmd (the devcluster's 'replace' of a node)."""
     cl = cluster_from(c, state_dir=state_dir)
     in_its_root(cl)
     if name not in cl.names():
         raise click.BadParameter(f"unknown node {name!r}; known: {', '.join(cl.names())}", param_hint="NAME")
-    cl.restart_node(name)
+    cl.restart_node(name, booted=reboot)
     click.echo(f"restarted slurmd of {name}")
 
 

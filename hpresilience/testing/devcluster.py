@@ -397,15 +397,18 @@ class DevCluster:
         if not res.ok:
             raise DevclusterError(f"{res.describe(tail=300)}\n" + self.log_tail())
 
-    def start_node(self, name: str, timeout: float = 10.0) -> None:
+    def start_node(self, name: str, timeout: float = 10.0, *, booted: bool = False) -> None:
+        """booted: slurmd -b, which reports the node rebooted (the nodes share the host's boot time, and
+        slurmctld ends a `scontrol reboot` only when a node reports a boot after the request)."""
         (self.state_dir / "spool" / name).mkdir(parents=True, exist_ok=True)
+        extra = ["-b"] if booted else []
         if self.netns:
-            self._spawn_isolated(name, timeout)
+            self._spawn_isolated(name, timeout, extra)
         else:
-            self._spawn([self._tool("slurmd"), "-f", str(self.conf_path), "-N", name])
+            self._spawn([self._tool("slurmd"), "-f", str(self.conf_path), "-N", name, *extra])
         log.info("devcluster_node_started", node=name)
 
-    def _spawn_isolated(self, name: str, timeout: float) -> None:
+    def _spawn_isolated(self, name: str, timeout: float, extra: list[str]) -> None:
         """slurmd in the node's network namespace and in a PID namespace of its own with its own /proc, under
         nsinit.py as PID 1 (a PID namespace ends with its PID 1: that must not be slurmd, whose death leaves the
         steps running on a real host). The mount namespace that --mount-proc needs keeps /sys: cgroups work."""
@@ -426,6 +429,7 @@ class DevCluster:
             str(self.conf_path),
             "-N",
             name,
+            *extra,
         ]
         with open(self.log_dir / f"nsinit-{name}.out", "ab") as out:
             subprocess.Popen(
@@ -503,9 +507,10 @@ class DevCluster:
     def node_port(self, name: str) -> int:
         return self.base_port + 10 + self.names().index(name) + 1
 
-    def restart_node(self, name: str, timeout: float = 15.0) -> None:
+    def restart_node(self, name: str, timeout: float = 15.0, *, booted: bool = False) -> None:
         """The devcluster's 'replace' of a node: everything that ran on it stops (slurmd and the slurmstepds
-        it forked, which inherit slurmd's listening socket), then a fresh slurmd starts under the same name."""
+        it forked, which inherit slurmd's listening socket), then a fresh slurmd starts under the same name
+        (booted: reporting a reboot, what a RebootProgram's reboot looks like to slurmctld)."""
         pid = self.daemon_pids().get(name)
         if pid is not None:
             try:
@@ -526,7 +531,7 @@ class DevCluster:
         ns = netns.node_ns(self.base_port, name)
         while (netns.listening(ns, port) if self.netns else _port_listening(port)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.start_node(name)
+        self.start_node(name, booted=booted)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def is_up(self) -> bool:

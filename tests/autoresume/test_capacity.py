@@ -17,11 +17,15 @@ from tests.conftest import TEST_BASE_PORT, require_slurm
 pytestmark = pytest.mark.integration
 
 
-def capacity_for(client: SlurmClient, job_id: int, tmp_path: Path) -> tuple[Capacity, WrapperState, Path]:
+def capacity_for(
+    client: SlurmClient, job_id: int, tmp_path: Path, min_nodes: int = 0
+) -> tuple[Capacity, WrapperState, Path]:
     store = StateStore(tmp_path, job_id)
     state = WrapperState(job_id)
     return (
-        Capacity(client, job_id, state, Reporter(store, job_id, None), grow=True, replace_timeout_s=5),
+        Capacity(
+            client, job_id, state, Reporter(store, job_id, None), grow=True, replace_timeout_s=5, min_nodes=min_nodes
+        ),
         state,
         store.events_path,
     )
@@ -60,8 +64,33 @@ def test_without_slurmdbd_a_second_fault_keeps_the_bad_node_inside(tmp_path: Pat
         assert others[1] in client.job(job_id).nodes
         assert not cap.accounting()
         assert "slurmdbd" in events.read_text() and "nodes_kept_in_allocation" in events.read_text()
+        # Running short (min_nodes) without slurmdbd, no idle node (the released one drained): released, the
+        # failed node could never join again (one resize per job), so it stays in the job, out of the step.
+        client.set_node_state([others[0]], "drain", "maintenance")
+        cap, _, events = capacity_for(client, job_id, tmp_path / "short", min_nodes=1)
+        plan = cap.recover([others[1]], [job.batch_host, others[1]], 2)
+        assert plan == [job.batch_host] and others[1] in client.job(job_id).nodes
+        assert "could not grow back" in events.read_text()
     finally:
         cl.down()
+
+
+def test_running_short_releases_the_failed_node_from_the_job(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """min_nodes, no idle node: the short plan comes at once and the failed node leaves the job, so that the
+    controller repairs it now (it waits for a node's jobs) and the job's NodeList no longer names it."""
+    job_id = slurm.sbatch("-N3", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
+    job = slurm.wait_running(job_id)
+    filler = slurm.sbatch("-N1", "-o", "/dev/null", "--wrap", "sleep 300")
+    slurm.wait_running(filler)
+    cap, state, events = capacity_for(slurm, job_id, tmp_path, min_nodes=2)
+    victim = [n for n in job.nodes if n != job.batch_host][-1]
+    slurm.set_node_state([victim], "fail", "Action:Replace")
+    plan = cap.recover([victim], list(job.nodes), 3)
+    assert plan == [n for n in job.nodes if n != victim]
+    assert slurm.job(job_id).nodes == tuple(plan) and state.kept_out == []
+    assert "running_short" in events.read_text() and "allocation_shrunk" in events.read_text()
 
 
 class RefusingClient(SlurmClient):

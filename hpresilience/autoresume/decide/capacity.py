@@ -122,6 +122,7 @@ class Capacity:
             # No replacement at hand: run short (min_nodes), or wait for one, which may be the failed node itself.
             short = self._short_plan(job, unhealthy, previous, size)
             if short is not None:
+                self._release_short(job, unhealthy)
                 return short
             if self.settle is not None and self.grow and self.expansion_permitted():
                 self.settle([n for n in bad if n in job.nodes and n not in self._unreachable])
@@ -175,7 +176,7 @@ class Capacity:
 
     def _short_plan(self, job: Job, unhealthy: set[str], previous: Sequence[str], size: int) -> list[str] | None:
         """--auto-resume-min-nodes: the healthy nodes of the step (in their slots' order), when at least min_nodes,
-        for a relaunch at once; the failed nodes stay in the job, out of the step, until they are back."""
+        for a relaunch at once; the failed nodes leave the job (_release_short)."""
         if not self.min_nodes or (job.batch_host in unhealthy and job.batch_host not in self._unreachable):
             return None
         healthy = [n for n in job.nodes if n not in unhealthy]
@@ -192,6 +193,24 @@ class Capacity:
             left_out=",".join(sorted(unhealthy & set(job.nodes))),
         )
         return plan
+
+    def _release_short(self, job: Job, unhealthy: set[str]) -> None:
+        """Running short, the failed nodes leave the job before the short step starts: the controller repairs
+        a node only once no job holds it (else it waits up to forced_down_after_s, 600 s), and the job's
+        NodeList, which the training script reads (`scontrol show jobid`: HyperPod's NODE_LIST and
+        MASTER_ADDR), must not name a dead node. The repaired node comes back idle and grow back merges it
+        (back_in_service). Without slurmdbd a job is resized once only: releasing would forbid that grow, so
+        the node stays in the job, out of the step, and is taken back once resumed."""
+        if not self.grow or not self.expansion_permitted():
+            why = "the job cannot grow back (no expansion), so the node stays in it until it is back"
+        elif not self.accounting():
+            why = "without slurmdbd the job could not grow back after a release, so the node stays until it is back"
+        else:
+            self._release(job, unhealthy)
+            return
+        left = sorted(n for n in job.nodes if n in unhealthy and n != job.batch_host)
+        if left:
+            self.reporter.decision("nodes_kept_in_allocation", nodes=compress(left), why=why)
 
     def back_in_service(self, size: int, previous: Sequence[str]) -> list[str] | None:
         """While running short: the full plan once the nodes kept out are healthy again, or once idle nodes of
@@ -216,6 +235,13 @@ class Capacity:
         self.state.kept_out = [n for n in self.state.kept_out if n not in back]
         self._swapped(previous, plan, "back_in_service")
         return plan
+
+    def settle_returning(self, target: Sequence[str], previous: Sequence[str]) -> None:
+        """Before a grow back: a failed node that left the job when the step went short and joined it again
+        after a fast repair may still be ending the job's old step (settle says why)."""
+        returning = [n for n in target if n not in previous and n in self.state.blamed_nodes]
+        if returning and self.settle is not None:
+            self.settle(returning)
 
     def _grow_into_idle(self, job: Job, size: int, previous: Sequence[str], kept: set[str]) -> list[str] | None:
         missing = size - len(previous)

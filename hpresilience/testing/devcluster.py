@@ -79,14 +79,14 @@ class DevCluster:
         self.mode: IsolationMode = mode_for(
             isolation or self.recorded_isolation() or Isolation.NONE,
             Cluster(
-                self.state_dir,
-                base_port,
-                self.names(),
-                self.release,
-                accounting,
-                backup_controller,
-                self._spawn,
-                self.log_tail,
+                state_dir=self.state_dir,
+                base_port=base_port,
+                names=self.names(),
+                release=self.release,
+                accounting=accounting,
+                backup_controller=backup_controller,
+                spawn=self._spawn,
+                log_tail=self.log_tail,
             ),
         )
         if backup_controller and accounting is None:

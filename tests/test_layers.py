@@ -343,7 +343,7 @@ def test_the_slurm_command_scan_finds_a_planted_call(tmp_path: Path) -> None:
 
 # Long-lived processes that stream or outlive a call (an srun step, the devcluster's and the demo's daemons)
 # keep their own Popen; everything else starts commands through proc.py.
-SUBPROCESS_ALLOWED = frozenset({"proc.py", "slurm/srun.py", "testing/devcluster.py", "testing/demo.py"})
+SUBPROCESS_ALLOWED = frozenset({"proc.py", "slurm/srun.py", "testing/devprocs.py", "testing/demo.py"})
 
 
 def mechanism_sites(root: Path = PACKAGE) -> list[str]:

@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"errors"},
     {"log", "settings_base", "fileio", "waiting", "reasons", "systemd", "metrics", "registry", "proc"},
     {"slurm", "torch"},
-    {"health"},
+    {"health", "goodput"},
     {"agent", "controller", "autoresume"},
     {"testing"},
     {"config"},

@@ -24,8 +24,6 @@ from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.launch.runner import StepRunner
 from hpresilience.autoresume.launch.stepops import TASK_MARKER, StepOps, user_labels
-from hpresilience.autoresume.ledger import render
-from hpresilience.autoresume.ledgerfile import attempt_record, write_ledger
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
@@ -37,6 +35,8 @@ from hpresilience.autoresume.watch.nodewatch import NodeWatch
 from hpresilience.autoresume.watch.rules import RuleSet
 from hpresilience.autoresume.watch.table import DETECTORS, DetectorFactory, WatchContext, build_detectors
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
+from hpresilience.goodput.ledger import render
+from hpresilience.goodput.ledgerfile import attempt_record, write_ledger
 from hpresilience.log import get_logger
 from hpresilience.registry import Registry
 from hpresilience.slurm.client import SlurmClient

@@ -29,7 +29,7 @@ from hpresilience.controller.loop import Controller
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.log import setup_logging
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.parse import parse_nodes_json
+from hpresilience.slurm.parsejson import parse_nodes_json
 from hpresilience.testing.devcluster import DevCluster
 
 HERE = Path(__file__).resolve().parent

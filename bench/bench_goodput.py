@@ -38,13 +38,13 @@ from bench_restart import (
     wrapper,
 )
 
-from hpresilience.autoresume.ledger import (
+from hpresilience.controller.loop import Controller
+from hpresilience.controller.settings import ControllerSettings
+from hpresilience.goodput.ledger import (
     Badput,
     compute,
 )
-from hpresilience.autoresume.ledgerfile import read_events
-from hpresilience.controller.loop import Controller
-from hpresilience.controller.settings import ControllerSettings
+from hpresilience.goodput.ledgerfile import read_events
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 

@@ -68,8 +68,8 @@ def measure(work: str, max_records: int) -> None:
     the controller), then scrapes: one that starts a refresh, one that arrives while it runs."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from hpresilience.autoresume import ledgermetrics, ledgerread
-    from hpresilience.autoresume.ledgermetrics import LedgerCollector
+    from hpresilience.goodput import ledgermetrics, ledgerread
+    from hpresilience.goodput.ledgermetrics import LedgerCollector
     from hpresilience.slurm.accounting import JobRecord
     from hpresilience.slurm.client import SlurmClient
 
@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        from hpresilience.autoresume.ledgerread import MAX_RECORDS
+        from hpresilience.goodput.ledgerread import MAX_RECORDS
 
         measure(args.child, args.max_records or MAX_RECORDS)
         return

@@ -25,7 +25,8 @@ from collections.abc import Callable
 import yaml
 
 from hpresilience.autoresume.settings import LogRuleSettings, RunPolicySettings
-from hpresilience.autoresume.watch.rules import LineBuffer, RuleSet
+from hpresilience.autoresume.watch.lines import LineBuffer
+from hpresilience.autoresume.watch.rules import RuleSet
 
 RULES = r"""
 - name: JobStart

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpresilience.slurm.parse import parse_nodes_json, parse_nodes_oneliner
+from hpresilience.slurm.parse import parse_nodes_oneliner
+from hpresilience.slurm.parsejson import parse_nodes_json
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "slurm"
 

@@ -22,9 +22,9 @@ PACKAGE = Path(hpresilience.__file__).resolve().parent
 # and at the top what composes them (configuration, the installer, the click commands, the entry point).
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"log", "settings_base", "fileio", "waiting", "reasons", "systemd", "metrics", "registry", "proc"},
+    {"log", "settings_base", "fileio", "waiting", "reasons", "systemd", "metrics", "registry", "proc", "imds"},
     {"slurm", "torch"},
-    {"health"},
+    {"health", "goodput"},
     {"agent", "controller", "autoresume"},
     {"testing"},
     {"config"},

@@ -8,39 +8,28 @@ Both GETs carry the token (X-aws-ec2-metadata-token). A spot action is a reclaim
 event is a maintenance due at its NotBefore, unless it is completed or canceled (State, or a Description that
 starts with "[Completed]"/"[Canceled]", as EC2 keeps them listed for a week). Parsers are pure; an entry that
 does not parse (or a hostile one: an unknown action, a date out of range, text that is not JSON) is skipped
-and logged. An answer over 64 KiB is not read on: that poll fails (NoticeUnavailable, which the watcher
-takes as no news, never as a withdrawal).
-Each of a poll's three requests ends within `timeout_s` in all (connect, send, status line, headers, body),
-however slowly the endpoint trickles its answer, so a poll takes at most 3 x timeout_s. Not bounded by it: a
-host *name*'s lookup (getaddrinfo has no timeout), so the endpoint is an address (the default 169.254.169.254).
+and logged. The requests are hpresilience/imds.py's, shared with the training library's spot poll: each ends
+within `timeout_s` in all, so a poll takes at most 3 x timeout_s, and an answer over 64 KiB is not read on.
+A request that fails fails the poll (NoticeUnavailable, which the watcher takes as no news, never as a
+withdrawal).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
-import socket
-import time
-import urllib.parse
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from hpresilience.agent.notices import Notice, NoticeUnavailable
 from hpresilience.agent.settings import NoticeSettings
-from hpresilience.errors import ConfigError
+from hpresilience.imds import EVENTS_PATH, SPOT_PATH, MetadataClient, MetadataUnavailable
 from hpresilience.log import get_logger
 from hpresilience.reasons import PlannedKind
 
 log = get_logger("hpresilience.agent")
 
-TOKEN_PATH = "/latest/api/token"
-SPOT_PATH = "/latest/meta-data/spot/instance-action"
-EVENTS_PATH = "/latest/meta-data/events/maintenance/scheduled"
-TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
-TOKEN_HEADER = "X-aws-ec2-metadata-token"
-MAX_BODY = 64 * 1024  # real answers are a few hundred bytes
 SPOT_ACTIONS = ("terminate", "stop", "hibernate")
 DONE_STATES = ("completed", "canceled", "cancelled")
 _CODE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -139,107 +128,24 @@ def parse_scheduled_events(body: bytes | str) -> list[Notice]:
     return out
 
 
-class _DeadlineSocket(socket.socket):
-    """A socket whose every send and receive may take only what is left of one deadline.
-
-    http.client reads the status line and each header line with reads of their own, and a socket timeout
-    bounds one read: a server sending a byte just inside timeout_s each time held a `timeout_s=1` request
-    for as long as it kept going (issue 31: 29 s). Arming the timeout from the deadline before each call
-    bounds the whole request instead.
-    """
-
-    deadline = 0.0
-
-    def _arm(self) -> None:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        self.settimeout(left)
-
-    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        self._arm()
-        return super().recv_into(buffer, nbytes, flags)
-
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        self._arm()
-        return super().recv(bufsize, flags)
-
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        self._arm()  # since Python 3.5 the timeout bounds the whole sendall, not each part
-        super().sendall(data, flags)
-
-
-class _DeadlineConnection(http.client.HTTPConnection):
-    """An HTTP connection whose socket is a _DeadlineSocket: connect, send and every read end by `deadline`."""
-
-    def __init__(self, host: str, port: int, deadline: float) -> None:
-        super().__init__(host, port, timeout=max(0.001, deadline - time.monotonic()))
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        plain = socket.create_connection((self.host, self.port), left)
-        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
-        sock.deadline = self.deadline
-        self.sock = sock
-
-
 class Ec2NoticeSource:
     """IMDSv2: a session token, then the two documents. Raises NoticeUnavailable when the endpoint is not there."""
 
     name = "ec2"
 
     def __init__(self, settings: NoticeSettings) -> None:
-        url = urllib.parse.urlsplit(settings.ec2_endpoint)
-        if url.scheme != "http" or not url.hostname:
-            raise ConfigError(f"agent.notices.ec2_endpoint: {settings.ec2_endpoint!r} is not http://HOST[:PORT]")
-        self.host = url.hostname
-        self.port = url.port or 80
-        self.timeout_s = settings.timeout_s
-
-    def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
-        """One request, done within timeout_s in all (connect, send, status line, headers, body), and at most
-        MAX_BODY bytes of body."""
-        deadline = time.monotonic() + self.timeout_s
-        conn = _DeadlineConnection(self.host, self.port, deadline)
-        try:
-            conn.request(method, path, headers=headers)
-            resp = conn.getresponse()
-            body = b""
-            while True:
-                chunk = resp.read1(4096)
-                if not chunk:
-                    return resp.status, body
-                body += chunk
-                if len(body) > MAX_BODY:
-                    raise NoticeUnavailable(f"{path}: answer larger than {MAX_BODY} bytes")
-        except TimeoutError:  # some step ran into the deadline (the socket's timeout is what is left of it)
-            raise NoticeUnavailable(f"{method} {path}: no whole answer within {self.timeout_s} s") from None
-        except (OSError, ValueError, http.client.HTTPException) as err:  # ValueError: a header it would not send
-            raise NoticeUnavailable(f"{method} {path}: {type(err).__name__}: {err}") from None
-        finally:
-            conn.close()
-
-    def _get(self, path: str, token: str) -> bytes | None:
-        status, body = self._request("GET", path, {TOKEN_HEADER: token})
-        if status == 404:
-            return None
-        if status != 200:
-            raise NoticeUnavailable(f"GET {path}: HTTP {status}")
-        return body
+        self.client = MetadataClient(settings.ec2_endpoint, settings.timeout_s, "agent.notices.ec2_endpoint")
 
     def poll(self) -> Sequence[Notice]:
-        status, token = self._request("PUT", TOKEN_PATH, {TOKEN_TTL_HEADER: "60"})
-        if status != 200 or not token or len(token) > 1024:
-            raise NoticeUnavailable(f"PUT {TOKEN_PATH}: HTTP {status}")
-        text = token.decode("ascii", "replace").strip()
-        found: list[Notice] = []
-        spot = self._get(SPOT_PATH, text)
-        if spot is not None:
-            found += parse_instance_action(spot)
-        events = self._get(EVENTS_PATH, text)
-        if events is not None:
-            found += parse_scheduled_events(events)
+        try:
+            token = self.client.token()
+            found: list[Notice] = []
+            spot = self.client.get(SPOT_PATH, token)
+            if spot is not None:
+                found += parse_instance_action(spot)
+            events = self.client.get(EVENTS_PATH, token)
+            if events is not None:
+                found += parse_scheduled_events(events)
+        except MetadataUnavailable as err:
+            raise NoticeUnavailable(str(err)) from None
         return found

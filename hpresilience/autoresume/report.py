@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hpresilience.autoresume.settings import AutoResumeSettings
-from hpresilience.autoresume.state import StateStore
+from hpresilience.autoresume.state import WrapperStateStore
 from hpresilience.log import get_logger
 from hpresilience.metrics import write_textfile
 
@@ -61,7 +61,7 @@ def prune_textfiles(directory: Path, retention_s: float, keep: int, now: float |
 
 
 class Reporter:
-    def __init__(self, store: StateStore, job_id: int, metrics_path: str | None) -> None:
+    def __init__(self, store: WrapperStateStore, job_id: int, metrics_path: str | None) -> None:
         self.store = store
         self.job_id = job_id
         self.metrics_path = metrics_path

@@ -99,7 +99,10 @@ def default_state_dir(env: dict[str, str] | os._Environ[str]) -> Path:
     return Path(env.get("HOME", "/tmp")) / ".hpresilience" / "jobs"
 
 
-class StateStore:
+class WrapperStateStore:
+    """A job's `WrapperState` file and its decision records, in the wrapper's state directory (the controller's
+    repair records are controller/state.py's `StateStore`, another thing)."""
+
     def __init__(self, directory: Path, job_id: int) -> None:
         self.directory = directory
         self.job_id = job_id

@@ -18,18 +18,16 @@ from typing import IO
 from hpresilience.autoresume.decide.capacity import BatchHostLost, Capacity, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause, Diagnosis
 from hpresilience.autoresume.decide.ending import Ending
-from hpresilience.autoresume.decide.policy import Action, RestartPolicy
+from hpresilience.autoresume.decide.policy import PolicyChoice, RestartPolicy
 from hpresilience.autoresume.decide.requeue import clear_requeue_marker, mark_for_release
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome, after_diagnosis, is_move
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.launch.runner import StepRunner
 from hpresilience.autoresume.launch.stepops import TASK_MARKER, StepOps, user_labels
-from hpresilience.autoresume.ledger import render
-from hpresilience.autoresume.ledgerfile import attempt_record, write_ledger
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState
+from hpresilience.autoresume.state import JobIdentity, WrapperState, WrapperStateStore
 from hpresilience.autoresume.watch.base import AttemptResult, StopRequest
 from hpresilience.autoresume.watch.evidence import HangInvestigator
 from hpresilience.autoresume.watch.feed import RuleFeed
@@ -37,6 +35,8 @@ from hpresilience.autoresume.watch.nodewatch import NodeWatch
 from hpresilience.autoresume.watch.rules import RuleSet
 from hpresilience.autoresume.watch.table import DETECTORS, DetectorFactory, WatchContext, build_detectors
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
+from hpresilience.goodput.ledger import render
+from hpresilience.goodput.ledgerfile import attempt_record, write_ledger
 from hpresilience.log import get_logger
 from hpresilience.registry import Registry
 from hpresilience.slurm.client import SlurmClient
@@ -65,7 +65,7 @@ class Supervisor:
         self.client = client
         self.env = dict(os.environ if env is None else env)
         self.job_id = opts.job_id
-        self.store = StateStore(opts.state_dir, opts.job_id)
+        self.store = WrapperStateStore(opts.state_dir, opts.job_id)
         self.details = job_identity_details(client, opts.job_id)
         self.identity = JobIdentity(
             cluster=self.env.get("SLURM_CLUSTER_NAME", ""),
@@ -282,12 +282,12 @@ class Supervisor:
         decision = self.policy.decide(KIND_OF[diagnosis.cause], exit_code)
         self.reporter.decision(
             "policy_decided",
-            action=decision.action.value,
+            action=decision.choice.value,
             reason=decision.reason,
             detail=decision.detail,
             restarts_in_window=decision.restarts_in_window,
         )
-        outcome = OUTCOME_OF[decision.action]
+        outcome = OUTCOME_OF[decision.choice]
         if outcome is Outcome.GIVE_UP:
             return self._give_up(diagnosis, exit_code, decision.detail)
         if outcome is Outcome.REQUEUE:
@@ -348,11 +348,11 @@ class Supervisor:
         self.reporter.decision(
             "no_replacement",
             why=why,
-            action=decision.action.value,
+            action=decision.choice.value,
             detail=decision.detail,
             batch_host=batch_host or None,
         )
-        if decision.action is Action.FULL_RESTART:
+        if decision.choice is PolicyChoice.FULL_RESTART:
             return self._requeue(f"{why}; {decision.detail}")
         self.state.finished, self.state.exit_code = True, 1
         raise JobFailed(f"job {self.job_id}: {why}; {decision.detail}")

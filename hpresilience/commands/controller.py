@@ -80,7 +80,7 @@ def _run(c: Ctx | None, once: bool, dry_run: bool, state_dir: str | None) -> Non
     signal.signal(signal.SIGINT, on_signal)
     server = None
     if settings.metrics_address and not once:
-        from hpresilience.autoresume.ledgermetrics import LedgerCollector
+        from hpresilience.goodput.ledgermetrics import LedgerCollector
 
         # Jobs' goodput from their ledgers, labelled as Slurm reports the job (docs/goodput.md).
         ctl.registry.register(LedgerCollector(ctl.client, c.config.autoresume.state_dir))

@@ -6,10 +6,10 @@ import time
 
 import click
 
-from hpresilience.autoresume.goodput import ClusterGoodput, load_ledger, render_cluster
-from hpresilience.autoresume.ledger import render
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.errors import HPResilienceError
+from hpresilience.goodput.jobs import ClusterGoodput, load_ledger, render_cluster
+from hpresilience.goodput.ledger import render
 from hpresilience.log import printable
 from hpresilience.slurm.accounting import finished_jobs, job_record, since_seconds
 from hpresilience.slurm.client import SlurmClient

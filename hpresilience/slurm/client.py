@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from hpresilience.errors import ConfigError, SlurmError, SlurmTimeout, UnknownNode
 from hpresilience.log import get_logger
-from hpresilience.slurm import parse
+from hpresilience.slurm import parse, parsejson
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Job, Node, ReasonGroup
 from hpresilience.slurm.runner import CommandRunner, Result
@@ -91,8 +91,8 @@ class SlurmClient:
         if names is None:
             if self.scontrol_has_json:
                 res = self.runner.run("scontrol", "--json", "show", "node")
-                return parse.parse_nodes_json(res.stdout, "scontrol --json show node")
-            return parse.parse_nodes_json(self.runner.run("sinfo", "--json").stdout, "sinfo --json")
+                return parsejson.parse_nodes_json(res.stdout, "scontrol --json show node")
+            return parsejson.parse_nodes_json(self.runner.run("sinfo", "--json").stdout, "sinfo --json")
         wanted = list(names)
         by_name, read = self._read_nodes(wanted)
         missing = [n for n in dict.fromkeys(wanted) if n not in by_name]
@@ -155,7 +155,7 @@ class SlurmClient:
             nodes: list[Node] = []
         elif self.scontrol_has_json:
             try:
-                nodes = parse.parse_nodes_json(text, what)
+                nodes = parsejson.parse_nodes_json(text, what)
             except SlurmError:
                 if res.returncode == 0:
                     raise
@@ -211,9 +211,9 @@ class SlurmClient:
     def jobs(self) -> list[Job]:
         """Every job slurmctld knows (one full-queue query)."""
         if self.scontrol_has_json:
-            return parse.parse_jobs_json(self.runner.run("scontrol", "--json", "show", "job").stdout)
+            return parsejson.parse_jobs_json(self.runner.run("scontrol", "--json", "show", "job").stdout)
         # 22.05's squeue --json ignores -j and other filters: we always get every job it knows.
-        return parse.parse_jobs_json(self.runner.run("squeue", "--json").stdout, "squeue --json")
+        return parsejson.parse_jobs_json(self.runner.run("squeue", "--json").stdout, "squeue --json")
 
     def job(self, job_id: int) -> Job:
         """One job, read with a query of that job only (`scontrol show job J`)."""
@@ -225,7 +225,7 @@ class SlurmClient:
     def _read_job(self, job_id: int) -> tuple[Job | None, Result]:
         if self.scontrol_has_json:
             res = self._run_allowing(_JOB_UNKNOWN, "scontrol", "--json", "show", "job", str(job_id))
-            jobs = parse.parse_jobs_json(res.stdout, "scontrol --json show job") if res.returncode == 0 else []
+            jobs = parsejson.parse_jobs_json(res.stdout, "scontrol --json show job") if res.returncode == 0 else []
         else:
             res = self._run_allowing(_JOB_UNKNOWN, "scontrol", "show", "job", str(job_id), "-o")
             jobs = parse.parse_jobs_oneliner(res.stdout) if res.returncode == 0 else []

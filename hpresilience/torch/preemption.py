@@ -16,11 +16,11 @@ import os
 import signal
 import stat
 import threading
-import urllib.error
-import urllib.request
 from types import FrameType
 from typing import Any
 
+from hpresilience.errors import HPResilienceError
+from hpresilience.imds import SPOT_PATH, MetadataClient
 from hpresilience.log import get_logger
 from hpresilience.torch.settings import PreemptionConfig
 
@@ -87,7 +87,7 @@ class PreemptionWatcher:
         while not self._stop.is_set() and self.reason is None:
             try:
                 action = spot_interruption(self.cfg.ec2_metadata_url)
-            except (OSError, ValueError) as err:
+            except (HPResilienceError, ValueError) as err:  # no answer, or one that is not text: no news
                 log.debug("spot_notice_poll_failed", error=str(err))
                 action = None
             if action is not None:
@@ -170,28 +170,20 @@ def _ours(path: str) -> bool:
 
 
 def spot_interruption(base_url: str, timeout: float = 2.0) -> str | None:
-    """The pending spot action ("terminate at <time>"), or None. Uses IMDSv2 (a session token first)."""
-    req = urllib.request.Request(
-        f"{base_url}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        token = resp.read().decode()
-    req = urllib.request.Request(
-        f"{base_url}/latest/meta-data/spot/instance-action", headers={"X-aws-ec2-metadata-token": token}
-    )
+    """The pending spot action ("terminate at <time>"), or None. IMDSv2 through the one metadata client
+    (hpresilience/imds.py, the agent's too): each request ends within `timeout` in all."""
+    client = MetadataClient(base_url, timeout, "torch preemption ec2_metadata_url")
+    body = client.get(SPOT_PATH, client.token())
+    if body is None:  # no interruption scheduled
+        return None
+    text = body.decode()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read().decode()
-    except urllib.error.HTTPError as err:
-        if err.code == 404:  # no interruption scheduled
-            return None
-        raise
-    try:
-        doc = json.loads(body)
+        doc = json.loads(text)
         return f"{doc['action']} at {doc['time']}"
     except (ValueError, KeyError, TypeError):
-        log.warning("spot_notice_unreadable", body=body[:200])
-        return f"unparsed notice {body[:80]!r}"
+        # Conservative on purpose: a notice we cannot read is still a notice to save and stop.
+        log.warning("spot_notice_unreadable", body=text[:200])
+        return f"unparsed notice {text[:80]!r}"
 
 
 _default: PreemptionWatcher | None = None

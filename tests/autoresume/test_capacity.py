@@ -8,7 +8,7 @@ import pytest
 
 from hpresilience.autoresume.decide.capacity import Capacity
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.state import StateStore, WrapperState
+from hpresilience.autoresume.state import WrapperState, WrapperStateStore
 from hpresilience.errors import SlurmError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def capacity_for(
     client: SlurmClient, job_id: int, tmp_path: Path, min_nodes: int = 0
 ) -> tuple[Capacity, WrapperState, Path]:
-    store = StateStore(tmp_path, job_id)
+    store = WrapperStateStore(tmp_path, job_id)
     state = WrapperState(job_id)
     return (
         Capacity(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hpresilience.autoresume.progress import ProgressStream, RankInfo
 from hpresilience.autoresume.watch.hang import HangClock, attribute
-from hpresilience.slurm.steps import parse_live_lines, parse_probe_lines
+from hpresilience.slurm.nodescripts import parse_live_lines, parse_probe_lines
 
 
 class Clock:

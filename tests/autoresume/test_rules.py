@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from hpresilience.autoresume.settings import LogRuleSettings
-from hpresilience.autoresume.watch.rules import LineBuffer, LogState, RuleSet, RuleTripped
+from hpresilience.autoresume.watch.lines import LineBuffer
+from hpresilience.autoresume.watch.rules import LogState, RuleSet, RuleTripped
 
 LOSS = r".*\[Epoch 0 Batch \d+.*'training_loss_step': (\d+(\.\d+)?).*"
 

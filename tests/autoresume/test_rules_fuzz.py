@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpresilience.autoresume.settings import load_rules_file
-from hpresilience.autoresume.watch.rules import LineBuffer, RuleSet
+from hpresilience.autoresume.watch.lines import LineBuffer
+from hpresilience.autoresume.watch.rules import RuleSet
 from hpresilience.errors import HPResilienceError
 from tests.fuzz import HOSTILE_FLOATS, SCALARS, count, fuzz_settings, json_like, mutate_bytes, scratch_dir
 

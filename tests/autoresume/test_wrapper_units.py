@@ -13,7 +13,7 @@ from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan
 from hpresilience.autoresume.launch.srunargs import parse_srun_args
 from hpresilience.autoresume.launch.stepops import flight_recorder_env
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.state import JobIdentity, StateStore, WrapperState, belongs_to
+from hpresilience.autoresume.state import JobIdentity, WrapperState, WrapperStateStore, belongs_to
 from hpresilience.autoresume.watch.nodewatch import node_is_bad
 from hpresilience.errors import ConfigError
 from hpresilience.slurm.jobs import REQUEUE_MARKER, with_requeue_marker
@@ -147,7 +147,7 @@ def test_classify_rule_then_application_then_success() -> None:
 
 # -- state and reports ------------------------------------------------------------------------------
 def test_state_round_trips_and_a_corrupt_file_is_set_aside(tmp_path: Path) -> None:
-    store = StateStore(tmp_path, 42)
+    store = WrapperStateStore(tmp_path, 42)
     st = WrapperState(42, attempts=3, blamed_nodes=["n2"], resized=True, policy={"version": 1})
     store.save(st)
     assert store.load() == st
@@ -157,9 +157,9 @@ def test_state_round_trips_and_a_corrupt_file_is_set_aside(tmp_path: Path) -> No
 
 
 def test_state_of_another_job_is_not_taken(tmp_path: Path) -> None:
-    StateStore(tmp_path, 1).save(WrapperState(1, attempts=5))
+    WrapperStateStore(tmp_path, 1).save(WrapperState(1, attempts=5))
     (tmp_path / "2.json").write_text((tmp_path / "1.json").read_text())
-    assert StateStore(tmp_path, 2).load().attempts == 0
+    assert WrapperStateStore(tmp_path, 2).load().attempts == 0
 
 
 RUN = JobIdentity("hpdev", 7, "2026-11-25T02:18:28", 0)
@@ -168,7 +168,7 @@ RUN = JobIdentity("hpdev", 7, "2026-11-25T02:18:28", 0)
 def test_a_later_run_of_the_same_job_continues_its_state(tmp_path: Path) -> None:
     """The same batch run (a second wrapper) and a requeued run (new submit time, one more restart) both
     continue the file: Slurm gives a requeued job a new SubmitTime, so the restart count tells them apart."""
-    store = StateStore(tmp_path, 7)
+    store = WrapperStateStore(tmp_path, 7)
     store.save(WrapperState(7, cluster="hpdev", submit_time=RUN.submit_time, attempts=3))
     assert store.load(RUN).attempts == 3
     requeued = JobIdentity("hpdev", 7, "2026-11-25T02:18:32", 1)
@@ -187,7 +187,7 @@ def test_a_later_run_of_the_same_job_continues_its_state(tmp_path: Path) -> None
 def test_the_state_of_another_job_with_the_same_id_is_set_aside(tmp_path: Path, saved: WrapperState, why: str) -> None:
     """A reinstalled cluster (same id, another submit time), another cluster sharing the directory, or a
     file counting more requeues than this job: never used, moved aside with its events, and said why."""
-    store = StateStore(tmp_path, 7)
+    store = WrapperStateStore(tmp_path, 7)
     saved.attempts = 2
     saved.blamed_nodes = ["n1"]
     store.save(saved)
@@ -207,7 +207,7 @@ def test_a_missing_identity_never_adopts_a_state_file(tmp_path: Path) -> None:
     assert belongs_to(WrapperState(7, submit_time=RUN.submit_time), JobIdentity("hpdev", 7, "", 0)) is not None
     assert belongs_to(WrapperState(7, cluster="hpdev"), RUN) is not None
     assert belongs_to(WrapperState(8), RUN) is not None
-    store = StateStore(tmp_path, 7)
+    store = WrapperStateStore(tmp_path, 7)
     store.save(WrapperState(7, cluster="hpdev", submit_time=RUN.submit_time, attempts=4))
     assert store.load(JobIdentity("hpdev", 7, "", 0)).attempts == 0
     assert store.set_aside is not None and "submit time could not be read" in store.set_aside["why"]
@@ -224,7 +224,7 @@ def test_the_requeue_marker_keeps_the_users_comment_byte_for_byte(comment: str) 
 
 
 def test_each_decision_is_a_json_line_and_metrics_are_written(tmp_path: Path) -> None:
-    store = StateStore(tmp_path, 7)
+    store = WrapperStateStore(tmp_path, 7)
     prom = tmp_path / "m" / "7.prom"
     rep = Reporter(store, 7, str(prom))
     rep.count_restart("hardware")

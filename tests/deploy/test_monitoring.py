@@ -21,10 +21,10 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from hpresilience.agent.marking import AgentMetrics
-from hpresilience.autoresume.ledger import Badput, Ledger
-from hpresilience.autoresume.ledgermetrics import LedgerCollector, _Seen
 from hpresilience.autoresume.report import Reporter
 from hpresilience.controller.metrics import ControllerMetrics
+from hpresilience.goodput.ledger import Badput, Ledger
+from hpresilience.goodput.ledgermetrics import LedgerCollector, _Seen
 from hpresilience.metrics import MetricsServer
 from hpresilience.slurm.accounting import JobRecord
 from hpresilience.slurm.client import SlurmClient

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from hpresilience.autoresume.ledgermetrics import LedgerCollector
+from hpresilience.goodput.ledgermetrics import LedgerCollector
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
-from tests.autoresume.test_ledger import ev, one_fault
 from tests.conftest import reset_cluster
+from tests.goodput.test_ledger import ev, one_fault
 
 pytestmark = pytest.mark.integration
 

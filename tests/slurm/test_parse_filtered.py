@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from hpresilience.slurm import parse
+from hpresilience.slurm import parse, parsejson
 from hpresilience.slurm.models import Node
 from tests.conftest import FIXTURES
 
@@ -37,7 +37,7 @@ def text_nodes() -> dict[str, Node]:
 
 def test_text_node_records_equal_the_json_of_the_same_nodes() -> None:
     """Every field of every node reads the same from `scontrol show node -o` as from `sinfo --json`."""
-    as_json = {n.name: n for n in parse.parse_nodes_json((SLURM / "filtered_sinfo_v0.0.38.json").read_text())}
+    as_json = {n.name: n for n in parsejson.parse_nodes_json((SLURM / "filtered_sinfo_v0.0.38.json").read_text())}
     as_text = text_nodes()
     assert sorted(as_text) == sorted(as_json) == ["gpu-st-p5-1", "gpu-st-p5-2", "n1", "n2", "n3", "n4"]
     for name, node in as_text.items():
@@ -60,7 +60,7 @@ def test_text_node_states_reasons_and_addresses() -> None:
 
 
 def test_text_job_record_equals_the_json_of_the_same_job() -> None:
-    (as_json,) = parse.parse_jobs_json((SLURM / "filtered_squeue_v0.0.38.json").read_text())
+    (as_json,) = parsejson.parse_jobs_json((SLURM / "filtered_squeue_v0.0.38.json").read_text())
     (as_text,) = parse.parse_jobs_oneliner((SLURM / "show_job_id_oneliner_22.05.txt").read_text())
     # The text form has no counterpart of the JSON's job flags (nothing reads them).
     assert as_text == dataclasses.replace(as_json, flags=())
@@ -115,6 +115,6 @@ def test_real_size_node_record_matches_the_v0_0_41_schema_and_reads() -> None:
     assert 2300 <= len(json.dumps({"nodes": doc["nodes"]}, indent=2)) <= 3400
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(doc, json.loads((SLURM / "schema_v0.0.41_openapi_nodes_resp.json").read_text()))
-    (node,) = parse.parse_nodes_json(json.dumps(doc))
+    (node,) = parsejson.parse_nodes_json(json.dumps(doc))
     assert node.name == "gpu-st-p5-1" and node.states == {"ALLOCATED"} and node.gres == "gpu:h100:8(S:0-1)"
     assert node.partitions == ("p5", "gpu-all") and node.cpus == 192 and node.slurmd_start_time == 1795540080

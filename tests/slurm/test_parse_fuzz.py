@@ -1,4 +1,4 @@
-"""Fuzz: every parser of Slurm output (hpresilience/slurm/parse.py, hostlist.py) on generated text.
+"""Fuzz: every parser of Slurm output (hpresilience/slurm/parse.py, parsejson.py, hostlist.py) on generated text.
 
 JSON documents are shaped on both dialects' node and job records (real keys; values of the right kind,
 the v0.0.40+ number struct, or hostile ones: NaN, Infinity, 5000-digit numbers, deep nesting), then
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpresilience.errors import HPResilienceError
-from hpresilience.slurm import parse
+from hpresilience.slurm import parse, parsejson
 from hpresilience.slurm.hostlist import expand
 from tests.fuzz import HOSTILE_FLOATS, SCALARS, count, fuzz_settings, json_like
 
@@ -126,13 +126,13 @@ def _run(target: str, fn: Callable[[], Any], expected_records: int | None = None
 @fuzz_settings()
 @given(doc=document("nodes", NODE_KEYS, "name"))
 def test_parse_nodes_json(doc: tuple[str, int]) -> None:
-    _run("slurm parse_nodes_json", lambda: parse.parse_nodes_json(doc[0]), doc[1])
+    _run("slurm parse_nodes_json", lambda: parsejson.parse_nodes_json(doc[0]), doc[1])
 
 
 @fuzz_settings()
 @given(doc=document("jobs", JOB_KEYS, "job_id"))
 def test_parse_jobs_json(doc: tuple[str, int]) -> None:
-    _run("slurm parse_jobs_json", lambda: parse.parse_jobs_json(doc[0]), doc[1])
+    _run("slurm parse_jobs_json", lambda: parsejson.parse_jobs_json(doc[0]), doc[1])
 
 
 TEXT = st.one_of(
@@ -171,4 +171,4 @@ def test_text_parsers(text: str) -> None:
 @given(expr=HOSTLIST, value=NUMBER)
 def test_hostlist_and_numbers(expr: Any, value: Any) -> None:
     _run("slurm hostlist.expand", lambda: expand(expr if isinstance(expr, str) else str(expr)))
-    _run("slurm number", lambda: parse.number(value))
+    _run("slurm number", lambda: parsejson.number(value))

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from hpresilience.errors import SlurmParseError
-from hpresilience.slurm import parse
+from hpresilience.slurm import parse, parsejson
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Job, Node
 from hpresilience.testing.fakerunner import FakeRunner
@@ -47,7 +47,7 @@ def assert_recorded_nodes(nodes: list[Node]) -> None:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_node_json_of_newer_releases_reads_the_recorded_states(release: str) -> None:
-    nodes = parse.parse_nodes_json(read(f"scontrol_show_node_{release}.json"))
+    nodes = parsejson.parse_nodes_json(read(f"scontrol_show_node_{release}.json"))
     assert_recorded_nodes(nodes)
     by = {n.name: n for n in nodes}
     assert by["n2"].reason_set_by == "root" and by["n2"].reason_changed_at
@@ -57,7 +57,7 @@ def test_node_json_of_newer_releases_reads_the_recorded_states(release: str) -> 
 def test_node_oneliners_of_newer_releases_read_as_their_json(release: str) -> None:
     text_nodes = parse.parse_nodes_oneliner(read(f"show_node_oneliner_{release}.txt"))
     assert_recorded_nodes(text_nodes)
-    json_nodes = {n.name: n for n in parse.parse_nodes_json(read(f"scontrol_show_node_{release}.json"))}
+    json_nodes = {n.name: n for n in parsejson.parse_nodes_json(read(f"scontrol_show_node_{release}.json"))}
     for n in text_nodes:
         assert (n.states, n.reason, n.address) == (
             json_nodes[n.name].states,
@@ -73,7 +73,7 @@ def test_newer_sinfo_json_is_node_groups_and_a_clear_error_naming_the_query_to_u
     groups = json.loads(read(f"sinfo_{release}.json"))["sinfo"]
     assert sorted(n for g in groups for n in g["nodes"]["nodes"]) == ["n1", "n2", "n3", "n4"]
     with pytest.raises(SlurmParseError, match="scontrol --json show node"):
-        parse.parse_nodes_json(read(f"sinfo_{release}.json"), "sinfo --json")
+        parsejson.parse_nodes_json(read(f"sinfo_{release}.json"), "sinfo --json")
 
 
 def assert_recorded_jobs(jobs: list[Job], release: str, finished_listed: bool = True) -> None:
@@ -91,14 +91,14 @@ def assert_recorded_jobs(jobs: list[Job], release: str, finished_listed: bool = 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_job_json_of_newer_releases_reads_the_recorded_jobs(release: str) -> None:
-    assert_recorded_jobs(parse.parse_jobs_json(read(f"scontrol_show_job_{release}.json")), release)
+    assert_recorded_jobs(parsejson.parse_jobs_json(read(f"scontrol_show_job_{release}.json")), release)
 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_newer_squeue_json_lists_only_active_jobs(release: str) -> None:
     """Unlike 22.05's (every job slurmctld knows), 24.11's and 26.05's `squeue --json` leave finished jobs
     out: a finished job is read with scontrol there (the client does on 23.02+)."""
-    assert_recorded_jobs(parse.parse_jobs_json(read(f"squeue_{release}.json")), release, finished_listed=False)
+    assert_recorded_jobs(parsejson.parse_jobs_json(read(f"squeue_{release}.json")), release, finished_listed=False)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -149,7 +149,7 @@ def test_job_text_and_json_of_newer_releases_agree_on_every_field_but_flags(rele
     """The wrapper reads jobs as JSON on 23.02+ and as text before: both must give the same Job (the text form
     carries no flags)."""
     text = {j.job_id: j for j in parse.parse_jobs_oneliner(read(f"show_job_oneliner_{release}.txt"))}
-    js = {j.job_id: j for j in parse.parse_jobs_json(read(f"scontrol_show_job_{release}.json"))}
+    js = {j.job_id: j for j in parsejson.parse_jobs_json(read(f"scontrol_show_job_{release}.json"))}
     assert sorted(text) == sorted(js) and len(js) == 2
     for job_id, job in js.items():
         assert dataclasses.replace(job, flags=()) == text[job_id]

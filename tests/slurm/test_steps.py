@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import stat
-import subprocess
 from pathlib import Path
 
-import pytest
 from structlog.testing import capture_logs
 
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.runner import CommandRunner
-from hpresilience.slurm.steps import NOTICE_SCRIPT, job_steps, signal_step
+from hpresilience.slurm.steps import job_steps, signal_step
 
 
 def fake_bin(tmp_path: Path, tool: str, stdout: str, stderr: str = "", rc: int = 0) -> SlurmClient:
@@ -41,42 +37,3 @@ def test_a_refused_scancel_is_a_warning_not_a_signalled_step(tmp_path: Path) -> 
     events = [e["event"] for e in logs]
     assert "step_signal_refused" in events and "step_signalled" not in events
     assert next(e for e in logs if e["event"] == "step_signal_refused")["log_level"] == "warning"
-
-
-def _notice(path: Path, mode: str = "write") -> subprocess.CompletedProcess[str]:
-    """The notice script as srun runs it on a node (`sh -c SCRIPT hpr-notice write`), here on this host."""
-    env = {"PATH": "/usr/bin:/bin", "HPR_NOTICE_FILE": str(path), "HPR_NOTICE_REASON": "grow back"}
-    return subprocess.run(
-        ["sh", "-c", NOTICE_SCRIPT, "hpr-notice", mode], env=env, capture_output=True, text=True, timeout=10
-    )
-
-
-def test_the_notice_is_written_in_a_new_0700_directory_and_cleared_with_it(tmp_path: Path) -> None:
-    notice = tmp_path / "hpr-0-abc" / "notice"
-    assert _notice(notice).returncode == 0
-    assert stat.S_IMODE(notice.parent.stat().st_mode) == 0o700 and notice.read_text() == "grow back\n"
-    assert stat.S_IMODE(notice.stat().st_mode) & 0o077 == 0
-    assert _notice(notice, "clear").returncode == 0 and not notice.parent.exists()
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a directory to another user")
-def test_the_notice_is_not_written_into_a_directory_another_user_prepared(tmp_path: Path) -> None:
-    d = tmp_path / "hpr-0-abc"
-    d.mkdir(mode=0o700)
-    os.chown(d, 65534, 65534)
-    assert _notice(d / "notice").returncode == 3 and not (d / "notice").exists()
-    assert _notice(d / "notice", "clear").returncode == 0 and d.is_dir()  # not ours: not removed
-
-
-def test_the_notice_follows_no_link(tmp_path: Path) -> None:
-    """A link at the directory's or the file's name (planted before the wrapper writes) is not written through."""
-    real = tmp_path / "real"
-    real.mkdir(mode=0o700)
-    (tmp_path / "hpr-0-abc").symlink_to(real)
-    assert _notice(tmp_path / "hpr-0-abc" / "notice").returncode == 3 and not (real / "notice").exists()
-    d = tmp_path / "hpr-0-def"
-    d.mkdir(mode=0o700)
-    target = tmp_path / "target"
-    target.write_text("kept")
-    (d / "notice").symlink_to(target)
-    assert _notice(d / "notice").returncode == 4 and target.read_text() == "kept"

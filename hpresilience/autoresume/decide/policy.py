@@ -35,7 +35,10 @@ class FailureKind(enum.Enum):
     NODE_FAULT = "node_fault"  # a node failed, drained, or was marked for repair
 
 
-class Action(enum.Enum):
+class PolicyChoice(enum.Enum):
+    """What the restart policy chooses for a failed step. Not `reasons.Action` (what a fault asks of a node):
+    the value is the word the wrapper records as a decision's `action` (`policy_decided`)."""
+
     RESTART_STEP = "restart_step"  # process-level restart: relaunch the step in the allocation
     FULL_RESTART = "full_restart"  # requeue the whole batch job
     GIVE_UP = "give_up"  # the job ends failed
@@ -43,7 +46,7 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    action: Action
+    choice: PolicyChoice
     reason: str  # stable slug for logs and metrics
     detail: str
     process_restarts: int
@@ -72,8 +75,8 @@ class RestartPolicy:
         # Strictly newer than the horizon: a restart exactly evalPeriodSeconds ago has left the window.
         self._window = [t for t in self._window if t > horizon]
 
-    def _decision(self, action: Action, reason: str, detail: str) -> Decision:
-        return Decision(action, reason, detail, self.process_restarts, self.full_restarts, len(self._window))
+    def _decision(self, choice: PolicyChoice, reason: str, detail: str) -> Decision:
+        return Decision(choice, reason, detail, self.process_restarts, self.full_restarts, len(self._window))
 
     def _application_allowed(self) -> bool:
         allow = self.settings.retry_on_application_error
@@ -86,17 +89,19 @@ class RestartPolicy:
         now = self._clock() if now is None else now
         self._prune(now)
         if exit_code is not None and exit_code in self.settings.no_retry_exit_codes:
-            return self._decision(Action.GIVE_UP, "no_retry_exit_code", f"exit code {exit_code} is in noRetryExitCodes")
+            return self._decision(
+                PolicyChoice.GIVE_UP, "no_retry_exit_code", f"exit code {exit_code} is in noRetryExitCodes"
+            )
         if kind is FailureKind.APPLICATION_ERROR and not self._application_allowed():
             return self._decision(
-                Action.GIVE_UP,
+                PolicyChoice.GIVE_UP,
                 "application_error",
                 f"application error (exit code {exit_code}) and retryOnApplicationError allows "
                 f"no more ({self.application_restarts} retried)",
             )
         if self.process_restarts >= self.settings.job_max_retry_count:
             return self._decision(
-                Action.GIVE_UP,
+                PolicyChoice.GIVE_UP,
                 "retry_budget_exhausted",
                 f"{self.process_restarts} process-level restarts reached jobMaxRetryCount="
                 f"{self.settings.job_max_retry_count}",
@@ -113,7 +118,7 @@ class RestartPolicy:
             self.application_restarts += 1
         self._window.append(now)
         return self._decision(
-            Action.RESTART_STEP,
+            PolicyChoice.RESTART_STEP,
             "within_budget",
             f"process-level restart {self.process_restarts} of {self.settings.job_max_retry_count}",
         )
@@ -123,14 +128,14 @@ class RestartPolicy:
         now = self._clock() if now is None else now
         self._prune(now)
         if fallback == "fail":
-            return self._decision(Action.GIVE_UP, "no_replacement", "no replacement node and fallback is fail")
+            return self._decision(PolicyChoice.GIVE_UP, "no_replacement", "no replacement node and fallback is fail")
         return self._full_restart("no replacement node within replace_timeout_s", None)
 
     def _full_restart(self, why: str, kind: FailureKind | None) -> Decision:
         cap = self.settings.restart_policy.max_full_job_restarts
         if self.full_restarts >= cap:
             return self._decision(
-                Action.GIVE_UP,
+                PolicyChoice.GIVE_UP,
                 "full_restart_budget_exhausted",
                 f"{why}; {self.full_restarts} full restarts reached maxFullJobRestarts={cap}",
             )
@@ -139,7 +144,9 @@ class RestartPolicy:
             self.application_restarts += 1
         # The requeued job starts afresh on a new allocation, so its window starts empty.
         self._window.clear()
-        return self._decision(Action.FULL_RESTART, "escalated", f"{why}; full restart {self.full_restarts} of {cap}")
+        return self._decision(
+            PolicyChoice.FULL_RESTART, "escalated", f"{why}; full restart {self.full_restarts} of {cap}"
+        )
 
     def observe_job_start(self, slurm_restart_count: int) -> None:
         """Sync with SLURM_RESTART_COUNT: requeues Slurm made by itself also used the full-restart budget."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 
 from hpresilience.autoresume.decide.classify import Cause
-from hpresilience.autoresume.decide.policy import Action, FailureKind
+from hpresilience.autoresume.decide.policy import FailureKind, PolicyChoice
 from hpresilience.autoresume.watch.base import Act, AttemptResult
 
 
@@ -41,10 +41,10 @@ KIND_OF: dict[Cause, FailureKind] = {
 }
 
 # The restart policy's action for a fault.
-OUTCOME_OF: dict[Action, Outcome] = {
-    Action.RESTART_STEP: Outcome.RELAUNCH,
-    Action.FULL_RESTART: Outcome.REQUEUE,
-    Action.GIVE_UP: Outcome.GIVE_UP,
+OUTCOME_OF: dict[PolicyChoice, Outcome] = {
+    PolicyChoice.RESTART_STEP: Outcome.RELAUNCH,
+    PolicyChoice.FULL_RESTART: Outcome.REQUEUE,
+    PolicyChoice.GIVE_UP: Outcome.GIVE_UP,
 }
 
 

@@ -20,16 +20,9 @@ from hpresilience.autoresume.watch.flightrec import DUMP_PREFIX
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.nodeprocs import lingering_steps, reap_escaped_processes, reap_marked_processes
 from hpresilience.slurm.srun import StepProcess
-from hpresilience.slurm.steps import (
-    lingering_steps,
-    named_steps,
-    reap_escaped_processes,
-    reap_marked_processes,
-    run_on_nodes,
-    signal_step,
-    write_notice,
-)
+from hpresilience.slurm.steps import named_steps, run_on_nodes, signal_step, write_notice
 
 log = get_logger("hpresilience.autoresume")
 REAP_TIMEOUT_S = 15.0

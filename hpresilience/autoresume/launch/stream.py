@@ -14,7 +14,7 @@ from typing import IO
 
 from hpresilience.autoresume.progress import HEARTBEAT_PREFIX, OutputFilter, ProgressStream
 from hpresilience.autoresume.watch.feed import RuleFeed
-from hpresilience.autoresume.watch.rules import LineBuffer
+from hpresilience.autoresume.watch.lines import LineBuffer
 from hpresilience.log import get_logger
 
 log = get_logger("hpresilience.autoresume")

@@ -23,7 +23,8 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.steps import ProcState, parse_probe_lines, probe_marked_processes, step_task_counts
+from hpresilience.slurm.nodeprocs import probe_marked_processes, step_task_counts
+from hpresilience.slurm.nodescripts import ProcState, parse_probe_lines
 
 log = get_logger("hpresilience.autoresume")
 # hpresilience.torch.heartbeat looks for the flight-recorder request every 0.25 s: the dumps are read after this.

@@ -5,7 +5,7 @@ max(hang_floor_s, hang_interval_factor x the median interval between a rank's or
 is a hang (measured from when the last progress line was read; declared at that instant); between the
 first event and the second, the allowance is hang_first_step_s. Before any
 progress nothing is declared (a start cut-off is a log rule's job, expectedStartCutOffInSeconds). Silence
-is a hang only while the step still has tasks: the supervisor counts them first (slurm/steps.py,
+is a hang only while the step still has tasks: the supervisor counts them first (slurm/nodeprocs.py,
 step_task_counts), and a step whose tasks have all ended (srun waits on a process that escaped the step and
 holds its output) is ended instead, `dismiss` starting the clock again.
 
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hpresilience.autoresume.progress import ProgressStream, RankInfo
-from hpresilience.slurm.steps import ProcState
+from hpresilience.slurm.nodescripts import ProcState
 
 BAD_STATES = {
     "T": "stopped (SIGSTOP or a debugger)",

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import enum
 import operator as op
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hpresilience.autoresume.settings import LogRuleSettings
+from hpresilience.autoresume.watch.lines import first_matching_line, matching_lines
 from hpresilience.autoresume.watch.prefilter import required_literal
 from hpresilience.autoresume.watch.regex import RuleMatch, RulePattern
 from hpresilience.log import get_logger
@@ -135,14 +135,14 @@ class _Rule:
             return
         stop_line: str | None = None
         if self.stop is not None:
-            span = _first_match(text, self.stop, self.stop_literal)
+            span = first_matching_line(text, self.stop, self.stop_literal)
             if span is not None:
                 stop_line = text[span[0] : span[1]]
                 text = text[: span[0]]
         if self.fast_metric and stop_line is None:
             self._scan_metric(lines(), now, out)
         else:
-            for line, m in _matches(text, self.pattern, self.literal, not self.watches_lines):
+            for line, m in matching_lines(text, self.pattern, self.literal, not self.watches_lines):
                 self._on_match(line, m, now, out, metric=True)
         if stop_line is not None:
             stop_m = self.pattern.match(stop_line)
@@ -260,63 +260,6 @@ def _op_name(fn: Callable[[float, float], bool]) -> str:
     return next(k for k, v in _OPERATORS.items() if v is fn)
 
 
-def _line_at(text: str, i: int) -> tuple[int, int]:
-    start = text.rfind("\n", 0, i) + 1
-    end = text.find("\n", i)
-    return start, (len(text) if end < 0 else end)
-
-
-def _matches(text: str, pattern: RulePattern, literal: str, first_only: bool) -> list[tuple[str, RuleMatch]]:
-    """(line, match) for every line of `text` the pattern matches, in order; only the first if asked."""
-    found: list[tuple[str, RuleMatch]] = []
-    match = pattern.match
-    if literal:
-        find = text.find
-        pos = find(literal)
-        while pos >= 0:
-            s, e = _line_at(text, pos)
-            line = text[s:e]
-            m = match(line)
-            if m is not None:
-                found.append((line, m))
-                if first_only:
-                    break
-            pos = find(literal, e + 1)
-        return found
-    lines = text.split("\n")
-    if lines and lines[-1] == "" and text.endswith("\n"):
-        lines.pop()
-    for line in lines:
-        m = match(line)
-        if m is not None:
-            found.append((line, m))
-            if first_only:
-                break
-    return found
-
-
-def _first_match(text: str, pattern: RulePattern, literal: str) -> tuple[int, int] | None:
-    """The span of the first line of `text` that `pattern` matches (the line, not the match)."""
-    if literal:
-        pos = text.find(literal)
-        while pos >= 0:
-            s, e = _line_at(text, pos)
-            # Sliced, not match(text, s, e): "^" must match at the line's start as it does for a line alone.
-            if pattern.match(text[s:e]) is not None:
-                return s, e
-            pos = text.find(literal, e + 1)
-        return None
-    s = 0
-    n = len(text)
-    while s < n or (s == 0 and n == 0):
-        e = text.find("\n", s)
-        e = n if e < 0 else e
-        if pattern.match(text[s:e]) is not None:
-            return s, e
-        s = e + 1
-    return None
-
-
 class RuleSet:
     """The rules of one job. Not thread-safe: one reader thread feeds it and ticks it."""
 
@@ -382,49 +325,3 @@ class RuleSet:
 
     def states(self) -> dict[str, LogState]:
         return {r.name: r.state for r in self._rules}
-
-
-class LineBuffer:
-    """Turns raw output chunks into blocks of whole, decoded, length-capped lines for `RuleSet.feed_text`.
-
-    Hostile output never hurts: invalid UTF-8 is replaced, "\\r" (progress bars) ends a line as in
-    HyperPod's universal-newline reading, and a line longer than `max_line_bytes` is cut (its rest is
-    dropped up to the next newline) so a single huge line costs bounded memory and regex time.
-    """
-
-    def __init__(self, max_line_bytes: int = 65536) -> None:
-        self._max = max_line_bytes
-        self._tail = b""
-        self._overflow = False
-        self._long_line = re.compile(rb"[^\n]{%d}" % (max_line_bytes + 1))
-
-    def push(self, data: bytes) -> str:
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if self._overflow:
-            nl = data.find(b"\n")
-            if nl < 0:
-                return ""
-            self._overflow = False
-            data = data[nl:]
-        buf = self._tail + data if self._tail else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            self._keep_tail(buf)
-            return ""
-        block, rest = buf[: cut + 1], buf[cut + 1 :]
-        self._keep_tail(rest)
-        if len(block) > self._max and self._long_line.search(block) is not None:
-            block = b"\n".join(line[: self._max] for line in block.split(b"\n"))
-        return block.decode("utf-8", "replace")
-
-    def flush(self) -> str:
-        """The last line when the output ended without a newline."""
-        tail, self._tail, self._overflow = self._tail, b"", False
-        return tail.decode("utf-8", "replace") + "\n" if tail else ""
-
-    def _keep_tail(self, rest: bytes) -> None:
-        if len(rest) > self._max:
-            rest = rest[: self._max]
-            self._overflow = True
-        self._tail = rest

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpresilience.autoresume.progress import ProgressStream, RankInfo
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.state import StateStore
+from hpresilience.autoresume.state import WrapperStateStore
 from hpresilience.autoresume.watch.base import Act, Verdict
 from hpresilience.autoresume.watch.silencewatch import SilentNodes
 from hpresilience.slurm.client import SlurmClient
@@ -34,7 +34,7 @@ class Step:
 
 
 def _watch(tmp_path: Path, answer: dict[str, bool], release: threading.Event) -> SilentNodes:
-    watch = SilentNodes(4.0, Stream(), Reporter(StateStore(tmp_path, 7), 7, None), SlurmClient(), 7, {})
+    watch = SilentNodes(4.0, Stream(), Reporter(WrapperStateStore(tmp_path, 7), 7, None), SlurmClient(), 7, {})
 
     def slow_probe(suspects: object) -> dict[str, bool]:
         release.wait(10.0)  # a probe of a lost node takes its whole timeout

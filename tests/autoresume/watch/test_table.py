@@ -24,7 +24,7 @@ from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.settings import AutoResumeSettings, RunPolicySettings
-from hpresilience.autoresume.state import StateStore
+from hpresilience.autoresume.state import WrapperStateStore
 from hpresilience.autoresume.watch.base import Act, AttemptResult, StepView, Verdict
 from hpresilience.autoresume.watch.evidence import HangInvestigator
 from hpresilience.autoresume.watch.feed import RuleFeed
@@ -81,7 +81,7 @@ def _opts(tmp_path: Path, **watch: object) -> WrapperOptions:
 def _context(tmp_path: Path, opts: WrapperOptions) -> WatchContext:
     # No Slurm tool can be found: every Slurm call fails at once (retries off), as with an unanswering slurmctld.
     client = SlurmClient(CommandRunner(str(tmp_path / "no-slurm"), timeout=2.0, retries=0))
-    reporter = Reporter(StateStore(tmp_path, JOB), JOB, None)
+    reporter = Reporter(WrapperStateStore(tmp_path, JOB), JOB, None)
     progress = ProgressStream()
     ops = StepOps(client, JOB, {}, reporter, 10.0)
     return WatchContext(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hpresilience.autoresume.ledgermetrics import LedgerCollector
+from hpresilience.goodput.ledgermetrics import LedgerCollector
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 

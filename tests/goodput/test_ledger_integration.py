@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from hpresilience.autoresume.ledgermetrics import LedgerCollector
+from hpresilience.goodput.ledgermetrics import LedgerCollector
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_recipe_integration import Recipe, job_notices

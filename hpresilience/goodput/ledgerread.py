@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hpresilience.autoresume.ledgerfile import MAX_EVENTS_BYTES
+from hpresilience.goodput.ledgerfile import MAX_EVENTS_BYTES
 from hpresilience.log import get_logger
 
 log = get_logger("hpresilience.goodput")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hpresilience.autoresume.ledger import Ledger, compute, render
+from hpresilience.goodput.ledger import Ledger, compute, render
 
 T0 = 1_700_000_000.0
 
@@ -166,8 +166,8 @@ def reported(restore_s: float, checkpoint_s: float) -> dict[str, Any]:
     reported it: real heartbeat lines (rank 1 blocked longer than rank 0) through the wrapper's progress stream."""
     import os
 
-    from hpresilience.autoresume.ledgerfile import attempt_record
     from hpresilience.autoresume.progress import ProgressStream
+    from hpresilience.goodput.ledgerfile import attempt_record
     from hpresilience.torch.heartbeat import JOB_ENV, Heartbeat
 
     stream = ProgressStream()

@@ -22,12 +22,12 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hpresilience.autoresume import ledgermetrics, ledgerread
-from hpresilience.autoresume.goodput import ClusterGoodput, load_ledger, render_cluster
-from hpresilience.autoresume.ledger import compute, render
-from hpresilience.autoresume.ledgermetrics import LedgerCollector
 from hpresilience.cli import cli
 from hpresilience.controller.events import EventLog
+from hpresilience.goodput import ledgermetrics, ledgerread
+from hpresilience.goodput.jobs import ClusterGoodput, load_ledger, render_cluster
+from hpresilience.goodput.ledger import compute, render
+from hpresilience.goodput.ledgermetrics import LedgerCollector
 from hpresilience.slurm.accounting import JobRecord
 from hpresilience.slurm.client import SlurmClient
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hpresilience.autoresume.goodput import load_ledger
-from hpresilience.autoresume.ledger import Badput, Ledger
-from hpresilience.autoresume.ledgerread import READ_TIMEOUT_S
 from hpresilience.errors import HPResilienceError
+from hpresilience.goodput.jobs import load_ledger
+from hpresilience.goodput.ledger import Badput, Ledger
+from hpresilience.goodput.ledgerread import READ_TIMEOUT_S
 from hpresilience.log import get_logger
 from hpresilience.slurm.accounting import JobRecord, finished_jobs
 from hpresilience.slurm.client import SlurmClient

@@ -16,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hpresilience.autoresume.ledger import Badput, Ledger, Restart, compute
-from hpresilience.autoresume.ledgerread import READ_TIMEOUT_S, ReadStats, read_user_records
+from hpresilience.goodput.ledger import Badput, Ledger, Restart, compute
+from hpresilience.goodput.ledgerread import READ_TIMEOUT_S, ReadStats, read_user_records
 from hpresilience.log import printable
 from hpresilience.slurm.accounting import JobRecord
 

@@ -11,11 +11,26 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from hpresilience.autoresume.ledger import Ledger, compute
-from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.fileio import atomic_write_text
+from hpresilience.goodput.ledger import Ledger, compute
+
+
+class Progress(Protocol):
+    """What the record reads of a step's progress (the wrapper's `autoresume.progress.ProgressStream`, which this
+    package, below the wrapper, does not import): monotonic times, step counters, time blocked on checkpoints."""
+
+    def steps_seen(self) -> tuple[int, int] | None: ...
+
+    def first_progress(self) -> float | None: ...
+
+    def last_progress(self) -> float | None: ...
+
+    def median_interval(self) -> float | None: ...
+
+    def blocked(self) -> tuple[float, float] | None: ...
+
 
 # An events file is the wrapper's own, but it lives in the user's directory: read at most this much.
 MAX_EVENTS_BYTES = 64 * 1024 * 1024
@@ -25,7 +40,7 @@ def _wall(mono: float | None, now_mono: float, now_wall: float) -> float | None:
     return None if mono is None else round(now_wall - (now_mono - mono), 3)
 
 
-def attempt_record(progress: ProgressStream, attempt: int, decided_at: float, exit_code: int) -> dict[str, Any]:
+def attempt_record(progress: Progress, attempt: int, decided_at: float, exit_code: int) -> dict[str, Any]:
     """The fields of the `attempt_ended` decision: steps and times from the progress stream, wall clock."""
     now_mono, now_wall = time.monotonic(), time.time()
     seen = progress.steps_seen()

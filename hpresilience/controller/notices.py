@@ -29,7 +29,7 @@ from hpresilience.slurm.notice import (
     nudge,
     planned_move,
     running_batch_jobs,
-    write_notice,
+    write_bad_nodes,
     write_watch,
 )
 
@@ -88,7 +88,7 @@ class JobNotifier:
                 log.info("job_notice_would_be_written", job_id=job_id, nodes=",".join(sorted(job_bad)) or None)
                 continue
             try:
-                found = write_notice(self.client, job_id, job_bad)
+                found = write_bad_nodes(self.client, job_id, job_bad)
             except HPResilienceError as err:
                 if "DB index" in str(err):
                     self.unwritable.add(job_id)

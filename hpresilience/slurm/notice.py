@@ -181,7 +181,7 @@ def jobs_on(client: SlurmClient, nodes: Iterable[str]) -> dict[int, set[str]]:
     return out
 
 
-def write_notice(client: SlurmClient, job_id: int, bad: Mapping[str, int]) -> bool:
+def write_bad_nodes(client: SlurmClient, job_id: int, bad: Mapping[str, int]) -> bool:
     """Set our word in the job's AdminComment to `bad` (root/operator only); False when the job is gone."""
     current = read_notice(client, job_id)
     if not current.found:

@@ -78,7 +78,7 @@ def signal_step(client: SlurmClient, step_id: str, signal: str | None = None, ti
     log.info("step_signalled" if signal else "step_cancelled", step=step_id, signal=signal)
 
 
-def write_notice(
+def write_move_notice(
     client: SlurmClient,
     job_id: int,
     nodes: list[str],

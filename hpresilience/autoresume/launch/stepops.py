@@ -22,7 +22,7 @@ from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.nodeprocs import lingering_steps, reap_escaped_processes, reap_marked_processes
 from hpresilience.slurm.srun import StepProcess
-from hpresilience.slurm.steps import named_steps, run_on_nodes, signal_step, write_notice
+from hpresilience.slurm.steps import named_steps, run_on_nodes, signal_step, write_move_notice
 
 log = get_logger("hpresilience.autoresume")
 REAP_TIMEOUT_S = 15.0
@@ -93,7 +93,7 @@ class StepOps:
         """Write (or clear) the notice of a planned move on every node of the step: check_alive() turns False."""
         started = time.monotonic()
         try:
-            missed = write_notice(self.client, self.job_id, nodes, path, why, self.env, clear=clear)
+            missed = write_move_notice(self.client, self.job_id, nodes, path, why, self.env, clear=clear)
         except HPResilienceError as err:
             missed = list(nodes)
             log.warning("step_notice_failed", error=str(err)[:300])

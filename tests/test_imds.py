@@ -3,8 +3,6 @@ so the library's poll has the agent's absolute deadline too."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -14,6 +12,7 @@ from hpresilience.errors import ConfigError
 from hpresilience.imds import SPOT_PATH, MetadataClient, MetadataUnavailable
 from hpresilience.testing.fakeimds import FakeImds
 from hpresilience.torch.preemption import spot_interruption
+from tests.trickle import trickling_endpoint
 
 
 @pytest.fixture()
@@ -40,36 +39,8 @@ def test_an_endpoint_that_is_not_plain_http_names_the_setting() -> None:
 def test_the_training_librarys_spot_poll_ends_within_its_timeout_against_a_trickling_endpoint() -> None:
     """The library's poll used urllib, whose timeout bounds each read: a server sending a byte every 0.2 s held it
     for as long as it went on. Through the shared client the whole request ends within `timeout`."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(2)
-    stop = threading.Event()
-
-    def trickle() -> None:
-        until = time.monotonic() + 6
-        while not stop.is_set() and time.monotonic() < until:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
-            while not stop.is_set() and time.monotonic() < until:
-                try:
-                    conn.sendall(b"x")
-                except OSError:
-                    break
-                time.sleep(0.2)
-            conn.close()
-
-    t = threading.Thread(target=trickle, daemon=True)
-    t.start()
-    started = time.monotonic()
-    try:
+    with trickling_endpoint(for_s=6) as url:
+        started = time.monotonic()
         with pytest.raises(MetadataUnavailable, match="within"):
-            spot_interruption(f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=0.6)
+            spot_interruption(url, timeout=0.6)
         assert time.monotonic() - started < 1.5
-    finally:
-        stop.set()
-        srv.close()
-        t.join(timeout=7)

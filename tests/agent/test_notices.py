@@ -4,8 +4,6 @@ metadata server over real HTTP, the source registry, and the watcher's on/off an
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
@@ -19,6 +17,7 @@ from hpresilience.agent.settings import NoticeSettings
 from hpresilience.errors import ConfigError
 from hpresilience.reasons import PlannedKind, parse_planned
 from hpresilience.testing.fakeimds import SPOT, FakeImds
+from tests.trickle import trickling_endpoint
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "imds"
 
@@ -115,70 +114,24 @@ def test_ec2_source_reads_a_spot_reclaim_and_a_maintenance_with_a_token(imds: Fa
 
 def test_ec2_source_has_an_absolute_deadline_against_a_trickling_endpoint() -> None:
     """A server that answers one byte every 0.2 s never trips a per-read timeout; the poll still ends."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    stop = threading.Event()
-
-    def trickle() -> None:
-        conn, _ = srv.accept()
-        conn.recv(4096)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
-        while not stop.is_set():
-            try:
-                conn.sendall(b"x")
-            except OSError:
-                break
-            time.sleep(0.2)
-        conn.close()
-
-    t = threading.Thread(target=trickle, daemon=True)
-    t.start()
-    started = time.monotonic()
-    try:
+    with trickling_endpoint() as url:
+        started = time.monotonic()
         with pytest.raises(NoticeUnavailable, match="within"):
-            source(f"http://127.0.0.1:{srv.getsockname()[1]}", timeout_s=0.6).poll()
+            source(url, timeout_s=0.6).poll()
         assert time.monotonic() - started < 1.5
-    finally:
-        stop.set()
-        srv.close()
-        t.join(timeout=2)
 
 
 @pytest.mark.parametrize("head", [b"HTTP/1.1 200 ", b"HTTP/1.1 200 OK\r\nX-Slow: "], ids=["status-line", "header"])
 def test_ec2_source_deadline_covers_a_status_line_and_headers_trickled_byte_by_byte(head: bytes) -> None:
     """http.client reads the status line and each header with its own socket read: a per-read timeout let a
     server that sends one header byte every 0.1 s hold a `timeout_s=1` poll for as long as it liked (29 s
-    in issue 31). The server here trickles for at most 8 s, on loopback."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    stop = threading.Event()
-
-    def trickle() -> None:
-        conn, _ = srv.accept()
-        conn.recv(4096)
-        conn.sendall(head)
-        until = time.monotonic() + 8
-        while not stop.is_set() and time.monotonic() < until:
-            try:
-                conn.sendall(b"y")  # the status line's reason or the header's value, never its end
-            except OSError:
-                break
-            time.sleep(0.1)
-        conn.close()
-
-    t = threading.Thread(target=trickle, daemon=True)
-    t.start()
-    started = time.monotonic()
-    try:
+    in issue 31). The server here trickles the status line's reason or the header's value, never its end, for at
+    most 8 s, on loopback."""
+    with trickling_endpoint(head, b"y", every_s=0.1) as url:
+        started = time.monotonic()
         with pytest.raises(NoticeUnavailable, match="within"):
-            source(f"http://127.0.0.1:{srv.getsockname()[1]}", timeout_s=1.0).poll()
+            source(url, timeout_s=1.0).poll()
         assert time.monotonic() - started < 2.0
-    finally:
-        stop.set()
-        srv.close()
-        t.join(timeout=2)
 
 
 def test_ec2_source_with_nothing_listening_is_unavailable(imds: FakeImds) -> None:

@@ -121,7 +121,6 @@ class Supervisor:
             investigator=self.investigator,
             nodewatch=self.nodewatch,
             labels_ours=labels_ours,
-            reap_escaped=self.ops.reap_escaped,
             unhealthy=self.capacity.unhealthy,
             back_in_service=self.capacity.back_in_service,
         )

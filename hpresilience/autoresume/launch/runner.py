@@ -180,7 +180,9 @@ class StepRunner:
                 if verdict is None:
                     continue
                 verdicts.append(verdict)
-                if verdict.act is not Act.NOTHING:
+                if verdict.act is Act.REAP:
+                    self.ops.reap_escaped(list(verdict.nodes))
+                elif verdict.act is not Act.NOTHING:
                     decided, decided_at = verdict, now
                     move_deadline = self._act(step, launch, verdict, now)
                     break

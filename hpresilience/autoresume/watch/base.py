@@ -33,6 +33,9 @@ class Act(enum.Enum):
     STOP_GRACE = "stop_grace"  # the shutdown signal to the tasks, cancel after the shutdown timeout
     MOVE = "move"  # a planned move: the ranks are told (notice file), save and exit within move_grace_s
     NOTHING = "nothing"  # evidence only, kept with the attempt and acted on after it (a straggler to leave out)
+    # The step is not stopped: its tasks have all ended and srun waits on a process that escaped it (and holds its
+    # output); the runner kills what escaped on `nodes` and srun ends by itself. The step goes on being watched.
+    REAP = "reap"
 
 
 class StepView(Protocol):

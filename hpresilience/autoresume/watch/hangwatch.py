@@ -4,7 +4,8 @@ The clock reads the progress stream; the user's log rules take precedence, so wi
 built-in detection is off. Before a silence becomes a hang the step's tasks are counted (one srun on its nodes,
 ~1 s), in a thread started a little before the deadline so that the count is ready when the deadline comes and
 the loop never waits on it. A step whose tasks have all ended is not hung but over: its srun waits on a process
-that escaped it and holds its output (proctrack/pgid); that process is reaped and srun ends on its own. A real
+that escaped it and holds its output (proctrack/pgid): the verdict asks the runner to reap that process (REAP),
+and srun ends on its own. A real
 hang is attributed (evidence.py: stacks, process states, the flight recorder) before the verdict: a hung step
 cannot save or finish, so it gets no grace.
 """
@@ -12,7 +13,6 @@ cannot save or finish, so it gets no grace.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.watch.base import Act, Probe, StepView, Verdict
@@ -33,13 +33,11 @@ class HangWatch:
         clock: HangClock,
         investigator: HangInvestigator,
         reporter: Reporter,
-        reap_escaped: Callable[[list[str]], None],
         evidence_timeout_s: float,
     ) -> None:
         self.clock = clock
         self.investigator = investigator
         self.reporter = reporter
-        self.reap_escaped = reap_escaped
         self.evidence_timeout_s = evidence_timeout_s
         self.look: Probe[bool | None] | None = None  # the task count for the deadline in its tag
 
@@ -66,13 +64,14 @@ class HangWatch:
 
     def poll(self, now: float, step: StepView) -> Verdict | None:
         due = self._due(now, step)
-        if due is None:
-            return None
+        if due is None or isinstance(due, Verdict):
+            return due
         hang = self.investigator(step, due)
         return Verdict(self.name, Act.STOP_NOW, f"no progress for {due.silent_s:.0f} s", hang=hang)
 
-    def _due(self, now: float, step: StepView) -> HangDue | None:
-        """A hang is due at the clock's deadline, if the step still has tasks then."""
+    def _due(self, now: float, step: StepView) -> HangDue | Verdict | None:
+        """A hang is due at the clock's deadline, if the step still has tasks then; if it has none, the verdict
+        that reaps what escaped it."""
         deadline = self.clock.deadline()
         if deadline is None:
             return None
@@ -91,9 +90,8 @@ class HangWatch:
             threshold_s=round(due.threshold_s, 1),
             why="no task of the step is left; srun waits on a process that escaped it",
         )
-        self.reap_escaped(list(step.nodes))
         self.clock.dismiss(time.monotonic())
-        return None
+        return Verdict(self.name, Act.REAP, "no task of the step is left", nodes=tuple(step.nodes))
 
 
 def detector(ctx: WatchContext) -> HangWatch | None:
@@ -102,4 +100,4 @@ def detector(ctx: WatchContext) -> HangWatch | None:
     if not ctx.opts.hang_detection:
         return None
     clock = HangClock(ctx.progress, w.hang_floor_s, w.hang_interval_factor, w.hang_first_step_s)
-    return HangWatch(clock, ctx.investigator, ctx.reporter, ctx.reap_escaped, w.hang_evidence_timeout_s)
+    return HangWatch(clock, ctx.investigator, ctx.reporter, w.hang_evidence_timeout_s)

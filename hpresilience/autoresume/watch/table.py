@@ -10,7 +10,8 @@ first verdict that acts on the step wins (a log rule before a hang, a node fault
 | rules      | the user's log rules (logrules.py)                         | stop with grace (`restart` rule) |
 | stragglers | per-node step times, window by window (straggling.py)      | nothing (leave out later), or    |
 |            |                                                            | stop with grace (spare at hand)  |
-| hang       | no progress past the hang clock's deadline (hangwatch.py)  | stop now, with the attribution   |
+| hang       | no progress past the hang clock's deadline (hangwatch.py)  | stop now, with the attribution;  |
+|            |                                                            | reap (the step's tasks all ended)|
 | silence    | a node silent while others print, probed (silencewatch.py) | stop now (node not answering)    |
 | nodes      | the job's notices and the step's nodes (nodefaults.py)     | stop now (fault), move (drained) |
 | growback   | nodes back in service for a short step (growback.py)       | move (to the full size)          |
@@ -46,7 +47,6 @@ class WatchContext:
     investigator: HangInvestigator
     nodewatch: NodeWatch
     labels_ours: bool  # the wrapper's own task labels name each output line's node
-    reap_escaped: Callable[[list[str]], None]  # kill what escaped the step on these nodes (launch/stepops.py)
     unhealthy: Callable[[Job], set[str]]  # the job's nodes no step may use (decide/capacity.py)
     back_in_service: Callable[[int, Sequence[str]], list[str] | None]  # a full-size plan, if nodes came back
 

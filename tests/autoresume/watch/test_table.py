@@ -83,7 +83,6 @@ def _context(tmp_path: Path, opts: WrapperOptions) -> WatchContext:
     client = SlurmClient(CommandRunner(str(tmp_path / "no-slurm"), timeout=2.0, retries=0))
     reporter = Reporter(WrapperStateStore(tmp_path, JOB), JOB, None)
     progress = ProgressStream()
-    ops = StepOps(client, JOB, {}, reporter, 10.0)
     return WatchContext(
         opts=opts,
         client=client,
@@ -94,7 +93,6 @@ def _context(tmp_path: Path, opts: WrapperOptions) -> WatchContext:
         investigator=HangInvestigator(client, JOB, tmp_path / "evidence", progress, reporter, {}, "M=1", 1.0),
         nodewatch=NodeWatch(client, JOB, 0.0),
         labels_ours=True,
-        reap_escaped=ops.reap_escaped,
         unhealthy=lambda job: set(),
         back_in_service=lambda size, nodes: None,
     )
@@ -189,3 +187,28 @@ def test_a_nothing_verdict_is_kept_with_the_attempt_and_does_not_stop_the_step(t
     result = runner.watch(step, launch, None)
     assert result.exit_code == 0 and result.verdict is None
     assert result.verdicts and all(v.act is Act.NOTHING for v in result.verdicts)
+
+
+class _CountingOps(StepOps):
+    def __init__(self, ctx: WatchContext) -> None:
+        super().__init__(ctx.client, JOB, {}, ctx.reporter, 10.0)
+        self.reaped: list[list[str]] = []
+
+    def reap_escaped(self, nodes: list[str]) -> None:
+        self.reaped.append(nodes)
+
+
+def test_a_reap_verdict_is_carried_out_by_the_runner_and_the_step_goes_on_being_watched(tmp_path: Path) -> None:
+    # The hang watch found no task left (srun waits on an escaped process): the detector only says so; the runner
+    # kills what escaped, and the step is not stopped for it (it ends by itself here, exit 0, no verdict).
+    toy = Toy(Act.REAP)
+    ctx = _context(tmp_path, _opts(tmp_path))
+    ops = _CountingOps(ctx)
+    runner = StepRunner(ctx.opts, ctx.client, ctx.feed, ctx.reporter, {}, io.BytesIO(), io.BytesIO(), ops, [toy])
+    launch = AttemptLaunch(1, NODES, NODES, "n1", 29500, 1, str(JOB), 2)
+    toy.start(launch)
+    step = StepProcess([sys.executable, "-c", "import time; time.sleep(1)"], {})
+    result = runner.watch(step, launch, None)
+    assert result.exit_code == 0 and result.verdict is None
+    assert ops.reaped and ops.reaped[0] == ["n2"]
+    assert toy.polls > 3  # polled on after the reap

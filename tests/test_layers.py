@@ -398,6 +398,8 @@ def wrapper_part_violations(graph: dict[str, set[str]]) -> list[str]:
             dst = part(target)
             if src is not None and dst is not None and WRAPPER_PARTS.index(dst) > WRAPPER_PARTS.index(src):
                 out.append(f"{module} ({src}) imports {target} ({dst})")
+            elif src is not None and target == "hpresilience.autoresume.supervisor":
+                out.append(f"{module} ({src}) imports {target} (the supervisor)")
     return out
 
 
@@ -406,8 +408,12 @@ def test_the_wrappers_watch_launch_and_decide_parts_import_one_way() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_the_wrapper_part_check_sees_a_detector_importing_the_runner() -> None:
-    graph = {"hpresilience.autoresume.watch.toy": {"hpresilience.autoresume.launch.runner"}}
+def test_the_wrapper_part_check_sees_a_detector_importing_the_runner_or_the_supervisor() -> None:
+    graph = {
+        "hpresilience.autoresume.watch.toy": {"hpresilience.autoresume.launch.runner"},
+        "hpresilience.autoresume.decide.toy": {"hpresilience.autoresume.supervisor"},
+    }
     assert wrapper_part_violations(graph) == [
-        "hpresilience.autoresume.watch.toy (watch) imports hpresilience.autoresume.launch.runner (launch)"
+        "hpresilience.autoresume.decide.toy (decide) imports hpresilience.autoresume.supervisor (the supervisor)",
+        "hpresilience.autoresume.watch.toy (watch) imports hpresilience.autoresume.launch.runner (launch)",
     ]

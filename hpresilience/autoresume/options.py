@@ -38,31 +38,75 @@ def master_port_span(base: int, span: int = DEFAULT_PORT_SPAN, range_file: Path 
 
 @dataclass(frozen=True)
 class WrapperOptions:
+    """One wrapper run's options. The settings (`watch`: the configuration file's section, the command line's
+    values merged in and validated by the same model) are read through it, never copied: one value per knob."""
+
     job_id: int
     srun: SrunArgs
     srun_bin: str
     run_policy: RunPolicySettings
     state_dir: Path
-    spares: int = 0
-    grow: bool = True
-    fallback: str = "requeue"
-    replace_timeout_s: float = 900.0
-    shutdown_signal: int = signal.SIGTERM
-    shutdown_timeout_s: float = 30.0
-    max_line_bytes: int = 65536
-    poll_interval_s: float = 1.0
-    full_node_check_s: float = 120.0
     metrics_path: str | None = None
-    master_port_base: int = 29500
     master_port_span: int = DEFAULT_PORT_SPAN
     pre_train_script: str | None = None
     post_train_script: str | None = None
-    script_timeout_s: float = 600.0
-    requeue_wait_s: float = 120.0
-    min_nodes: int = 0
-    grow_back: str = "immediate"
-    # The sick-not-dead knobs (hangs, collective failures, stragglers), as the configuration file gives them.
     watch: AutoResumeSettings = field(default_factory=AutoResumeSettings)
+
+    @property
+    def spares(self) -> int:
+        return self.watch.spares
+
+    @property
+    def grow(self) -> bool:
+        return self.watch.grow_by_expansion
+
+    @property
+    def fallback(self) -> str:
+        return self.watch.fallback_when_no_replacement
+
+    @property
+    def replace_timeout_s(self) -> float:
+        return self.watch.replace_timeout_s
+
+    @property
+    def shutdown_signal(self) -> int:
+        return int(signal.Signals[self.watch.shutdown_signal])
+
+    @property
+    def shutdown_timeout_s(self) -> float:
+        return self.watch.shutdown_timeout_s
+
+    @property
+    def max_line_bytes(self) -> int:
+        return self.watch.max_line_bytes
+
+    @property
+    def poll_interval_s(self) -> float:
+        return self.watch.poll_interval_s
+
+    @property
+    def full_node_check_s(self) -> float:
+        return self.watch.full_node_check_s
+
+    @property
+    def master_port_base(self) -> int:
+        return self.watch.master_port_base
+
+    @property
+    def script_timeout_s(self) -> float:
+        return self.watch.script_timeout_s
+
+    @property
+    def requeue_wait_s(self) -> float:
+        return self.watch.requeue_wait_s
+
+    @property
+    def min_nodes(self) -> int:
+        return self.watch.min_nodes
+
+    @property
+    def grow_back(self) -> str:
+        return self.watch.grow_back
 
     @property
     def hang_detection(self) -> bool:
@@ -122,31 +166,31 @@ def options_from(
     for script in (pre_train_script, post_train_script):
         if script and not os.access(script, os.X_OK):
             raise ConfigError(f"pre/post-train script {script!r} is not an executable file")
+    # The keyword values the command line gave (None, or 0 for the timeouts and the port: not given) go into the
+    # settings, through the model's own checks, so that every knob has one value.
+    given = {
+        "spares": spares,
+        "grow_by_expansion": grow,
+        "fallback_when_no_replacement": fallback or None,
+        "replace_timeout_s": replace_timeout_s or None,
+        "poll_interval_s": poll_interval_s or None,
+        "master_port_base": master_port_base or None,
+        "min_nodes": min_nodes,
+    }
+    updates = {k: v for k, v in given.items() if v is not None}
+    if updates:
+        settings = type(settings).model_validate({**settings.model_dump(), **updates})
     return WrapperOptions(
         job_id=job_id,
         srun=srun,
         srun_bin=srun_bin,
         run_policy=run_policy or settings.run_policy,
         state_dir=directory,
-        spares=settings.spares if spares is None else spares,
-        grow=settings.grow_by_expansion if grow is None else grow,
-        fallback=fallback or settings.fallback_when_no_replacement,
-        replace_timeout_s=replace_timeout_s or settings.replace_timeout_s,
-        shutdown_signal=int(signal.Signals[settings.shutdown_signal]),
-        shutdown_timeout_s=settings.shutdown_timeout_s,
-        max_line_bytes=settings.max_line_bytes,
-        poll_interval_s=poll_interval_s or settings.poll_interval_s,
-        full_node_check_s=settings.full_node_check_s,
         metrics_path=metrics_path or None,
-        master_port_base=master_port_base or settings.master_port_base,
-        master_port_span=master_port_span(master_port_base or settings.master_port_base),
-        script_timeout_s=settings.script_timeout_s,
-        requeue_wait_s=settings.requeue_wait_s,
+        master_port_span=master_port_span(settings.master_port_base),
         pre_train_script=pre_train_script,
         post_train_script=post_train_script,
         watch=settings,
-        min_nodes=settings.min_nodes if min_nodes is None else min_nodes,
-        grow_back=settings.grow_back,
     )
 
 

@@ -151,3 +151,25 @@ def test_hang_detection_stays_on_with_a_log_rule_configured(tmp_path: Path) -> N
     assert _hang_watch_built(AutoResumeSettings(state_dir=str(tmp_path)), tmp_path)
     off = AutoResumeSettings(state_dir=str(tmp_path), hang_detection=False, runPolicy=with_rule.run_policy)
     assert not _hang_watch_built(off, tmp_path)
+
+
+def test_a_command_line_value_is_the_one_value_every_part_reads(tmp_path: Path) -> None:
+    # Issue 32: the options once copied fourteen settings beside the settings themselves, so a detector reading
+    # opts.watch saw the file's spares while the supervisor used the command line's. One value per knob now.
+    settings = AutoResumeSettings(spares=1, replace_timeout_s=60, state_dir=str(tmp_path))
+    args = parse_srun_args(["-N2", "train.sh"], frozenset(), frozenset())
+    opts = options_from(
+        settings, args, "/usr/bin/srun", {"SLURM_JOB_ID": "7"}, spares=2, replace_timeout_s=5, grow=False
+    )
+    assert (opts.spares, opts.watch.spares) == (2, 2)
+    assert (opts.replace_timeout_s, opts.watch.replace_timeout_s) == (5, 5)
+    assert (opts.grow, opts.watch.grow_by_expansion) == (False, False)
+    assert settings.spares == 1  # the file's settings are not changed in place
+
+
+def test_a_command_line_value_the_settings_refuse_is_a_config_error(tmp_path: Path) -> None:
+    args = parse_srun_args(["-N2", "train.sh"], frozenset(), frozenset())
+    with pytest.raises(ValueError, match="spares"):
+        options_from(
+            AutoResumeSettings(state_dir=str(tmp_path)), args, "/usr/bin/srun", {"SLURM_JOB_ID": "7"}, spares=-1
+        )

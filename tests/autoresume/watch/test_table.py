@@ -65,15 +65,13 @@ class Toy:
 
 
 def _opts(tmp_path: Path, **watch: object) -> WrapperOptions:
-    settings = AutoResumeSettings.model_validate({"move_grace_s": 0.0, **watch})
+    settings = AutoResumeSettings.model_validate({"move_grace_s": 0.0, "shutdown_timeout_s": 0.2, **watch})
     return WrapperOptions(
         job_id=JOB,
         srun=SrunArgs(command=["sleep", "30"]),
         srun_bin="srun",
         run_policy=RunPolicySettings(),
         state_dir=tmp_path,
-        shutdown_timeout_s=0.2,
-        grow_back=settings.grow_back,
         watch=settings,
     )
 

@@ -242,7 +242,7 @@ def detection(client: Any, work: str, job: int, trials: int) -> tuple[list[float
     watcher names it. Also how often the watched wrapper read its job while nothing happened."""
     from hpresilience.controller.loop import Controller
     from hpresilience.controller.settings import ControllerSettings
-    from hpresilience.slurm.notice import read_notice
+    from hpresilience.slurm.adminword import read_admin_word
 
     out = Path(work, "watcher.jsonl")
     ctl = Controller(
@@ -274,7 +274,7 @@ def detection(client: Any, work: str, job: int, trials: int) -> tuple[list[float
             got.append(seen[-1]["seen"] - t0 if len(seen) > before else float("inf"))
             client.set_node_state(["n2"], "resume")
             deadline = time.monotonic() + 30
-            while read_notice(client, job).bad and time.monotonic() < deadline:
+            while read_admin_word(client, job).bad and time.monotonic() < deadline:
                 time.sleep(0.2)
             time.sleep(1.1)  # the next mark gets another second
     finally:
@@ -285,7 +285,7 @@ def detection(client: Any, work: str, job: int, trials: int) -> tuple[list[float
 def lease_costs(client: Any, ctld: int, idle: float, job: int, repeat: int) -> dict[str, float]:
     """slurmctld CPU of what the controller does per watched job: a lease write (read + update), and per
     event a nudge; and of its listing of the running batch jobs (sacct: slurmdbd's, not slurmctld's)."""
-    from hpresilience.slurm.notice import nudge, running_batch_jobs, write_watch
+    from hpresilience.slurm.adminword import nudge, running_batch_jobs, write_watch
 
     base = int(time.time()) + 900
     lease, _ = measure_ctld(ctld, idle, lambda: [write_watch(client, job, base + i) for i in range(repeat)])
@@ -454,7 +454,7 @@ def main() -> None:
     from hpresilience.agent.settings import AgentSettings
     from hpresilience.autoresume.settings import AutoResumeSettings
     from hpresilience.autoresume.watch.nodewatch import WATCHED_READ_S
-    from hpresilience.controller.notices import RENEW_EVERY_S
+    from hpresilience.controller.jobwords import RENEW_EVERY_S
     from hpresilience.controller.settings import ControllerSettings
     from hpresilience.log import setup_logging
     from hpresilience.testing.devcluster import DevCluster

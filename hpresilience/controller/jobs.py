@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from hpresilience.controller.notices import JobNotifier
+from hpresilience.controller.jobwords import JobNotifier
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger

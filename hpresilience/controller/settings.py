@@ -94,11 +94,11 @@ class ControllerSettings(Section):
     # Each release looks only at the jobs told of a bad node lately (one job query each); the whole pending
     # queue, whose cost grows with the queue, is read only this often (for requeues of other causes). 0: never.
     release_scan_every_s: float = Field(default=60.0, ge=0)
-    # Running jobs on a bad node are told so in their AdminComment (slurm/notice.py) this often, so that no
+    # Running jobs on a bad node are told so in their AdminComment (slurm/adminword.py) this often, so that no
     # srun --auto-resume job has to read node state itself. 0: never (each wrapper then reads its nodes).
     notify_jobs_every_s: float = Field(default=1.0, ge=0)
     # The running batch jobs (from slurmdbd) get a watch lease in their AdminComment this often (new ones, and
-    # renewals every 5 min), so that their wrappers stop reading their job every poll (controller/notices.py).
+    # renewals every 5 min), so that their wrappers stop reading their job every poll (controller/jobwords.py).
     # 0: no leases (each wrapper then reads its job every poll).
     watch_jobs_every_s: float = Field(default=30.0, ge=0)
     # Prometheus /metrics and /healthz; loopback by default. Empty disables the server.

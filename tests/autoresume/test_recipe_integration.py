@@ -23,8 +23,8 @@ from typing import Any
 import psutil
 import pytest
 
+from hpresilience.controller.jobwords import JobNotifier
 from hpresilience.controller.loop import Controller
-from hpresilience.controller.notices import JobNotifier
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.jobs import REQUEUE_MARKER

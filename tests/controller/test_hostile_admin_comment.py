@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpresilience.controller.loop import Controller
+from hpresilience.slurm.adminword import write_watch
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.notice import write_watch
 from hpresilience.testing.devcluster import DevCluster
 from tests.controller.conftest import Nobody, Scripts, settings_for, wait_until
 

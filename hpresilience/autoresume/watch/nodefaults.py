@@ -12,7 +12,7 @@ from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.watch.base import Act, StepView, Verdict
 from hpresilience.autoresume.watch.nodewatch import NodeWatch, node_is_bad
 from hpresilience.autoresume.watch.table import WatchContext
-from hpresilience.slurm.notice import planned_move
+from hpresilience.slurm.adminword import planned_move
 
 # A detection latency older than this is a node marked long before the step ran on it: not a latency.
 MAX_DETECTION_AGE_S = 3600

@@ -2,10 +2,10 @@
 
 Reading node state costs slurmctld its whole node table (~10 ms at 10,000 nodes, whatever the filter); reading
 the job costs the job (~0.4 ms). The controller writes the bad nodes under each job into the job's own record
-(AdminComment, slurm/notice.py), so the wrapper reads only its job, and only when it has to:
+(AdminComment, slurm/adminword.py), so the wrapper reads only its job, and only when it has to:
 
 - Watched: the job holds the controller's lease (`hpr:watch=<until>`) and a nudge (SIGWINCH through
-  `scancel --full --batch`, slurm/notice.nudge) has been seen to reach this process: the wrapper sends itself
+  `scancel --full --batch`, slurm/adminword.nudge) has been seen to reach this process: the wrapper sends itself
   one the first time it sees a lease, which proves the path on this cluster's proctrack and version. Then
   the job is read when a nudge comes (the controller nudges every job it tells of a bad node) and every
   WATCHED_READ_S as a safety net (a lost nudge, a lease run out). No node read: the controller watches them.
@@ -13,7 +13,7 @@ the job costs the job (~0.4 ms). The controller writes the bad nodes under each 
   run out): the job is read every poll as before, and the step's nodes every full_node_check_s (the only way a
   fault is seen without a controller; at 1/full_node_check_s of the node table's cost per second).
 
-Only when a notice names a node of the step with a mark this wrapper has not acted on yet are the step's nodes
+Only when the admin word names a node of the step with a mark this wrapper has not acted on yet are the step's nodes
 read by name, to confirm the fault and report the node's state and reason.
 """
 
@@ -26,9 +26,9 @@ from enum import Enum
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.reasons import parse_reason
+from hpresilience.slurm.adminword import leaves_step, nudge, planned_move, read_admin_word
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import leaves_step, nudge, planned_move, read_notice
 
 log = get_logger("hpresilience.autoresume")
 # The safety-net read while watched: a lost nudge costs at most this much detection time, and the read costs
@@ -103,13 +103,13 @@ class NodeWatch:
         if watched and not nudged and now < self.next_read:
             return []
         try:
-            notice = read_notice(self.client, self.job_id)
+            word = read_admin_word(self.client, self.job_id)
         except HPResilienceError as err:
             log.warning("slurm_poll_failed", error=str(err)[:300])
             return []
         self.reads += 1
         self.next_read = now + self.watched_read_s
-        self.lease_until = notice.watched_until
+        self.lease_until = word.watched_until
         if self.lease_until > time.time() and self.proof is Nudges.UNTRIED:
             self._prove_nudge(now)
         elif self.proof is Nudges.SENT and now - self.proof_sent_at > NUDGE_PROOF_S:
@@ -117,7 +117,7 @@ class NodeWatch:
             log.warning("job_nudge_not_received", job_id=self.job_id, waited_s=NUDGE_PROOF_S, poll_every_s="each poll")
         if watched and self.lease_until <= time.time():
             log.warning("job_lease_ran_out", job_id=self.job_id, lease_until=self.lease_until)
-        news = {n: t for n, t in notice.bad.items() if n in step_nodes and self.acted.get(n) != t}
+        news = {n: t for n, t in word.bad.items() if n in step_nodes and self.acted.get(n) != t}
         full_due = not self.watched() and now >= self.next_full
         if not news and not full_due:
             return []

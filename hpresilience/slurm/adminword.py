@@ -1,4 +1,6 @@
-"""The bad-node notice: how the one controller tells a running job that nodes under it were marked bad.
+"""The admin word: how the one controller tells a running job that nodes under it were marked bad (and that it is
+watched). It is the project's one word in a job's AdminComment; "notice" is kept for what a cloud sends a node
+(a reclaim, a maintenance event) and for the wrapper's word to the ranks (a planned move).
 
 A node query costs slurmctld its whole node table whatever the filter (~10 ms at 10,000 nodes on 22.05), a
 job query costs the job (~0.3 ms). So no job polls node state: the controller, which reads the nodes out of
@@ -7,7 +9,7 @@ service cluster-wide anyway, writes one word into the AdminComment of each job r
     hpr:bad=n2@1764090077,n5@1764090079      (node @ the time its reason was set, epoch seconds)
 
 and the wrapper reads its own job once a poll. AdminComment is writable only by an operator or admin
-(`scontrol update jobid=J AdminComment=...`), so a user cannot forge a notice onto another user's job; the
+(`scontrol update jobid=J AdminComment=...`), so a user cannot forge an admin word onto another user's job; the
 rest of a site's AdminComment is kept byte for byte. AdminComment is read exactly, as a field of its own
 (slurm/exact.py): `scontrol --json show job J` on 23.02+; on 22.05 `squeue -h -t all -j J -O JobID,admin_comment`,
 framed by a mark made for that query. Never from scontrol's text forms: a JobName, WorkDir, Command or Comment
@@ -16,7 +18,7 @@ the user's text back into the site's field as root (issue 31).
 
 Reading its own job every second still cost slurmctld ~0.4 ms per job-second. So the controller also tells each
 running batch job that it is watched, with a lease (`hpr:watch=<until, epoch seconds>`, renewed long before it
-runs out), and nudges the job's batch step once per notice (`nudge`: SIGWINCH through `scancel --full
+runs out), and nudges the job's batch step once per bad-node word (`nudge`: SIGWINCH through `scancel --full
 --batch`, which reaches the wrapper and the batch shell, never the tasks of a step). A wrapper that saw the lease
 and got the nudge it sent itself reads its job only when nudged, and rarely as a safety net
 (autoresume/watch/nodewatch.py). The jobs to watch come from slurmdbd (`sacct -s R`), never from slurmctld's queue.
@@ -36,7 +38,7 @@ from hpresilience.slurm.exact import json_job, json_text, record_mark, suffix_fr
 from hpresilience.slurm.hostlist import compress, expand
 from hpresilience.slurm.models import Node
 
-NOTICE_PREFIX = "hpr:bad="
+BAD_PREFIX = "hpr:bad="
 WATCH_PREFIX = "hpr:watch="
 # The nudge: SIGWINCH, ignored by default by every process that does not ask for it (bash, python, torchrun,
 # srun without --pty), and by number because scancel knows it by no name ("Unknown job signal: WINCH").
@@ -47,7 +49,7 @@ _HARD_STATES = frozenset({"FAIL", "DOWN", "NOT_RESPONDING"})
 def leaves_step(node: Node) -> bool:
     """Whether a step on `node` must stop: Slurm or the agent says the node is broken, or its reason asks for
     an action. The wrapper's classifier (autoresume/classify.node_is_bad) applies the same rule when it
-    confirms a notice against the node itself."""
+    confirms an admin word against the node itself."""
     if node.states & _HARD_STATES:
         return True
     return parse_reason(node.reason).action is not None and node.has("DRAIN", "FAIL", "DOWN")
@@ -60,7 +62,7 @@ def planned_move(node: Node) -> bool:
 
 
 @dataclass(frozen=True)
-class JobNotice:
+class AdminWord:
     """What a job's record says: its bad nodes with their mark times, and its whole AdminComment."""
 
     bad: Mapping[str, int]
@@ -69,17 +71,17 @@ class JobNotice:
     watched_until: int = 0  # the controller's lease on watching this job (epoch seconds); 0: none
 
 
-def format_notice(bad: Mapping[str, int]) -> str:
-    return NOTICE_PREFIX + ",".join(f"{n}@{t}" for n, t in sorted(bad.items()))
+def format_bad_nodes(bad: Mapping[str, int]) -> str:
+    return BAD_PREFIX + ",".join(f"{n}@{t}" for n, t in sorted(bad.items()))
 
 
-def parse_notice(admin_comment: str) -> dict[str, int]:
+def parse_bad_nodes(admin_comment: str) -> dict[str, int]:
     """The nodes named by our word in an AdminComment; words that do not parse are skipped."""
     out: dict[str, int] = {}
     for word in admin_comment.split():
-        if not word.startswith(NOTICE_PREFIX):
+        if not word.startswith(BAD_PREFIX):
             continue
-        for item in word[len(NOTICE_PREFIX) :].split(","):
+        for item in word[len(BAD_PREFIX) :].split(","):
             name, _, at = item.rpartition("@")
             if name and at.isdigit():
                 out[name] = int(at)
@@ -105,9 +107,9 @@ def with_word(admin_comment: str, prefix: str, word: str) -> str:
     return admin_comment[m.end() + 1 :]
 
 
-def with_notice(admin_comment: str, bad: Mapping[str, int]) -> str:
+def with_bad_nodes(admin_comment: str, bad: Mapping[str, int]) -> str:
     """The AdminComment with our word replaced by `bad` (taken off when empty); the rest kept as it was."""
-    return with_word(admin_comment, NOTICE_PREFIX, format_notice(bad) if bad else "")
+    return with_word(admin_comment, BAD_PREFIX, format_bad_nodes(bad) if bad else "")
 
 
 def parse_watch(admin_comment: str) -> int:
@@ -136,10 +138,10 @@ def parse_admin_comment(text: str, mark: str, job_id: int) -> str | None:
     return "" if mine[0] == "(null)" else mine[0]
 
 
-def read_notice(client: SlurmClient, job_id: int) -> JobNotice:
+def read_admin_word(client: SlurmClient, job_id: int) -> AdminWord:
     """One exact read of the job's AdminComment (a one-job query: what slurmctld pays for the job, never the
     node table). Raises SlurmError when slurmctld does not answer or the answer is not the record asked for;
-    an unknown job is a notice with found=False."""
+    an unknown job is an AdminWord with found=False."""
     mark = "" if client.scontrol_has_json else record_mark()
     if not mark:
         argv: tuple[str, ...] = ("scontrol", "--json", "show", "job", str(job_id))
@@ -148,7 +150,7 @@ def read_notice(client: SlurmClient, job_id: int) -> JobNotice:
     res = client.runner.run(*argv, check=False)
     if res.returncode != 0:
         if "Invalid job id" in res.stderr + res.stdout:
-            return JobNotice({}, "", found=False)
+            return AdminWord({}, "", found=False)
         res = client.runner.run(*argv)
     if not mark:
         record = json_job(res.stdout, job_id, "scontrol --json show job")
@@ -156,8 +158,8 @@ def read_notice(client: SlurmClient, job_id: int) -> JobNotice:
     else:
         comment = parse_admin_comment(res.stdout, mark, job_id)
     if comment is None:
-        return JobNotice({}, "", found=False)
-    return JobNotice(parse_notice(comment), comment, watched_until=parse_watch(comment))
+        return AdminWord({}, "", found=False)
+    return AdminWord(parse_bad_nodes(comment), comment, watched_until=parse_watch(comment))
 
 
 def jobs_on(client: SlurmClient, nodes: Iterable[str]) -> dict[int, set[str]]:
@@ -183,20 +185,24 @@ def jobs_on(client: SlurmClient, nodes: Iterable[str]) -> dict[int, set[str]]:
 
 def write_bad_nodes(client: SlurmClient, job_id: int, bad: Mapping[str, int]) -> bool:
     """Set our word in the job's AdminComment to `bad` (root/operator only); False when the job is gone."""
-    current = read_notice(client, job_id)
+    current = read_admin_word(client, job_id)
     if not current.found:
         return False
     if dict(current.bad) == dict(bad):
         return True
     client.runner.run(
-        "scontrol", "update", f"jobid={job_id}", f"AdminComment={with_notice(current.admin_comment, bad)}", retry=False
+        "scontrol",
+        "update",
+        f"jobid={job_id}",
+        f"AdminComment={with_bad_nodes(current.admin_comment, bad)}",
+        retry=False,
     )
     return True
 
 
 def write_watch(client: SlurmClient, job_id: int, until: int) -> bool:
     """Set the job's watch lease to `until` (root/operator only); False when the job is gone."""
-    current = read_notice(client, job_id)
+    current = read_admin_word(client, job_id)
     if not current.found:
         return False
     client.runner.run(

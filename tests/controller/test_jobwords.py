@@ -13,10 +13,10 @@ import pytest
 
 from hpresilience.autoresume.watch import nodewatch
 from hpresilience.autoresume.watch.nodewatch import NodeWatch
+from hpresilience.controller.jobwords import LEASE_S, RENEW_EVERY_S
 from hpresilience.controller.loop import Controller
-from hpresilience.controller.notices import LEASE_S, RENEW_EVERY_S
+from hpresilience.slurm.adminword import read_admin_word, running_batch_jobs
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.notice import read_notice, running_batch_jobs
 from hpresilience.slurm.runner import CountingRunner
 from hpresilience.testing.devcluster import DevCluster
 from tests.conftest import held_read, node_read, notice_read, unmarked
@@ -65,7 +65,7 @@ def test_job_thread_tells_the_job_on_a_bad_node_and_never_reads_the_pending_queu
         held_read(cluster, job_id),
     ]  # the release: the told job only
     assert not any(c.startswith("squeue -h -t PD") for c in cmds) and str(pending) not in " ".join(cmds)
-    assert set(read_notice(slurm, job_id).bad) == {"n2"}
+    assert set(read_admin_word(slurm, job_id).bad) == {"n2"}
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 20)  # nothing changed: no job is read or written again
     assert unmarked(runner.commands()) == [
@@ -76,7 +76,7 @@ def test_job_thread_tells_the_job_on_a_bad_node_and_never_reads_the_pending_queu
     slurm.set_node_state(["n2"], "resume")
     runner.calls.clear()
     ctl.jobs_tick(time.monotonic() + 30)  # back in service: the word comes off
-    assert read_notice(slurm, job_id).bad == {}
+    assert read_admin_word(slurm, job_id).bad == {}
 
 
 def test_the_wrapper_reads_its_own_job_each_poll_and_the_nodes_only_on_a_notice(
@@ -147,9 +147,9 @@ def test_job_thread_leases_each_running_batch_job_from_accounting_once_per_renew
         assert cmds[:3] == [LIST_OUT_OF_SERVICE, RUNNING_BATCH, notice_read(cluster, job_id)]
         assert cmds[3].startswith(f"scontrol update jobid={job_id} AdminComment=hpr:watch=")
         assert len(cmds) == 4 and str(salloc_job) not in " ".join(cmds)  # no batch step: nothing to nudge
-        lease = read_notice(slurm, job_id).watched_until
+        lease = read_admin_word(slurm, job_id).watched_until
         assert LEASE_S - 5 <= lease - time.time() <= LEASE_S
-        assert read_notice(slurm, salloc_job).watched_until == 0
+        assert read_admin_word(slurm, salloc_job).watched_until == 0
         runner.calls.clear()
         ctl.jobs_tick(t0 + 10)  # the watch pass is not due: one short listing
         assert runner.commands() == [LIST_OUT_OF_SERVICE]

@@ -3,14 +3,14 @@
 Once a second (notify_jobs_every_s) the controller's job thread reads the nodes out of service (the same
 two queries as its cycle, sized by the nodes in trouble) and, when the set of bad nodes changed, the running
 jobs on them (`squeue -w`, once per change). Each such job gets the bad nodes under it, with the time each
-was marked, in its AdminComment (slurm/notice.py); a job whose bad nodes are all back in service gets the
-word taken off, and each job told of a bad node a nudge (slurm/notice.nudge) so that its wrapper reads the
-notice now. What this costs slurmctld is fixed (two node queries a second) plus one job read, one job write and
+was marked, in its AdminComment (slurm/adminword.py); a job whose bad nodes are all back in service gets the
+word taken off, and each job told of a bad node a nudge (slurm/adminword.nudge) so that its wrapper reads the
+admin word now. What this costs slurmctld is fixed (two node queries a second) plus one job read, one job write and
 one signal per job per change; it does not grow with the jobs that are merely running.
 
 Every watch_jobs_every_s the thread also learns the running batch jobs from slurmdbd (`sacct`, nothing asked
 of slurmctld) and gives each a lease in its AdminComment (`hpr:watch=<until>`, LEASE_S ahead, renewed
-RENEW_EVERY_S): the promise that a notice will come with a nudge. A wrapper holding a lease reads its own job
+RENEW_EVERY_S): the promise that an admin word will come with a nudge. A wrapper holding a lease reads its own job
 only when nudged and every few minutes; one without (no controller, salloc, a controller gone for
 LEASE_S) keeps reading it every poll. One read and one write per job per RENEW_EVERY_S.
 """
@@ -21,9 +21,7 @@ import time
 
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
-from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import (
+from hpresilience.slurm.adminword import (
     jobs_on,
     leaves_step,
     nudge,
@@ -32,10 +30,12 @@ from hpresilience.slurm.notice import (
     write_bad_nodes,
     write_watch,
 )
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
 
 log = get_logger("hpresilience.controller")
 # How long a told job stays on the requeue release's list: its wrapper requeues it within seconds of the
-# notice, or after a failed grow that waits up to its replace_timeout_s (10 minutes by default).
+# admin word, or after a failed grow that waits up to its replace_timeout_s (10 minutes by default).
 RECENT_S = 900.0
 # The watch lease: long enough that a controller restart (or a slurmdbd hiccup) does not send every wrapper
 # back to polling, short enough that a controller gone for good is noticed within a quarter of an hour.
@@ -70,7 +70,7 @@ class JobNotifier:
         return {n.name: int(n.reason_changed_at or now) for n in nodes if leaves_step(n) or planned_move(n)}
 
     def notify(self, nodes: list[Node]) -> int:
-        """Bring every affected job's notice up to date from this snapshot of the nodes out of service;
+        """Bring every affected job's admin word up to date from this snapshot of the nodes out of service;
         returns how many jobs were written to."""
         bad = self.bad_nodes(nodes)
         if bad == self.last_bad:
@@ -85,7 +85,7 @@ class JobNotifier:
             if job_id in self.unwritable or self.told.get(job_id, {}) == job_bad:
                 continue
             if self.dry_run:
-                log.info("job_notice_would_be_written", job_id=job_id, nodes=",".join(sorted(job_bad)) or None)
+                log.info("job_bad_nodes_would_be_written", job_id=job_id, nodes=",".join(sorted(job_bad)) or None)
                 continue
             try:
                 found = write_bad_nodes(self.client, job_id, job_bad)
@@ -94,18 +94,18 @@ class JobNotifier:
                     self.unwritable.add(job_id)
                 else:
                     retry = True  # slurmctld busy: the next pass tries again, even if nothing else changed
-                log.warning("job_notice_not_written", job_id=job_id, error=str(err)[:300])
+                log.warning("job_bad_nodes_not_written", job_id=job_id, error=str(err)[:300])
                 continue
             if job_bad:
                 self.recent[job_id] = time.monotonic()
-                if found:  # its wrapper reads the notice now rather than at its next safety-net read
+                if found:  # its wrapper reads the admin word now rather than at its next safety-net read
                     nudge(self.client, job_id)
             if not found or not job_bad:
                 self.told.pop(job_id, None)
             else:
                 self.told[job_id] = job_bad
             written += 1
-            log.info("job_notice_written", job_id=job_id, nodes=",".join(sorted(job_bad)) or None, found=found)
+            log.info("job_bad_nodes_written", job_id=job_id, nodes=",".join(sorted(job_bad)) or None, found=found)
         self.last_bad = None if retry else bad
         return written
 

@@ -1,6 +1,6 @@
-"""The bad-node notice in a job's AdminComment: written without touching the site's own text, read exactly as
-a field of its own (framed squeue on 22.05, JSON since 23.02; recorded output), and the rule of which node
-leaves a step."""
+"""The admin word (bad nodes, the lease) in a job's AdminComment: written without touching the site's own text,
+read exactly as a field of its own (framed squeue on 22.05, JSON since 23.02; recorded output), and the rule of
+which node leaves a step."""
 
 from __future__ import annotations
 
@@ -9,23 +9,23 @@ import json
 import pytest
 
 from hpresilience.errors import SlurmParseError
-from hpresilience.slurm import notice
-from hpresilience.slurm.client import SlurmClient
-from hpresilience.slurm.models import Node
-from hpresilience.slurm.notice import (
+from hpresilience.slurm import adminword
+from hpresilience.slurm.adminword import (
     WATCH_PREFIX,
-    JobNotice,
+    AdminWord,
     admin_comment_format,
     leaves_step,
     parse_admin_comment,
-    parse_notice,
+    parse_bad_nodes,
     parse_running_batch,
     parse_watch,
     planned_move,
-    read_notice,
-    with_notice,
+    read_admin_word,
+    with_bad_nodes,
     with_word,
 )
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.models import Node
 from hpresilience.testing.fakerunner import FakeRunner
 from tests.conftest import FIXTURES
 
@@ -69,10 +69,10 @@ def test_an_admin_comment_answer_of_any_other_shape_is_refused(text: str) -> Non
 
 
 def test_on_22_05_the_notice_is_read_with_squeue_never_from_the_text_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(notice, "record_mark", lambda: MARK)
+    monkeypatch.setattr(adminword, "record_mark", lambda: MARK)
     runner = FakeRunner("22.05.8").answer("squeue", stdout=ADMIN)
-    got = read_notice(SlurmClient(runner), HOSTILE)
-    assert got == JobNotice({}, "", found=True)
+    got = read_admin_word(SlurmClient(runner), HOSTILE)
+    assert got == AdminWord({}, "", found=True)
     assert runner.commands()[-1] == f"squeue -h -t all -j {HOSTILE} -O " + admin_comment_format(MARK)
 
 
@@ -86,28 +86,28 @@ def test_on_23_02_and_later_the_notice_is_read_from_json() -> None:
         dict(first, job_id=8, admin_comment="hpr:bad=n9@9"),
     ]
     runner = FakeRunner("24.11.5").answer("scontrol", "--json", "show", "job", stdout=json.dumps(data))
-    assert read_notice(SlurmClient(runner), 7) == JobNotice({}, "", found=True)
-    assert read_notice(SlurmClient(runner), 8).bad == {"n9": 9}
-    assert read_notice(SlurmClient(runner), 9).found is False
+    assert read_admin_word(SlurmClient(runner), 7) == AdminWord({}, "", found=True)
+    assert read_admin_word(SlurmClient(runner), 8).bad == {"n9": 9}
+    assert read_admin_word(SlurmClient(runner), 9).found is False
     data["jobs"].append(data["jobs"][0])
     runner = FakeRunner("24.11.5").answer("scontrol", "--json", "show", "job", stdout=json.dumps(data))
     with pytest.raises(SlurmParseError):
-        read_notice(SlurmClient(runner), 7)
+        read_admin_word(SlurmClient(runner), 7)
 
 
 @pytest.mark.parametrize("site", ["", "site x=1", "  spaced  text ", "a\tb", "hpr:badX=1"])
 def test_the_notice_keeps_the_sites_admin_comment_byte_for_byte(site: str) -> None:
-    told = with_notice(site, {"n2": 5, "n10": 7})
-    assert parse_notice(told) == {"n2": 5, "n10": 7}
-    updated = with_notice(told, {"n2": 5})
-    assert parse_notice(updated) == {"n2": 5} and updated.replace("hpr:bad=n2@5", "").strip() == site.strip()
-    assert with_notice(told, {}) == site
-    assert with_notice(site, {}) == site
+    told = with_bad_nodes(site, {"n2": 5, "n10": 7})
+    assert parse_bad_nodes(told) == {"n2": 5, "n10": 7}
+    updated = with_bad_nodes(told, {"n2": 5})
+    assert parse_bad_nodes(updated) == {"n2": 5} and updated.replace("hpr:bad=n2@5", "").strip() == site.strip()
+    assert with_bad_nodes(told, {}) == site
+    assert with_bad_nodes(site, {}) == site
 
 
 def test_a_malformed_notice_word_is_skipped_not_fatal() -> None:
-    assert parse_notice("hpr:bad=n1@x,@5,n2@3") == {"n2": 3}
-    assert parse_notice("nothing here") == {}
+    assert parse_bad_nodes("hpr:bad=n1@x,@5,n2@3") == {"n2": 3}
+    assert parse_bad_nodes("nothing here") == {}
 
 
 def node(*states: str, reason: str = "") -> Node:
@@ -126,11 +126,11 @@ def test_a_node_leaves_the_step_when_broken_or_its_reason_asks_for_an_action() -
 @pytest.mark.parametrize("site", ["", "site x=1", "  spaced  text ", "hpr:watchX=1"])
 def test_the_watch_lease_and_the_notice_live_side_by_side_and_keep_the_sites_text(site: str) -> None:
     leased = with_word(site, WATCH_PREFIX, f"{WATCH_PREFIX}1795637000")
-    told = with_notice(leased, {"n2": 5})
-    assert parse_watch(told) == 1795637000 and parse_notice(told) == {"n2": 5}
+    told = with_bad_nodes(leased, {"n2": 5})
+    assert parse_watch(told) == 1795637000 and parse_bad_nodes(told) == {"n2": 5}
     renewed = with_word(told, WATCH_PREFIX, f"{WATCH_PREFIX}1795637900")
-    assert parse_watch(renewed) == 1795637900 and parse_notice(renewed) == {"n2": 5}
-    assert with_word(with_notice(renewed, {}), WATCH_PREFIX, "") == site
+    assert parse_watch(renewed) == 1795637900 and parse_bad_nodes(renewed) == {"n2": 5}
+    assert with_word(with_bad_nodes(renewed, {}), WATCH_PREFIX, "") == site
 
 
 def test_a_missing_or_malformed_lease_reads_as_no_lease() -> None:
@@ -171,5 +171,5 @@ def test_the_recorded_json_of_a_hostile_job_reads_as_its_empty_admin_comment(rel
     """Recorded on 24.11 and 26.05: nobody's job whose JobName and WorkDir hold `AdminComment=` lines."""
     text = (SLURM / f"hostile_show_job_{release}.json").read_text()
     runner = FakeRunner(f"{release}.5").answer("scontrol", "--json", "show", "job", stdout=text)
-    assert read_notice(SlurmClient(runner), 22000001) == JobNotice({}, "", found=True)
+    assert read_admin_word(SlurmClient(runner), 22000001) == AdminWord({}, "", found=True)
     assert "AdminComment=hpr:watch=1" in json.loads(text)["jobs"][0]["name"]

@@ -10,12 +10,20 @@ What each one changes for the project, and the release that has it:
 - requeue_delay_s (25.11+, `SchedulerParameters=requeue_delay=N`): Slurm's hold on every requeued job, shortened
   (24.11 accepts the option and ignores it).
 - health_check_reboot_only (26.05+, `HealthCheckNodeState=REBOOT_ONLY`): slurmd runs HealthCheckProgram when a
-  node comes back from a reboot, before it takes jobs.
-- reboot_force (26.05+): `scontrol reboot force` reboots a node at once whatever runs there.
-- metrics_endpoint (25.11+, unless `CommunicationParameters=disable_http`): slurmctld answers `GET /metrics/...`
-  on its own port.
-- sigterm_before_kill (26.05+): when one task of a step fails, Slurm sends the others SIGTERM, then SIGKILL
-  KillWait seconds later (22.05 and 24.11 kill at once), so a trainer has KillWait seconds to flush.
+  node comes back from a reboot, before it takes jobs. Said, not used yet: the controller's gate cannot read that
+  program's verdict (it only leaves a mark when it fails).
+- reboot_force (26.05+): `scontrol reboot FORCE` requeues the node's jobs and reboots it at once (26.05.5: an
+  ALLOCATED node went REBOOT_ISSUED within 2 s, its job PENDING; `ASAP` waits for the job). Said, not used: the
+  reboot provider acts only on nodes without jobs (the controller waits for them, then forces the node DOWN), and
+  `ASAP` on a DOWN node is issued within 5 s on 22.05 and 26.05 alike.
+- metrics_endpoint (25.11+, `MetricsType=metrics/openmetrics`, unless `CommunicationParameters=disable_http`):
+  slurmctld answers `GET /metrics/{jobs,nodes,partitions,scheduler}` on its own port. Without MetricsType 26.05.5
+  still lists the endpoints at `/metrics` and answers each with nothing. Its gauges (26.05.5) are job, node and
+  scheduler counts, threads and cycle times: no count of RPCs by type (`sdiag` has those).
+Not a feature of a newer release, though issue 35 took it for one: SIGTERM, then SIGKILL KillWait seconds later, to
+the other tasks of a step when one fails under `--kill-on-bad-exit`. 22.05.8 and 26.05.5 both do it (measured
+here: TERM 0.03 s / 0.08 s after the failed task, the step killed 5 s later with KillWait=5), so hpresilience.torch's
+SIGTERM notice serves every release alike.
 """
 
 from __future__ import annotations
@@ -36,12 +44,6 @@ def _options(config: Mapping[str, str], key: str) -> str:
     return "" if value in _NO_VALUE else value
 
 
-def _seconds(text: str) -> int | None:
-    """`5 sec` (how show config prints KillWait) -> 5."""
-    word = text.split()[0] if text.split() else ""
-    return int(word) if word.isascii() and word.isdigit() else None
-
-
 @dataclass(frozen=True)
 class SlurmFeatures:
     """What this cluster's Slurm offers of its own resilience features (all off for 22.05 and 24.11)."""
@@ -52,8 +54,6 @@ class SlurmFeatures:
     health_check_reboot_only: bool = False
     reboot_force: bool = False
     metrics_endpoint: bool = False
-    sigterm_before_kill: bool = False
-    kill_wait_s: int | None = None
 
     def names(self) -> list[str]:
         """The features present, by name (what the events and `hpresilience status` list)."""
@@ -64,8 +64,6 @@ class SlurmFeatures:
         ]
         if self.requeue_delay_s is not None:
             out.append(f"requeue_delay={self.requeue_delay_s}s")
-        if self.sigterm_before_kill:
-            out.append(f"sigterm_before_kill(KillWait={self.kill_wait_s}s)")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -84,7 +82,6 @@ class SlurmFeatures:
         return cls(
             version=version if isinstance(version, str) else "",
             requeue_delay_s=count("requeue_delay_s"),
-            kill_wait_s=count("kill_wait_s"),
             **flags,
         )
 
@@ -104,9 +101,9 @@ def parse_features(version: tuple[int, int, int], config: Mapping[str, str]) -> 
         requeue_delay_s=int(delay) if delay is not None and delay.isascii() and delay.isdigit() else None,
         health_check_reboot_only=newest and "REBOOT_ONLY" in config.get("HealthCheckNodeState", "").upper(),
         reboot_force=newest,
-        metrics_endpoint=new and parse.option_value(comm, "disable_http") is None,
-        sigterm_before_kill=newest,
-        kill_wait_s=_seconds(config.get("KillWait", "")),
+        metrics_endpoint=new
+        and "openmetrics" in _options(config, "MetricsType")
+        and parse.option_value(comm, "disable_http") is None,
     )
 
 

@@ -37,7 +37,7 @@ def test_the_features_found_at_start_show_in_status_and_events(
     (tmp_path / "ctl" / "nodes").mkdir()
     assert main(["status", "--state-dir", str(tmp_path / "ctl")]) == 0
     out = capsys.readouterr().out
-    assert "slurm 26.05.5: expedited_requeue, health_check_reboot_only, reboot_force, metrics_endpoint" in out
+    assert "slurm 26.05.5: expedited_requeue, health_check_reboot_only, reboot_force\n" in out
     events = [json.loads(line) for line in (tmp_path / "ctl" / "events.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events] == ["slurm_features"]
     assert events[0]["expedited_requeue"] is True and events[0]["version"] == "26.05.5"

@@ -20,7 +20,8 @@ def config(name: str) -> dict[str, str]:
 
 
 def test_26_05_with_the_features_turned_on_reads_every_one_of_them() -> None:
-    f = parse_features((26, 5, 5), config("show_config_features_26.05.txt"))
+    conf = config("show_config_features_26.05.txt") | {"MetricsType": "metrics/openmetrics"}
+    f = parse_features((26, 5, 5), conf)
     assert f == SlurmFeatures(
         version="26.05.5",
         expedited_requeue=True,
@@ -28,16 +29,8 @@ def test_26_05_with_the_features_turned_on_reads_every_one_of_them() -> None:
         health_check_reboot_only=True,
         reboot_force=True,
         metrics_endpoint=True,
-        sigterm_before_kill=True,
-        kill_wait_s=5,
     )
-    assert f.names() == [
-        "expedited_requeue",
-        "health_check_reboot_only",
-        "reboot_force",
-        "metrics_endpoint",
-        "sigterm_before_kill(KillWait=5s)",
-    ]
+    assert f.names() == ["expedited_requeue", "health_check_reboot_only", "reboot_force", "metrics_endpoint"]
 
 
 @pytest.mark.parametrize(
@@ -51,18 +44,26 @@ def test_22_05_and_24_11_have_none_of_them(version: tuple[int, int, int], fixtur
 
 def test_a_setting_counts_only_on_a_release_that_honours_it() -> None:
     """The 26.05 settings read as if 24.11 printed them (24.11 accepts requeue_delay and ignores it)."""
-    conf = config("show_config_features_26.05.txt") | {"SchedulerParameters": "requeue_delay=2"}
+    conf = config("show_config_features_26.05.txt") | {
+        "SchedulerParameters": "requeue_delay=2",
+        "MetricsType": "metrics/openmetrics",
+    }
     assert parse_features((24, 11, 5), conf).names() == []
     assert parse_features((25, 11, 0), conf).names() == ["expedited_requeue", "metrics_endpoint", "requeue_delay=2s"]
 
 
 def test_26_05_without_the_settings_has_only_what_needs_none() -> None:
     f = parse_features((26, 5, 5), config("show_config_26.05.txt"))
-    assert not f.expedited_requeue and not f.health_check_reboot_only and f.reboot_force and f.sigterm_before_kill
+    assert not f.expedited_requeue and not f.health_check_reboot_only and f.reboot_force
 
 
-def test_http_turned_off_means_no_metrics_endpoint() -> None:
-    conf = config("show_config_features_26.05.txt") | {"CommunicationParameters": "block_null_hash,disable_http"}
+def test_metrics_count_only_with_the_openmetrics_plugin_and_http_on() -> None:
+    """26.05.5 without MetricsType lists /metrics/... and answers each with nothing (the recorded config)."""
+    conf = config("show_config_features_26.05.txt")
+    assert not parse_features((26, 5, 5), conf).metrics_endpoint
+    conf |= {"MetricsType": "metrics/openmetrics"}
+    assert parse_features((26, 5, 5), conf).metrics_endpoint
+    conf |= {"CommunicationParameters": "block_null_hash,disable_http"}
     assert not parse_features((26, 5, 5), conf).metrics_endpoint
 
 
@@ -91,5 +92,5 @@ def test_the_probe_reads_the_version_and_the_config_once_each() -> None:
 def test_features_come_back_from_the_state_file_and_wrong_types_count_as_absent() -> None:
     f = parse_features((26, 5, 5), config("show_config_features_26.05.txt"))
     assert SlurmFeatures.from_json(f.to_json()) == f
-    bad = SlurmFeatures.from_json({"version": 26, "expedited_requeue": "yes", "kill_wait_s": True, "x": 1})
+    bad = SlurmFeatures.from_json({"version": 26, "expedited_requeue": "yes", "requeue_delay_s": True, "x": 1})
     assert bad == SlurmFeatures()

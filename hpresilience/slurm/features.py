@@ -11,7 +11,8 @@ What each one changes for the project, and the release that has it:
   (24.11 accepts the option and ignores it).
 - health_check_reboot_only (26.05+, `HealthCheckNodeState=REBOOT_ONLY`): slurmd runs HealthCheckProgram when a
   node comes back from a reboot, before it takes jobs. Said, not used yet: the controller's gate cannot read that
-  program's verdict (it only leaves a mark when it fails).
+  program's verdict (it only leaves a mark when it fails), and a slurmd restarted with `-b` (the devcluster's
+  reboot) does not run it on 26.05.5 (tried with HealthCheckInterval 0 and 60): only a reboot slurmctld issued may.
 - reboot_force (26.05+): `scontrol reboot FORCE` requeues the node's jobs and reboots it at once (26.05.5: an
   ALLOCATED node went REBOOT_ISSUED within 2 s, its job PENDING; `ASAP` waits for the job). Said, not used: the
   reboot provider acts only on nodes without jobs (the controller waits for them, then forces the node DOWN), and

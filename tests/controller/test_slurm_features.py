@@ -4,6 +4,7 @@ in its log, in `hpresilience events` and in `hpresilience status`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,11 @@ from hpresilience.cli import main
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.fakerunner import FakeRunner
+from hpresilience.testing.slurmroot import SlurmRelease
 from tests.conftest import FIXTURES
+from tests.controller.conftest import Scripts, settings_for, wait_until
 
 SLURM = FIXTURES / "slurm"
 
@@ -59,3 +63,23 @@ def test_a_release_without_them_says_so_and_an_unreadable_probe_says_nothing(
     assert other.probe_slurm_features() is None
     other._say_features(None)
     assert not (tmp_path / "other" / "ctl" / "slurm_features.json").exists()
+
+
+@pytest.mark.integration
+def test_the_controller_says_what_the_running_release_offers(
+    cluster: DevCluster,
+    slurm: SlurmClient,
+    scripts: Scripts,
+    tmp_path: Path,
+    start_controller: Callable[[Controller], Controller],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On the real cluster of each release: its version, and expedited requeue only on 26.05 (the devcluster turns
+    it on there; 22.05 and 24.11 have none)."""
+    start_controller(Controller(settings_for(scripts, tmp_path / "state"), slurm))
+    path = tmp_path / "state" / "slurm_features.json"
+    found = wait_until(lambda: path.exists() and json.loads(path.read_text()), "the controller's probe")
+    assert found["version"].startswith(cluster.release.value)
+    assert found["expedited_requeue"] is (cluster.release is SlurmRelease.V26_05)
+    assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+    assert f"slurm {found['version']}: " in capsys.readouterr().out

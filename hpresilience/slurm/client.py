@@ -80,6 +80,11 @@ class SlurmClient:
             return None
         return parse_features(self.version, self.config()).requeue_delay_s
 
+    def rpc_stats(self) -> dict[str, tuple[int, int]]:
+        """slurmctld's own count and total microseconds per RPC type (`sdiag`; root or an operator). slurmctld's
+        /metrics (25.11+) has no such counts (26.05.5), so benches read these on every release."""
+        return parse.parse_rpc_stats(self.runner.run("sdiag").stdout)
+
     def permits_job_expansion(self) -> bool:
         params = self.config().get("SchedulerParameters", "")
         return "permit_job_expansion" in params.split(",")

@@ -11,16 +11,20 @@ makes slurmctld requeue a job) and stops when Slurm lists the relaunched step as
    it; SlurmdTimeout 5 s here): the clock starts at the kill;
 4. no spare and no node anywhere: the wrapper requeues the job, the controller (repairing the node
    through a script provider) starts it again at once;
-5. Slurm's own requeue of a plain `sbatch --requeue` job (the baseline: its hold is cred_expire + 1 s).
+5. Slurm's own requeue of a plain `sbatch --requeue` job (the baseline: its hold is cred_expire + 1 s);
+6. the batch host marked bad (it cannot leave the job, so the wrapper requeues it), released by the controller;
+7. the same with the job submitted `--requeue=expedite`, where Slurm has it (25.11+; the devcluster's 26.05 turns
+   `enable_expedited_requeue` on): Slurm starts the requeued job at once by itself (issue 35). The clock stops at
+   the requeued run's first line.
 In 1-3 the controller's job thread runs (it tells the job of its bad node: the wrapper reads only its job),
-in 4 the whole controller. Targets (issue 27): dead node <= 10 s, requeue <= 15 s.
+in 4 the whole controller, in 6 and 7 the same job thread with its release of requeued jobs every second.
+Targets (issue 27): dead node <= 10 s, requeue <= 15 s. One sample of a requeue case is bimodal here (whether the
+cancelled step is still listed after srun ends adds ~5 s of settle before the job can be requeued): compare
+changes with `--repeat 3` or more, in one run.
 
-Each wrapper case runs `--repeat` times (default 3) and prints its median with the range: one sample of the
-requeue case is bimodal here (whether the cancelled step is still listed after srun ends adds ~5 s of settle
-before the job can be requeued), so a single figure says little about a change. Slurm's own requeue (two
-minutes) runs once.
-
-    .venv/bin/python bench/bench_restart.py [--base-port 21817] [--timeout 300] [--repeat 3]
+    .venv/bin/python bench/bench_restart.py [--base-port 21817] [--timeout 300] [--only a,b] [--repeat N]
+    hpresilience devcluster exec --slurm 26.05 -- .venv/bin/python bench/bench_restart.py \
+        --only batch_host_released,batch_host_expedited --repeat 3
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from hpresilience.autoresume.decide.requeue import VIA_CONTROLLER, VIA_SLURM
 from hpresilience.controller.loop import Controller
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.slurm.client import SlurmClient
@@ -199,6 +204,27 @@ def slurm_requeue(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float
     return t1 - t0
 
 
+def batch_host(expedite: bool) -> Any:
+    """The batch host marked bad; with `expedite`, the job asks for Slurm's expedited requeue."""
+
+    def run(cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) -> float:
+        requeue = "--requeue=expedite" if expedite else "--requeue"
+        job = submit(cl, slurm, work, 2, wrapper(work, ""), "--no-kill", requeue)
+        wait_for(lambda: "step=3 " in text(work / "out"), "step 3", timeout)
+        starts = text(work / "out").count("resume_from=")
+        t0 = time.time()
+        slurm.set_node_state([slurm.job(job).batch_host], "fail", "Action:Replace")
+        wait_for(lambda: text(work / "out").count("resume_from=") > starts, "the requeued run's first line", timeout)
+        t1 = time.time()
+        slurm.cancel(job)
+        via = [e.get("via") for e in events(work, job, "job_requeue_requested")]
+        if via != [VIA_SLURM if expedite else VIA_CONTROLLER]:
+            raise SystemExit(f"the batch-host run took another path than the one measured: {via}")
+        return t1 - t0
+
+    return run
+
+
 def settle(slurm: SlurmClient) -> None:
     for j in slurm.jobs():
         if not j.is_finished:
@@ -220,7 +246,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-port", type=int, default=21817)
     ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each wrapper case (Slurm's requeue: one)")
+    ap.add_argument("--only", default="", help="comma-separated scenarios to run (default: all)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each scenario; the median is printed")
     args = ap.parse_args()
     scenarios = (
         ("hot_spare", hot_spare),
@@ -228,49 +255,77 @@ def main() -> int:
         ("dead_node", dead_node),
         ("requeue_released", requeue_released),
         ("slurm_requeue", slurm_requeue),
+        ("batch_host_released", batch_host(expedite=False)),
+        ("batch_host_expedited", batch_host(expedite=True)),
     )
+    only = [w for w in args.only.split(",") if w]
+    unknown = set(only) - {name for name, _ in scenarios}
+    if unknown:
+        raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     results: dict[str, list[float]] = {}
+    skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="hpr-bench-restart-") as tmp:
         cl = DevCluster(Path(tmp) / "cluster", nodes=4, base_port=args.base_port, overrides={"SlurmdTimeout": "5"})
         cl.up(timeout=60)
         try:
             slurm = cl.client()
-            for name, fn in scenarios:
-                for run in range(1 if name == "slurm_requeue" else max(1, args.repeat)):
-                    work = Path(tmp) / f"{name}-{run}"
+            features = slurm.features()
+            print(f"Slurm {features.version}: {', '.join(features.names()) or 'no features of its own'}")
+            for round_ in range(args.repeat):
+                for name, fn in scenarios:
+                    if only and name not in only:
+                        continue
+                    if name == "batch_host_expedited" and not features.expedited_requeue:
+                        skipped[name] = f"Slurm {features.version} has no expedited requeue"
+                        continue
+                    work = Path(tmp) / f"{name}-{round_}"
                     work.mkdir()
-                    notices = None
-                    if name in ("hot_spare", "grown", "dead_node"):
-                        # The controller's job thread alone (no repairs): the wrapper learns of faults from its job.
-                        notices = Controller(
-                            ControllerSettings.model_validate({"state_dir": str(work / "ctl"), "metrics_address": ""}),
-                            slurm,
-                        )
-                        notices.start_jobs_thread()
-                    try:
-                        results.setdefault(name, []).append(fn(cl, slurm, work, args.timeout))
-                    finally:
-                        if notices is not None:
-                            notices.stop()
+                    results.setdefault(name, []).append(run_one(name, fn, cl, slurm, work, args.timeout))
                     settle(slurm)
         finally:
             cl.down()
-    base = statistics.median(results["slurm_requeue"])
-    print(f"fault (node marked bad) -> relaunched step running, same devcluster, same run (median of {args.repeat}):")
+    report(results, skipped)
+    return 0
+
+
+def run_one(name: str, fn: Any, cl: DevCluster, slurm: SlurmClient, work: Path, timeout: float) -> float:
+    notices = None
+    if name in ("hot_spare", "grown", "dead_node", "batch_host_released", "batch_host_expedited"):
+        # The controller's job thread alone (no repairs): the wrapper learns of faults from its job; in the
+        # batch-host runs it also releases the jobs the wrappers requeued, every second.
+        settings: dict[str, Any] = {"state_dir": str(work / "ctl"), "metrics_address": ""}
+        if name.startswith("batch_host"):
+            settings["release_requeued_every_s"] = 1.0
+        notices = Controller(ControllerSettings.model_validate(settings), slurm)
+        notices.start_jobs_thread()
+    try:
+        return float(fn(cl, slurm, work, timeout))
+    finally:
+        if notices is not None:
+            notices.stop()
+
+
+def report(results: dict[str, list[float]], skipped: dict[str, str]) -> None:
+    base = statistics.median(results["slurm_requeue"]) if "slurm_requeue" in results else None
+    print("fault (node marked bad) -> relaunched step running, same devcluster, same run (median of the runs):")
     rows = (
         ("srun --auto-resume, hot spare", "hot_spare", "goal <= 2 s"),
         ("srun --auto-resume, no spare, job grown into an idle node", "grown", "goal <= 2 s"),
         ("srun --auto-resume, dead node (slurmd + tasks killed), grown", "dead_node", "goal <= 10 s"),
         ("srun --auto-resume, requeue released by the controller", "requeue_released", "goal <= 15 s"),
         ("Slurm's own requeue of the same job", "slurm_requeue", "baseline"),
+        ("batch host lost, requeue released by the controller", "batch_host_released", "22.05+"),
+        ("batch host lost, Slurm's own expedited requeue", "batch_host_expedited", "25.11+"),
     )
     for label, key, goal in rows:
-        runs = results[key]
-        mid = statistics.median(runs)
-        spread = f"  [{min(runs):.2f}-{max(runs):.2f}]" if len(runs) > 1 else ""
-        speedup = "" if key == "slurm_requeue" else f"  {base / mid:6.1f}x faster"
-        print(f"  {label:<58}: {mid:7.2f} s{spread}{speedup}  ({goal})")
-    return 0
+        if key in skipped:
+            print(f"  {label:<58}: n/a ({skipped[key]})")
+        if key not in results:
+            continue
+        value = statistics.median(results[key])
+        speedup = "" if key == "slurm_requeue" or base is None else f"  {base / value:6.1f}x faster"
+        runs = ", ".join(f"{v:.2f}" for v in results[key])
+        print(f"  {label:<58}: {value:7.2f} s{speedup}  ({goal}; runs: {runs})")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ Then (issue 27), each once:
 - the agent as its own process (healthy, on a recorded p5 node): peak RSS including children, CPU.
 For each: Slurm commands run, bytes read, client wall time, client CPU and peak RSS including child
 processes, and slurmctld CPU (from /proc/<pid>/stat before and after, its idle rate in the same run
-subtracted), each also as a ratio against the full-table read of the same run. Then the projected
-slurmctld load of 10,000 agents at their default interval and of 200 concurrent auto-resume jobs.
+subtracted) beside slurmctld's own count of the RPCs and its own time on them (`sdiag`, every release: its
+/metrics on 25.11+ has no RPC counts), each also as a ratio against the full-table read of the same run. Then the
+projected slurmctld load of 10,000 agents at their default interval and of 200 concurrent auto-resume jobs.
 
 The cluster runs with slurmdbd (as production clusters do): the controller lists the running batch jobs from it.
 
@@ -81,10 +82,15 @@ def scenario(name: str, conf: str, ctld: int, repeat: int, work: str) -> dict[st
     op = prepare(name, client, work)
     op()  # warm: imports, caches
     runner.calls.clear()
+    # slurmctld's own count of the RPCs and its own time on them (sdiag, by a client of its own so that the
+    # scenario's command count stays its own): /metrics (25.11+) has no RPC counts.
+    stats = SlurmClient(CommandRunner(timeout=60, env={**os.environ, "SLURM_CONF": conf}))
+    r0 = stats.rpc_stats()
     t0, c0, s0 = time.perf_counter(), os.times(), ctld_cpu(ctld)
     for _ in range(repeat):
         op()
     wall, c1, s1 = time.perf_counter() - t0, os.times(), ctld_cpu(ctld)
+    rpcs, rpc_us = rpc_delta(r0, stats.rpc_stats())
     cpu = cpu_between(c0, c1)
     rss = (
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -96,9 +102,19 @@ def scenario(name: str, conf: str, ctld: int, repeat: int, work: str) -> dict[st
         "cpu": cpu / repeat,
         "rss_mb": rss,
         "ctld": (s1 - s0) / repeat,
+        "rpcs": rpcs / repeat,
+        "rpc_ms": rpc_us / 1000 / repeat,
         "elapsed": wall,
         "argv": sorted(set(runner.commands()))[:4],
     }
+
+
+def rpc_delta(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """RPCs slurmctld answered between two sdiag readings, and its microseconds on them (node registrations, which
+    the devcluster's slurmds send on their own, left out)."""
+    keys = [k for k in after if k != "MESSAGE_NODE_REGISTRATION_STATUS"]
+    count = sum(after[k][0] - before.get(k, (0, 0))[0] for k in keys)
+    return count, sum(after[k][1] - before.get(k, (0, 0))[1] for k in keys)
 
 
 def prepare(name: str, client: Any, work: str) -> Any:
@@ -475,6 +491,9 @@ def main() -> None:
         print(f"devcluster: 4 real + {args.extra_nodes} powered-down p5 nodes, up in {time.monotonic() - t:.1f} s")
         try:
             client = cl.client(timeout=60)
+            f = client.features()
+            metrics = "on" if f.metrics_endpoint else "off"
+            print(f"Slurm {f.version}; slurmctld /metrics {metrics} (no RPC counts there): rpcs from sdiag")
             # The job's batch step runs the wrapper's NodeWatch on itself (`watcher`), to be leased and nudged.
             job = client.sbatch(
                 "-N2",
@@ -527,14 +546,14 @@ def main() -> None:
     full = rows["full"]
     hdr = (
         f"{'what':50} {'cmds':>5} {'bytes':>11} {'wall ms':>9} {'cpu ms':>8} {'peak MB':>8} {'ctld ms':>8}"
-        f"   ratios vs full (bytes, wall, cpu, rss, ctld)"
+        f" {'rpcs':>5} {'rpc ms':>7}   ratios vs full (bytes, wall, cpu, rss, ctld)"
     )
     print(hdr)
     for name, label, _ in ROWS:
         r = rows[name]
         print(
             f"{label:50} {r['commands']:5.1f} {r['bytes']:11,.0f} {r['wall'] * 1000:9.1f} {r['cpu'] * 1000:8.1f} "
-            f"{r['rss_mb']:8.1f} {r['ctld'] * 1000:8.2f}   "
+            f"{r['rss_mb']:8.1f} {r['ctld'] * 1000:8.2f} {r['rpcs']:5.1f} {r['rpc_ms']:7.2f}   "
             f"{ratio(r['bytes'], full['bytes'])}, {ratio(r['wall'], full['wall'])}, {ratio(r['cpu'], full['cpu'])}, "
             f"{ratio(r['rss_mb'], full['rss_mb'])}, {ratio(r['ctld'], full['ctld'])}"
         )

@@ -8,6 +8,8 @@
 # --no-kill: a node that dies is removed from the job instead of ending it.
 # --requeue: if no replacement can be had, the wrapper may requeue the job (same job id); it picks up
 # its attempt count and blamed nodes from the state file under $SLURM_SUBMIT_DIR/.hpresilience/jobs.
+# On Slurm 25.11+ with SlurmctldParameters=enable_expedited_requeue, --requeue=expedite instead: Slurm starts
+# the requeued job again at once by itself (older sbatch refuses the option).
 #SBATCH --job-name=train-gloo
 #SBATCH --nodes=3
 #SBATCH --ntasks-per-node=1

@@ -28,7 +28,7 @@ RELEASE_TESTS=(-m integration tests/slurm/test_client_filtered.py tests/testing/
   tests/autoresume/test_wrapper_integration.py tests/autoresume/test_capacity.py tests/autoresume/test_poll_queries.py
   tests/controller/test_repair_devcluster.py tests/controller/test_controller_queries.py
   tests/agent/test_agent_queries.py tests/autoresume/test_nudge_integration.py
-  tests/slurm/test_accounting_hostile.py)
+  tests/slurm/test_accounting_hostile.py tests/controller/test_slurm_features.py)
 
 say() { printf '[dev.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

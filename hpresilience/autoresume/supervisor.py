@@ -19,7 +19,7 @@ from hpresilience.autoresume.decide.capacity import BatchHostLost, Capacity, NoR
 from hpresilience.autoresume.decide.classify import Cause, Diagnosis
 from hpresilience.autoresume.decide.ending import Ending
 from hpresilience.autoresume.decide.policy import PolicyChoice, RestartPolicy
-from hpresilience.autoresume.decide.requeue import clear_requeue_marker, mark_for_release
+from hpresilience.autoresume.decide.requeue import choose_requeue_path, clear_requeue_marker, prepare_requeue
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome, after_diagnosis, is_move
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.launch.runner import StepRunner
@@ -67,6 +67,7 @@ class Supervisor:
         self.job_id = opts.job_id
         self.store = WrapperStateStore(opts.state_dir, opts.job_id)
         self.details = job_identity_details(client, opts.job_id)
+        self.requeue_path = choose_requeue_path(client, self.details)  # Slurm's expedited requeue, or ours
         self.identity = JobIdentity(
             cluster=self.env.get("SLURM_CLUSTER_NAME", ""),
             job_id=opts.job_id,
@@ -201,6 +202,7 @@ class Supervisor:
             submit_time=self.identity.submit_time or None,
             rules=self.feed.rules.names or None,
             command=" ".join(self.opts.srun.command),
+            **self.requeue_path.fields(),
         )
         clear_requeue_marker(self.client, self.job_id, self.identity.restart_count, self.details)
         try:
@@ -240,11 +242,8 @@ class Supervisor:
                 "attempt_ended", **attempt_record(self.progress, launch.attempt, result.failed_at, result.exit_code)
             )
             if self.stop_request.signum:
-                self.reporter.decision(
-                    "supervisor_stopped",
-                    signal=signal.Signals(self.stop_request.signum).name,
-                    exit_code=result.exit_code,
-                )
+                stopped_by = signal.Signals(self.stop_request.signum).name
+                self.reporter.decision("supervisor_stopped", signal=stopped_by, exit_code=result.exit_code)
                 return 128 + self.stop_request.signum
             failed_at = result.failed_at
             try:
@@ -300,9 +299,8 @@ class Supervisor:
             plan = self.capacity.recover([*bad, *leave], plan, size)
         self.state.count_restart(diagnosis.cause.value)
         self.reporter.count_restart(diagnosis.cause.value)
-        self.reporter.decision(
-            "step_relaunching", cause=diagnosis.cause.value, nodes=",".join(plan), restarts=self.state.restarts
-        )
+        cause = diagnosis.cause.value
+        self.reporter.decision("step_relaunching", cause=cause, nodes=",".join(plan), restarts=self.state.restarts)
         return plan
 
     def _move(self, result: AttemptResult, plan: list[str], size: int) -> list[str]:
@@ -359,8 +357,9 @@ class Supervisor:
     def _requeue(self, why: str) -> int:
         self.state.requeues += 1
         self._save()
-        self.reporter.decision("job_requeue_requested", why=why, requeues=self.state.requeues)
-        mark_for_release(self.client, self.job_id, self.reporter)
+        via = self.requeue_path.via  # Slurm's own expedited requeue, or the controller's release
+        self.reporter.decision("job_requeue_requested", why=why, requeues=self.state.requeues, via=via)
+        prepare_requeue(self.client, self.job_id, self.reporter, self.requeue_path)
         try:
             self.client.requeue(self.job_id)
         except HPResilienceError as err:

@@ -14,8 +14,10 @@ from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.controller.settings import ControllerSettings
 from hpresilience.controller.state import FOR_A_PERSON, StateStore
 from hpresilience.errors import ConfigError, HPResilienceError
+from hpresilience.log import printable
 from hpresilience.reasons import Action, parse_reason
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.features import SlurmFeatures
 
 
 def _settings(c: Ctx, state_dir: str | None = None, dry_run: bool = False) -> ControllerSettings:
@@ -144,6 +146,12 @@ def _ago(t: float | None) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
 
 
+def _features_line(data: dict[str, Any]) -> str:
+    """`slurm 26.05.5: expedited_requeue, reboot_force, ...` from what the controller probed at its start."""
+    features = SlurmFeatures.from_json(data)
+    return f"slurm {printable(features.version) or '?'}: " + (", ".join(features.names()) or "no features of its own")
+
+
 @click.command()
 @click.option(
     "--history", "history_lines", type=int, default=5, show_default=True, help="Also show this many finished repairs."
@@ -162,8 +170,10 @@ def status(c: Ctx, history_lines: int, state_dir: str | None) -> None:
         )
     records = store.load_all(quarantine=False)
     history = store.history(history_lines) if history_lines > 0 else []
-    data = {"under_repair": [r.to_json() for r in records.values()], "history": history}
-    lines = [f"{'NODE':12} {'STEP':13} {'SINCE':10} {'ACTION':8} {'TRY':>3}  LAST HEALTH / WHY"]
+    features = store.features()
+    data = {"under_repair": [r.to_json() for r in records.values()], "history": history, "slurm_features": features}
+    lines = [_features_line(features)] if features is not None else []
+    lines += [f"{'NODE':12} {'STEP':13} {'SINCE':10} {'ACTION':8} {'TRY':>3}  LAST HEALTH / WHY"]
     for r in records.values():
         health = r.last_health or {}
         h = ("pass" if health.get("passed") else "fail") + f" {_ago(health.get('at'))}" if health else "-"

@@ -15,6 +15,7 @@ from hpresilience.controller.settings import ControllerSettings
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.features import SlurmFeatures
 from hpresilience.slurm.jobs import held_among, release_requeued_job, requeued_jobs_held
 
 log = get_logger("hpresilience.controller")
@@ -30,6 +31,18 @@ class JobThread:
         self._next_notice = self._next_release = 0.0
         # Slurm itself starts requeued jobs as soon as we would (requeue_delay, 25.11+): no releases of ours.
         self.release_left_to_slurm = False
+        self.features: SlurmFeatures | None = None  # probe_slurm_features, once at start
+
+    def probe_slurm_features(self) -> SlurmFeatures | None:
+        """Slurm's own resilience features on this cluster (slurm/features.py), read once at start and kept; None
+        when unreadable (every feature then counts as absent: the project's own paths work on every release)."""
+        try:
+            self.features = self.client.features()
+        except HPResilienceError as err:
+            log.warning("slurm_features_probe_failed", error=str(err)[:300])
+            return None
+        log.info("slurm_features_probed", version=self.features.version, features=self.features.names())
+        return self.features
 
     def release_requeued(self, scan: bool = False) -> int:
         """Start every job the wrapper requeued (its comment carries the marker) now: the wrapper asked for
@@ -54,11 +67,14 @@ class JobThread:
         """Slurm's own hold on a requeued job when it is no longer than our release interval (the site set
         requeue_delay on 25.11+): then Slurm starts the job as soon as we would, the release thread is not started,
         and the wrapper takes its marker off when the job runs again. None: our release thread is needed."""
-        try:
-            delay = self.client.requeue_delay_s()
-        except HPResilienceError as err:  # an unreadable probe keeps the thread: it is never wrong, only needless
-            log.warning("requeue_delay_probe_failed", error=str(err)[:300])
-            return None
+        if self.features is not None:
+            delay = self.features.requeue_delay_s
+        else:
+            try:
+                delay = self.client.requeue_delay_s()
+            except HPResilienceError as err:  # an unreadable probe keeps the thread: never wrong, only needless
+                log.warning("requeue_delay_probe_failed", error=str(err)[:300])
+                return None
         if delay is None or delay > self.settings.release_requeued_every_s:
             return None
         log.info(

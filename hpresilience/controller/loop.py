@@ -42,6 +42,7 @@ from hpresilience.controller.steps import STEP_FUNCTIONS, Finish, Gated, Move, N
 from hpresilience.errors import HPResilienceError
 from hpresilience.log import Level, get_logger, level_number
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.slurm.features import SlurmFeatures
 from hpresilience.slurm.models import Node
 from hpresilience.systemd import notify, watchdog_interval_s
 
@@ -327,6 +328,14 @@ class Controller(JobThread):
         for fut in list(self.inflight.values()):
             fut.exception(timeout=timeout)
 
+    def _say_features(self, features: SlurmFeatures | None) -> None:
+        """What Slurm offers of its own, for `hpresilience status` (a file) and `hpresilience events`."""
+        if features is None:
+            return
+        self.store.save_features(features.to_json())
+        why = ", ".join(features.names()) or "none"
+        self.events.record("slurm_features", "", "controller", why, **features.to_json())
+
     def healthy(self) -> bool:
         return time.monotonic() - self.last_ok_cycle < 3 * self.settings.poll_interval_s + 30
 
@@ -346,6 +355,7 @@ class Controller(JobThread):
                 interval_s=self.settings.poll_interval_s,
             )
             notify("READY=1", "STATUS=watching node states")
+            self._say_features(self.probe_slurm_features())
             if not self.settings.dry_run and not once:
                 self.release_left_to_slurm = (
                     self.settings.release_requeued_every_s > 0 and self.slurm_releases_requeued_jobs() is not None

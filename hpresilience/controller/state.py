@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from hpresilience.errors import HPResilienceError
-from hpresilience.fileio import atomic_write_text
+from hpresilience.fileio import atomic_write_text, read_json_state
 from hpresilience.log import get_logger
 from hpresilience.reasons import Action
 
@@ -236,3 +236,16 @@ class StateStore:
             except ValueError:
                 continue
         return out
+
+    # -- Slurm's own features, as the controller found them at start (for `hpresilience status`) -------
+    @property
+    def features_path(self) -> Path:
+        return self.dir / "slurm_features.json"
+
+    def save_features(self, features: dict[str, Any]) -> None:
+        if self.persist:
+            atomic_write_text(self.features_path, json.dumps(features, sort_keys=True))
+
+    def features(self) -> dict[str, Any] | None:
+        """What the controller last found; None when it never wrote it (or it cannot be read)."""
+        return read_json_state(self.features_path, "slurm_features_unreadable")

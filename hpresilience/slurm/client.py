@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from hpresilience.errors import ConfigError, SlurmError, SlurmTimeout, UnknownNode
 from hpresilience.log import get_logger
 from hpresilience.slurm import parse, parsejson
+from hpresilience.slurm.features import SlurmFeatures, parse_features
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Job, Node, ReasonGroup
 from hpresilience.slurm.runner import CommandRunner, Result
@@ -66,6 +67,10 @@ class SlurmClient:
         kind = self.config().get("AccountingStorageType", "").strip()
         return kind not in ("", "(null)", "none", "accounting_storage/none")
 
+    def features(self) -> SlurmFeatures:
+        """Slurm's own resilience features (slurm/features.py): two reads; call once at start and keep the answer."""
+        return parse_features(self.version, self.config())
+
     def requeue_delay_s(self) -> int | None:
         """Seconds Slurm itself holds a requeued job where the site shortened the hold
         (`SchedulerParameters=requeue_delay=N`, honoured from 25.11: 26.05.5 ran a requeued job again within 4 s
@@ -73,8 +78,12 @@ class SlurmClient:
         cred_expire + 1 s."""
         if self.version < (25, 11, 0):
             return None
-        value = parse.option_value(self.config().get("SchedulerParameters", ""), "requeue_delay")
-        return int(value) if value is not None and value.isascii() and value.isdigit() else None
+        return parse_features(self.version, self.config()).requeue_delay_s
+
+    def rpc_stats(self) -> dict[str, tuple[int, int]]:
+        """slurmctld's own count and total microseconds per RPC type (`sdiag`; root or an operator). slurmctld's
+        /metrics (25.11+) has no such counts (26.05.5), so benches read these on every release."""
+        return parse.parse_rpc_stats(self.runner.run("sdiag").stdout)
 
     def permits_job_expansion(self) -> bool:
         params = self.config().get("SchedulerParameters", "")

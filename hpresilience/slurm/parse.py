@@ -264,3 +264,21 @@ def parse_step_lines(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
             nodes = ()
         steps.append((parts[0], parts[1], nodes))
     return steps
+
+
+_RPC_TYPE_LINE = re.compile(r"^\s+([A-Z][A-Z0-9_]*)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:\d+\s+total_time:(\d+)\s*$")
+
+
+def parse_rpc_stats(text: str) -> dict[str, tuple[int, int]]:
+    """`sdiag`'s "Remote Procedure Call statistics by message type" (22.05 to 26.05 alike): message type ->
+    (count, total microseconds slurmctld spent on it) since its start or the last `sdiag --reset`."""
+    out: dict[str, tuple[int, int]] = {}
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            inside = True
+        elif inside and not line.strip():
+            break
+        elif inside and (m := _RPC_TYPE_LINE.match(line)):
+            out[m.group(1)] = (int(m.group(2)), int(m.group(3)))
+    return out

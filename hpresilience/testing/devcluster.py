@@ -166,6 +166,7 @@ class DevCluster:
             accounting=self.accounting.slurm_conf_settings() if self.accounting_wanted() else None,
             extra_nodes=self.extra_nodes,
             overrides=self.overrides,
+            release=self.release,
         )
 
     def render_conf(self) -> str:

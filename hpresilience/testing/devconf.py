@@ -60,9 +60,10 @@ def settings(
     accounting: Mapping[str, str] | None,
     extra_nodes: int,
     overrides: Mapping[str, str],
+    release: SlurmRelease = SlurmRelease.HOST,
 ) -> dict[str, str]:
     """slurm.conf's key=value lines. controller: the first SlurmctldHost; shared_state: a backup controller reads
-    the state the primary saved; accounting: slurmdbd's lines (None: no accounting)."""
+    the state the primary saved; accounting: slurmdbd's lines (None: no accounting); release: what it runs."""
     d = state_dir
     s = {
         "ClusterName": "hpdev",
@@ -98,6 +99,10 @@ def settings(
         "MinJobAge": "300",
         "InactiveLimit": "0",
     }
+    if release is SlurmRelease.V26_05:
+        # Slurm's own resilience features, as a site that has them turns them on (slurm/features.py): a job
+        # submitted with --requeue=expedite is started again at once when requeued.
+        s["SlurmctldParameters"] = "enable_expedited_requeue"
     if shared_state:  # the backup's slurm.conf differs in its pid and log file only
         s["DebugFlags"] = "NO_CONF_HASH"
     if accounting is not None:

@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from hpresilience.autoresume.decide.requeue import VIA_SLURM
 from hpresilience.controller.jobwords import JobNotifier
 from hpresilience.controller.loop import Controller
 from hpresilience.errors import HPResilienceError
@@ -285,6 +286,38 @@ def test_recipe_with_a_failed_batch_host_is_requeued_onto_healthy_nodes_and_rele
         job.restart_count == 1
         and REQUEUE_MARKER not in slurm.runner.run("scontrol", "show", "job", str(run.job_id)).stdout
     )
+
+
+def test_recipe_with_a_failed_batch_host_is_back_running_through_slurms_expedited_requeue(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """(b') Where Slurm has it (25.11+, the devcluster's 26.05 turns it on), a job submitted with
+    `--requeue=expedite` needs no controller: the wrapper requeues it without the marker and Slurm starts it again
+    at once, off the failed batch host. Only the controller's notices run here (no release thread anywhere); Slurm's
+    hold alone would be 121 s. On 22.05 and 24.11 the test above is the path."""
+    features = slurm.features()
+    if not features.expedited_requeue:
+        pytest.skip(f"Slurm {features.version} has no expedited requeue (25.11+, enable_expedited_requeue)")
+    run = Recipe(cluster, tmp_path / "job", sbatch_args=("--requeue=expedite",))
+    with job_notices(slurm):
+        run.wait(lambda: "step=8\n" in run.out, "step 8")
+        batch_host = slurm.job(run.job_id).batch_host
+        slurm.set_node_state([batch_host], "fail", "Action:Replace")
+        requeued = run.wait(lambda: run.named("job_requeue_requested"), "the requeue")[0]
+        restarted = run.wait(
+            lambda: [e for e in run.named("supervisor_started") if e["slurm_restart_count"] == 1],
+            "the requeued batch run",
+            timeout=60,
+        )[0]
+    print(f"requeue requested -> requeued batch run started: {restarted['time'] - requeued['time']:.2f} s")
+    assert requeued["via"] == VIA_SLURM and restarted["requeue_via"] == VIA_SLURM
+    assert restarted["time"] - requeued["time"] < 30
+    assert REQUEUE_MARKER not in slurm.runner.run("scontrol", "show", "job", str(run.job_id)).stdout
+    step = run.wait(lambda: [e for e in run.named("attempt_started") if e["time"] >= restarted["time"]], "the step")
+    assert batch_host not in step[0]["nodes"].split(",")
+    run.wait(lambda: "resumed from step" in run.out, "the training resumed from its checkpoint")
+    assert slurm.job(run.job_id).restart_count == 1
+    slurm.cancel(run.job_id)  # the finished weights after a requeue are the test above's
 
 
 def test_a_state_file_left_by_an_earlier_job_with_the_same_id_is_set_aside(

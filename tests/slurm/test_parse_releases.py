@@ -196,3 +196,41 @@ def test_option_value_reads_comma_lists(options: str, key: str, value: str | Non
 def test_requeue_delay_probe_trusts_only_releases_that_honour_it(fixture: str, version: str, delay: int | None) -> None:
     runner = FakeRunner(version).answer("scontrol", "show", "config", stdout=read(fixture))
     assert SlurmClient(runner).requeue_delay_s() == delay
+
+
+@pytest.mark.parametrize(
+    ("release", "expected"),
+    [
+        # Recorded from a 2-node devcluster after three `scontrol show job`, one `sinfo` (node and partition
+        # info) and the nodes' registrations; sdiag's own request is not listed.
+        (
+            "22.05",
+            {
+                "REQUEST_JOB_INFO": (3, 181),
+                "REQUEST_NODE_INFO": (2, 302),
+                "REQUEST_PARTITION_INFO": (2, 123),
+                "MESSAGE_NODE_REGISTRATION_STATUS": (2, 220),
+            },
+        ),
+        (
+            "26.05",
+            {
+                "REQUEST_NODE_INFO": (3, 452),
+                "REQUEST_PARTITION_INFO": (3, 129),
+                "REQUEST_JOB_INFO": (3, 83),
+                "MESSAGE_NODE_REGISTRATION_STATUS": (2, 165),
+            },
+        ),
+    ],
+)
+def test_sdiag_rpc_counts_by_type_read_alike_on_each_release(
+    release: str, expected: dict[str, tuple[int, int]]
+) -> None:
+    """slurmctld's own count of RPCs by type (its /metrics on 25.11+ has none), without the per-user block."""
+    assert parse.parse_rpc_stats(read(f"sdiag_{release}.txt")) == expected
+    runner = FakeRunner("26.05.5").answer("sdiag", stdout=read(f"sdiag_{release}.txt"))
+    assert SlurmClient(runner).rpc_stats() == expected
+
+
+def test_sdiag_without_the_rpc_block_reads_as_no_counts() -> None:
+    assert parse.parse_rpc_stats("Server thread count:  1\n\nRemote Procedure Call statistics by user\n") == {}

@@ -9,13 +9,15 @@ safe points all read this stream; none keeps a progress record of its own. Sourc
   (a per-epoch step counter starting again, an evaluation loop), and counted: were it not, a job whose
   counter restarts every epoch would look hung for a whole epoch;
 - `hpresilience.torch.heartbeat` lines, `[hpr-heartbeat] rank=R node=N pid=P step=S steps=K step_s=F
-  work_s=F stack_signal=SIG ckpt_s=F restore_s=F` (the last two: the process's time blocked on checkpoints
-  so far, for the goodput ledger; a line with them may lack `step=`), removed from the user's output by
-  `OutputFilter` (their wire format is
-  defined in torch/heartbeat.py, which the wrapper must not import: a test holds the two equal).
+  work_s=F stack_signal=SIG ckpt_s=F restore_s=F loss=F gnorm=F` (ckpt_s, restore_s: the process's time
+  blocked on checkpoints so far, for the goodput ledger; a line with them may lack `step=`; loss, gnorm and the
+  replica check's `replica=... bad_rank=R bad_node=N`: kept in `checks` for watch/integrity.py), removed from
+  the user's output by `OutputFilter` (their wire format is defined in torch/heartbeat.py, which the wrapper
+  must not import: a test holds the two equal).
 
 Hostile lines cost bounded work: lines are capped before they get here, every number is bounded, and a
-malformed heartbeat is skipped. A user line that forges a heartbeat can only tell its own job it progressed.
+malformed heartbeat is skipped. A user line that forges a heartbeat can only tell its own job it progressed,
+or stop or roll back its own job (integrity.py marks only a node of the step the line came from).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ attribution and stragglers:
     for step in ...:
         with heartbeat.working():   # optional: the rank's own compute, not the time it waits for others
             ...forward/backward...
-        heartbeat.beat(step)
+        heartbeat.beat(step)        # or beat(step, loss=..., grad_norm=...): the NaN / spike watch
 
 Outside the wrapper (no HPR_AUTORESUME_JOB in the environment) every call is a no-op. Under it, a beat
 is one short line on the process's stderr, `[hpr-heartbeat] k=v ...`, written at most once per

@@ -95,9 +95,13 @@ def tensor_digest(tensors: Iterable[Any]) -> str:
     sums = []
     for t in tensors:
         flat = t.detach().reshape(-1).contiguous().view(torch.uint8)
-        n = flat.numel()
-        word = torch.int64 if n % 8 == 0 else torch.int32 if n % 4 == 0 else torch.int16 if n % 2 == 0 else torch.uint8
-        sums.append(flat.view(word).sum(dtype=torch.int64).reshape(1))
+        cut = flat.numel() - flat.numel() % 8  # int64 words (fast); the last 0-7 bytes summed on their own
+        try:
+            head = flat[:cut].view(torch.int64)
+        except RuntimeError:  # a view into a flat buffer at an offset that is no multiple of 8: copy it
+            head = flat[:cut].clone().view(torch.int64)
+        sums.append(head.sum(dtype=torch.int64).reshape(1))
+        sums.append(flat[cut:].sum(dtype=torch.int64).reshape(1))
     if not sums:
         return "empty"
     return hashlib.blake2b(torch.cat([s.to("cpu") for s in sums]).numpy().tobytes(), digest_size=16).hexdigest()

@@ -71,3 +71,9 @@ def test_after_a_rollback_load_takes_the_newest_step_at_or_below_the_bound(
     monkeypatch.delenv("HPR_RESTORE_MAX_STEP")
     assert ck.load(state_for(0, 0)) == 30
     ck.close()
+
+
+def test_a_tensor_that_is_a_view_at_an_odd_offset_is_digested_like_its_copy() -> None:
+    buf = torch.randn(101)
+    view = buf[1:]  # a parameter living in a flat buffer, 4 bytes past a word boundary
+    assert tensor_digest([view]) == tensor_digest([view.clone()])

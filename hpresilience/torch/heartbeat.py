@@ -199,29 +199,43 @@ class Heartbeat:
         now = self._clock()
         bad = any(v is not None and not math.isfinite(v) for v in (loss, grad_norm))
         with self._lock:
-            if step == self._last_step and work_s is None and loss is None:
-                return  # the same step again (a checkpoint save after the loop's own beat): not progress
-            self._last_step = step
             if loss is not None or grad_norm is not None:
                 self._loss = (loss, grad_norm)
-            if not self._installed:
-                self._install_stacks()
-            if work_s is not None and work_s >= 0:
-                self._work_s += work_s
-                self._work_open += 1
-            if self._last_beat is None:  # the first step's time is unknown: its work is not counted either
-                self._work_s, self._work_open = 0.0, 0
+            if step == self._last_step and work_s is None:
+                # The same step again (a checkpoint save after the loop's own beat): not progress. A
+                # non-finite loss given with it is still said at once.
+                if not bad:
+                    return
+                line = self._line(int(step))
+                self._last_write = now
             else:
-                self._step_s += max(0.0, now - self._last_beat)
-                self._steps += 1
-            self._last_beat = now
-            if now - self._last_write < self.every_s and not bad:
-                return
-            line = self._line(int(step))
-            self._last_write = now
-            self._blocked_unsaid = False
-            self._steps, self._step_s, self._work_s, self._work_open = 0, 0.0, 0.0, 0
+                due = self._progress(step, work_s, now, bad)
+                if due is None:
+                    return
+                line = due
         self._write(line)
+
+    def _progress(self, step: int, work_s: float | None, now: float, bad: bool) -> str | None:
+        """A new step (under the lock): fold it into the window; the line to write now, if one is due."""
+        self._last_step = step
+        if not self._installed:
+            self._install_stacks()
+        if work_s is not None and work_s >= 0:
+            self._work_s += work_s
+            self._work_open += 1
+        if self._last_beat is None:  # the first step's time is unknown: its work is not counted either
+            self._work_s, self._work_open = 0.0, 0
+        else:
+            self._step_s += max(0.0, now - self._last_beat)
+            self._steps += 1
+        self._last_beat = now
+        if now - self._last_write < self.every_s and not bad:
+            return None
+        line = self._line(int(step))
+        self._last_write = now
+        self._blocked_unsaid = False
+        self._steps, self._step_s, self._work_s, self._work_open = 0, 0.0, 0.0, 0
+        return line
 
     def report(self, step: int, **fields: str | int) -> None:
         """A line of its own at once, outside the rate (the replica check's verdict, torch/integrity.py)."""

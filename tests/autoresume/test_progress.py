@@ -107,11 +107,13 @@ def test_a_non_finite_loss_and_a_replica_verdict_are_written_at_once_and_reach_t
     hb.beat(2, loss=2.4)  # within the period: folded
     clock.t += 1
     hb.beat(3, loss=float("nan"), grad_norm=float("inf"))  # within the period, but non-finite: written now
+    hb.beat(3)  # the same step again (a save): nothing
+    hb.beat(3, loss=float("nan"))  # the same step with a non-finite loss: said again at once
     hb.report(4, replica="bad", bad_rank=3, bad_node="n2 forged=1")
     os.close(w)
     with open(r) as f:
         lines = f.read().splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     s = ProgressStream(clock)
     s.reset(["n1"])
     s.feed_lines(["0: " + ln for ln in lines])
@@ -119,6 +121,7 @@ def test_a_non_finite_loss_and_a_replica_verdict_are_written_at_once_and_reach_t
     assert got == [
         (1, {"loss": "2.5", "gnorm": "1"}),
         (3, {"loss": "nan", "gnorm": "inf"}),
+        (3, {"loss": "nan"}),
         (4, {"replica": "bad", "bad_rank": "3", "bad_node": "n2"}),
     ]
 

@@ -162,6 +162,12 @@ def test_with_loss_policy_stop_a_nan_in_an_output_line_ends_the_job_with_a_one_l
     assert "\n" not in v.why
 
 
+def test_a_loss_that_is_no_number_is_ignored(tmp_path: Path) -> None:
+    watch, progress, _ = _watch(tmp_path)
+    _beat(progress, 3, "loss=abc gnorm=0x1p3 replica=maybe")
+    assert watch.poll(1.0, Step()) is None
+
+
 def test_loss_policy_off_ignores_a_nan(tmp_path: Path) -> None:
     watch, progress, _ = _watch(tmp_path, loss_policy="off")
     _beat(progress, 3, "loss=nan gnorm=inf")

@@ -30,6 +30,8 @@ def test_sdc_a_flipped_bit_is_named_its_node_marked_and_the_job_ends_with_the_fa
     assert [e["node"] for e in named] == [victim, victim] and all(e["step"] == 30 for e in named)
     assert named[0]["restore_max_step"] == 20 and CHECK_EVERY * 2 < FLIP_STEP < 30
     assert "Action:Replace" in slurm.node(victim).reason and "rank 3" in slurm.node(victim).reason
+    reference = next(j for j in sc.jobs if j.name == "sdc-reference")  # a healthy run triggers neither check
+    assert not any(reference.events(e) for e in ("replica_disagreement", "integrity_rollback", "integrity_stop"))
     relaunched = job.events("attempt_started")
     assert len(relaunched) == 3 and victim not in relaunched[-1]["nodes"].split(",")
 

@@ -4,7 +4,9 @@ honouring that bound."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -77,3 +79,42 @@ def test_a_tensor_that_is_a_view_at_an_odd_offset_is_digested_like_its_copy() ->
     buf = torch.randn(101)
     view = buf[1:]  # a parameter living in a flat buffer, 4 bytes past a word boundary
     assert tensor_digest([view]) == tensor_digest([view.clone()])
+
+
+def _replica_rank(rank: int, world: int, port: int, out: Any) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hpresilience.torch import ReplicaCheck
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMD_NODENAME=f"n{rank // 2 + 1}")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    check = ReplicaCheck(model, opt, ReplicaCheckConfig(every=2))
+    verdicts = []
+    for step in range(1, 5):
+        opt.zero_grad()
+        model(torch.ones(3, 4) * (rank + step)).sum().backward()
+        opt.step()
+        if step == 3 and rank == 2:
+            with torch.no_grad():
+                model.module.bias.view(torch.int32)[1] ^= 1 << 30
+        v = check.maybe(step)
+        verdicts.append(None if v is None else (v.step, v.bad, v.undecided))
+    out.put((rank, verdicts))
+    dist.destroy_process_group()
+
+
+def test_three_ranks_name_the_one_whose_weights_flipped_at_the_next_check_with_its_node() -> None:
+    import torch.multiprocessing as mp
+
+    from tests.torch._workers import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.spawn(_replica_rank, args=(3, free_port(), out), nprocs=3, join=True)
+    got = dict(out.get(timeout=30) for _ in range(3))
+    # Every rank reaches the same verdict: all agree at step 2, rank 2 (node n2) differs at step 4.
+    assert all(v == [None, (2, [], []), None, (4, [(2, "n2")], [])] for v in got.values()), got

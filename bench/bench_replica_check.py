@@ -92,7 +92,7 @@ def main() -> int:
     args = p.parse_args()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.spawn(_worker, args=(2, _free_port(), args, out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), args, out), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
     n, step_s, check_s = out.get()
     ratio = check_s / (args.every * step_s)
     print(f"state: {n / 1e6:.2f} M parameters + momentum, 2 gloo ranks (DDP, CPU)")

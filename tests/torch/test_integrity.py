@@ -114,7 +114,7 @@ def test_three_ranks_name_the_one_whose_weights_flipped_at_the_next_check_with_i
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.spawn(_replica_rank, args=(3, free_port(), out), nprocs=3, join=True)
+    mp.spawn(_replica_rank, args=(3, free_port(), out), nprocs=3, join=True)  # type: ignore[attr-defined,no-untyped-call]
     got = dict(out.get(timeout=30) for _ in range(3))
     # Every rank reaches the same verdict: all agree at step 2, rank 2 (node n2) differs at step 4.
     assert all(v == [None, (2, [], []), None, (4, [(2, "n2")], [])] for v in got.values()), got

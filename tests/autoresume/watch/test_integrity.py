@@ -126,6 +126,15 @@ def test_a_replica_named_once_relaunches_from_the_last_passed_check_and_twice_ma
     assert "rank 3 on n2" in reason and "evidence=" in reason
 
 
+def test_two_replicas_that_differ_roll_back_without_naming_or_marking_a_node(tmp_path: Path) -> None:
+    watch, progress, client = _watch(tmp_path, replica_mark_after=1)
+    _beat(progress, 10, "replica=ok")
+    _beat(progress, 20, "replica=undecided bad_rank=0 bad_node=n1")
+    v = watch.poll(1.0, Step())
+    assert v is not None and v.act is Act.STOP_NOW and v.nodes == () and client.calls == []
+    assert watch.named == {"n1": 0} and watch.step_env() == {"HPR_RESTORE_MAX_STEP": "10"}
+
+
 def test_a_replica_report_naming_a_node_outside_the_step_is_ignored(tmp_path: Path) -> None:
     watch, progress, client = _watch(tmp_path, replica_mark_after=1)
     _beat(progress, 20, "replica=bad bad_rank=3 bad_node=login1")

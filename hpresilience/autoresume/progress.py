@@ -9,13 +9,15 @@ safe points all read this stream; none keeps a progress record of its own. Sourc
   (a per-epoch step counter starting again, an evaluation loop), and counted: were it not, a job whose
   counter restarts every epoch would look hung for a whole epoch;
 - `hpresilience.torch.heartbeat` lines, `[hpr-heartbeat] rank=R node=N pid=P step=S steps=K step_s=F
-  work_s=F stack_signal=SIG ckpt_s=F restore_s=F` (the last two: the process's time blocked on checkpoints
-  so far, for the goodput ledger; a line with them may lack `step=`), removed from the user's output by
-  `OutputFilter` (their wire format is
-  defined in torch/heartbeat.py, which the wrapper must not import: a test holds the two equal).
+  work_s=F stack_signal=SIG ckpt_s=F restore_s=F loss=F gnorm=F` (ckpt_s, restore_s: the process's time
+  blocked on checkpoints so far, for the goodput ledger; a line with them may lack `step=`; loss, gnorm and the
+  replica check's `replica=... bad_rank=R bad_node=N`: kept in `checks` for watch/integrity.py), removed from
+  the user's output by `OutputFilter` (their wire format is defined in torch/heartbeat.py, which the wrapper
+  must not import: a test holds the two equal).
 
 Hostile lines cost bounded work: lines are capped before they get here, every number is bounded, and a
-malformed heartbeat is skipped. A user line that forges a heartbeat can only tell its own job it progressed.
+malformed heartbeat is skipped. A user line that forges a heartbeat can only tell its own job it progressed,
+or stop or roll back its own job (integrity.py marks only a node of the step the line came from).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hpresilience.autoresume.watch.collective import Signature, match_signature
+from hpresilience.autoresume.watch.losses import CHECK_KEYS, LossSample, loss_in_line
 
 HEARTBEAT_PREFIX = "[hpr-heartbeat]"
 _HB_BYTES = HEARTBEAT_PREFIX.encode()
@@ -63,13 +66,14 @@ class Beat:
     stack_signal: int = 0
     ckpt_s: float | None = None  # the process's time blocked saving / restoring checkpoints so far
     restore_s: float | None = None
+    checks: tuple[tuple[str, str], ...] = ()  # loss, grad norm, replica check fields (watch/integrity.py reads)
 
 
 def parse_heartbeat(body: str) -> Beat | None:
     """A heartbeat line's fields (label already removed), or None when it is not a valid one."""
     if not body.startswith(HEARTBEAT_PREFIX):
         return None
-    kv = dict(_KV.findall(body[len(HEARTBEAT_PREFIX) : 200]))
+    kv = dict(_KV.findall(body[len(HEARTBEAT_PREFIX) : 320]))
     try:
         ckpt_s, restore_s = _seconds(kv.get("ckpt_s"), 10**7), _seconds(kv.get("restore_s"), 10**7)
         # A line without a step only reports time blocked on checkpoints (a restore before the first step).
@@ -82,7 +86,8 @@ def parse_heartbeat(body: str) -> Beat | None:
         return None
     if not all(0 <= v < MAX_VALUE for v in (rank, pid, steps)) or not -1 <= step < MAX_VALUE or not 0 <= sig < 128:
         return None
-    return Beat(rank, kv.get("node", "-")[:64], pid, step, steps, step_s, work_s, sig, ckpt_s, restore_s)
+    checks = tuple((k, kv[k]) for k in CHECK_KEYS if k in kv)
+    return Beat(rank, kv.get("node", "-")[:64], pid, step, steps, step_s, work_s, sig, ckpt_s, restore_s, checks)
 
 
 def _seconds(raw: str | None, most: float = 86400) -> float | None:
@@ -158,6 +163,7 @@ class ProgressStream:
         self._intervals: deque[float] = deque(maxlen=INTERVALS_KEPT)
         self.samples: deque[StepTime] = deque(maxlen=4096)
         self.listeners: list[Callable[[StepTime], None]] = []
+        self.checks: deque[LossSample] = deque(maxlen=4096)  # losses and replica verdicts, drained by their watch
 
     def reset(self, task_nodes: Sequence[str] = ()) -> None:
         """A new attempt: `task_nodes[i]` is the node of srun task i."""
@@ -165,6 +171,7 @@ class ProgressStream:
             self._a = _Attempt(self.clock(), tuple(task_nodes))
             self._intervals.clear()
             self.samples.clear()
+            self.checks.clear()
 
     # -- feeding ---------------------------------------------------------------------------------------
     def feed_lines(self, lines: Sequence[str], now: float | None = None) -> None:
@@ -200,6 +207,9 @@ class ProgressStream:
                 if body.startswith(_SLURM_OWN):
                     continue  # "slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED": Slurm's words, not progress
                 found = output_counter(body)
+                if "loss" in body and (loss := loss_in_line(body)) is not None:
+                    step = found[1] if found is not None and found[0] == "step" else -1
+                    self.checks.append(LossSample(t, f"task{task}", self.node_of_task(task) or "", step, (), loss))
                 if found is not None:
                     self._on_output(task, found[0], found[1], t)
                 elif len(self._a.signatures) < MAX_SIGNATURES:
@@ -243,6 +253,8 @@ class ProgressStream:
         a = self._a
         if beat.ckpt_s is not None or beat.restore_s is not None:
             a.blocked[beat.rank] = (beat.ckpt_s or 0.0, beat.restore_s or 0.0)
+        if beat.checks:
+            self.checks.append(LossSample(t, f"rank{beat.rank}", beat.node, beat.step, beat.checks))
         if beat.step < 0:
             return  # blocked time only: no progress
         info = a.ranks.get(beat.rank)

@@ -211,6 +211,21 @@ class AutoResumeSettings(Section):
     silent_node_s: float = Field(default=4.0, ge=0)
     # hpresilience.torch heartbeats write at most one line per rank this often (HPR_HEARTBEAT_EVERY_S).
     heartbeat_every_s: float = Field(default=5.0, ge=0)
+    # Wrong, not dead (docs/integrity.md). A node named this many times by hpresilience.torch's replica check
+    # (a data-parallel replica whose parameters disagree with the others') is marked Action:Replace; before
+    # that, the step is relaunched on the same nodes; either way from a checkpoint at or before the last check
+    # that passed.
+    replica_mark_after: int = Field(default=2, ge=1)
+    # A non-finite loss or grad norm, or a loss spike (robust z-score above loss_spike_z over the last
+    # loss_spike_window values of a rank, once loss_spike_min_samples came): `stop` ends the job with the
+    # reason; `rollback` relaunches from the newest checkpoint before the step, telling the ranks to skip the
+    # loss_skip_steps steps that end at it (HPR_SKIP_STEPS), at most loss_rollbacks times; `off` ignores both.
+    loss_policy: Literal["stop", "rollback", "off"] = "stop"
+    loss_spike_z: float = Field(default=10.0, gt=0)
+    loss_spike_window: int = Field(default=50, ge=3)
+    loss_spike_min_samples: int = Field(default=20, ge=3)
+    loss_skip_steps: int = Field(default=1, ge=1)
+    loss_rollbacks: int = Field(default=3, ge=0)
 
     @field_validator("shutdown_signal")
     @classmethod

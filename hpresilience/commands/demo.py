@@ -12,13 +12,20 @@ from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.commands.devcluster import settings_of
 from hpresilience.testing.demo import Story, Timeline, run_story
 from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.scenarios import SCENARIOS, Scenario, run_scenario
 
 
 @click.command()
 @click.option("--keep", is_flag=True, help="Leave the cluster and its daemons' logs afterwards.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Give up after this many seconds.")
+@click.option(
+    "--scenario",
+    type=click.Choice(sorted(SCENARIOS)),
+    default=None,
+    help="Run one fault scenario instead of the story; it ends with one line `scenario NAME: ok|FAILED ...`.",
+)
 @pass_ctx
-def demo(c: Ctx, keep: bool, timeout: float) -> None:
+def demo(c: Ctx, keep: bool, timeout: float, scenario: str | None) -> None:
     """Run the whole story on a local Slurm cluster and print its timeline."""
     dev = settings_of(c)
     state_dir = os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or dev.state_dir
@@ -36,8 +43,13 @@ def demo(c: Ctx, keep: bool, timeout: float) -> None:
     work = cl.state_dir / "demo"
     work.mkdir(parents=True, exist_ok=True)
     story = Story(cl, work, tl)
+    ok = True
     try:
-        run_story(story, tl, timeout)
+        if scenario is None:
+            run_story(story, tl, timeout)
+        else:
+            ok, line = run_scenario(scenario, Scenario(cl, work / scenario, tl.say, timeout))
+            click.echo(line)
     finally:
         story.stop()
         if keep:
@@ -45,3 +57,5 @@ def demo(c: Ctx, keep: bool, timeout: float) -> None:
         else:
             stopped = cl.down()
             tl.say(f"cleaned up: agents, controller and {stopped} Slurm processes stopped, {cl.state_dir} removed")
+    if not ok:
+        raise SystemExit(1)

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpresilience.torch import heartbeat
     from hpresilience.torch.checkpointer import TieredCheckpointer
+    from hpresilience.torch.integrity import ReplicaCheck, should_skip, skip_steps
     from hpresilience.torch.layout import ChecksumError, MemoryTier
     from hpresilience.torch.preemption import PreemptionWatcher, check_alive, install
     from hpresilience.torch.private import TierSecurityError
     from hpresilience.torch.reader import TierStorageReader
-    from hpresilience.torch.settings import CheckpointConfig, PreemptionConfig
+    from hpresilience.torch.settings import CheckpointConfig, PreemptionConfig, ReplicaCheckConfig
     from hpresilience.torch.staging import TornStateError
     from hpresilience.torch.storage import TierStorageWriter
 
@@ -41,6 +42,10 @@ _WHERE = {
     "TierStorageReader": "reader",
     "CheckpointConfig": "settings",
     "PreemptionConfig": "settings",
+    "ReplicaCheck": "integrity",
+    "ReplicaCheckConfig": "settings",
+    "should_skip": "integrity",
+    "skip_steps": "integrity",
     "TornStateError": "staging",
     "TierStorageWriter": "storage",
 }
@@ -67,6 +72,8 @@ __all__ = [
     "MemoryTier",
     "PreemptionConfig",
     "PreemptionWatcher",
+    "ReplicaCheck",
+    "ReplicaCheckConfig",
     "TierSecurityError",
     "TierStorageReader",
     "TierStorageWriter",
@@ -75,4 +82,6 @@ __all__ = [
     "check_alive",
     "heartbeat",
     "install",
+    "should_skip",
+    "skip_steps",
 ]

@@ -8,7 +8,7 @@ attribution and stragglers:
     for step in ...:
         with heartbeat.working():   # optional: the rank's own compute, not the time it waits for others
             ...forward/backward...
-        heartbeat.beat(step)
+        heartbeat.beat(step)        # or beat(step, loss=..., grad_norm=...): the NaN / spike watch
 
 Outside the wrapper (no HPR_AUTORESUME_JOB in the environment) every call is a no-op. Under it, a beat
 is one short line on the process's stderr, `[hpr-heartbeat] k=v ...`, written at most once per
@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import faulthandler
 import functools
+import math
 import os
 import signal
 import socket
@@ -90,6 +91,7 @@ class Heartbeat:
         self._blocked = {"checkpoint": 0.0, "restore": 0.0}  # seconds so far in this process
         self._blocked_unsaid = False
         self._atexit = False
+        self._loss: tuple[float | None, float | None] = (None, None)  # the last step's loss and grad norm
 
     # -- stacks ----------------------------------------------------------------------------------------
     def _install_stacks(self) -> None:
@@ -186,33 +188,61 @@ class Heartbeat:
             self._blocked_unsaid = False
         self._write(line)
 
-    def beat(self, step: int, work_s: float | None = None) -> None:
-        """This rank finished `step`. `work_s`: its own work in the step, if measured outside `working()`."""
+    def beat(
+        self, step: int, work_s: float | None = None, loss: float | None = None, grad_norm: float | None = None
+    ) -> None:
+        """This rank finished `step`. `work_s`: its own work in the step, if measured outside `working()`;
+        `loss`, `grad_norm`: the step's, for the wrapper's NaN and spike watch (a non-finite one is written
+        at once, whatever the rate: the wrapper must see the step it happened at)."""
         if not self.enabled:
             return
         now = self._clock()
+        bad = any(v is not None and not math.isfinite(v) for v in (loss, grad_norm))
         with self._lock:
+            if loss is not None or grad_norm is not None:
+                self._loss = (loss, grad_norm)
             if step == self._last_step and work_s is None:
-                return  # the same step again (a checkpoint save after the loop's own beat): not progress
-            self._last_step = step
-            if not self._installed:
-                self._install_stacks()
-            if work_s is not None and work_s >= 0:
-                self._work_s += work_s
-                self._work_open += 1
-            if self._last_beat is None:  # the first step's time is unknown: its work is not counted either
-                self._work_s, self._work_open = 0.0, 0
+                # The same step again (a checkpoint save after the loop's own beat): not progress. A
+                # non-finite loss given with it is still said at once.
+                if not bad:
+                    return
+                line = self._line(int(step))
+                self._last_write = now
             else:
-                self._step_s += max(0.0, now - self._last_beat)
-                self._steps += 1
-            self._last_beat = now
-            if now - self._last_write < self.every_s:
-                return
-            line = self._line(int(step))
-            self._last_write = now
-            self._blocked_unsaid = False
-            self._steps, self._step_s, self._work_s, self._work_open = 0, 0.0, 0.0, 0
+                due = self._progress(step, work_s, now, bad)
+                if due is None:
+                    return
+                line = due
         self._write(line)
+
+    def _progress(self, step: int, work_s: float | None, now: float, bad: bool) -> str | None:
+        """A new step (under the lock): fold it into the window; the line to write now, if one is due."""
+        self._last_step = step
+        if not self._installed:
+            self._install_stacks()
+        if work_s is not None and work_s >= 0:
+            self._work_s += work_s
+            self._work_open += 1
+        if self._last_beat is None:  # the first step's time is unknown: its work is not counted either
+            self._work_s, self._work_open = 0.0, 0
+        else:
+            self._step_s += max(0.0, now - self._last_beat)
+            self._steps += 1
+        self._last_beat = now
+        if now - self._last_write < self.every_s and not bad:
+            return None
+        line = self._line(int(step))
+        self._last_write = now
+        self._blocked_unsaid = False
+        self._steps, self._step_s, self._work_s, self._work_open = 0, 0.0, 0.0, 0
+        return line
+
+    def report(self, step: int, **fields: str | int) -> None:
+        """A line of its own at once, outside the rate (the replica check's verdict, torch/integrity.py)."""
+        if not self.enabled:
+            return
+        extra = " ".join(f"{k}={str(v).split()[0][:64] if str(v).split() else '-'}" for k, v in fields.items())
+        self._write(f"{PREFIX} rank={self.rank} node={self.node or '-'} pid={os.getpid()} step={step} {extra}\n")
 
     def _write(self, line: str) -> None:
         try:
@@ -232,6 +262,8 @@ class Heartbeat:
                 fields.append(f"work_s={self._work_s / self._steps:.6f}")
         if self._stack_signal:
             fields.append(f"stack_signal={self._stack_signal}")
+        loss, gnorm = self._loss
+        fields += [f"{k}={v:.6g}" for k, v in (("loss", loss), ("gnorm", gnorm)) if v is not None]
         return f"{PREFIX} {' '.join(fields)}\n"
 
 
@@ -260,9 +292,9 @@ def default() -> Heartbeat:
         return _default
 
 
-def beat(step: int, work_s: float | None = None) -> None:
+def beat(step: int, work_s: float | None = None, loss: float | None = None, grad_norm: float | None = None) -> None:
     """One call per training step (see the module doc); a no-op outside `srun --auto-resume=1`."""
-    default().beat(step, work_s)
+    default().beat(step, work_s, loss, grad_norm)
 
 
 def working() -> contextlib.AbstractContextManager[None]:

@@ -21,6 +21,7 @@ from hpresilience.fileio import atomic_write
 from hpresilience.log import get_logger
 from hpresilience.torch import elastic
 from hpresilience.torch.durable import DurableTier
+from hpresilience.torch.integrity import restore_max_step
 from hpresilience.torch.layout import (
     COMMIT,
     METADATA,
@@ -147,12 +148,19 @@ class Loader:
         s3_worlds = self._durable_worlds(sorted(s3_steps)[-3:], invs)
         committed = s3_steps.union(*(set(i["committed"]) for i in invs))
         resharded = {s for s in committed if saved_world(s, invs, s3_worlds, self.world) != self.world}
+        # After a rollback the wrapper names the newest step a restore may take (torch/integrity.py): newer
+        # ones may hold corrupt or diverged state. An explicit `step` is the caller's own choice.
+        limit = restore_max_step() if step is None else None
+        too_new = {s for s in committed if limit is not None and s > limit}
+        if too_new:
+            log.warning("checkpoint_steps_past_restore_bound", steps=sorted(too_new), bound=limit)
         if bad is None:
             bad = set()
             self.last_skipped = []
         bad_steps = set() if bad_steps is None else bad_steps
+        bad_steps |= too_new
         while True:
-            same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded)
+            same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded | too_new)
             other = choose_elastic(invs, s3_steps, s3_worlds, bad_steps, self.world, step)
             if same is None and other is None:
                 level = log.warning if committed else log.info

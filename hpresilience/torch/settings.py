@@ -154,3 +154,25 @@ class PreemptionConfig(Section):
                 raise ValueError(f"unknown signal {name!r}")
             out.append(full)
         return tuple(out)
+
+
+class ReplicaCheckConfig(Section):
+    """The replica check of torch/integrity.py: how often, and which ranks are replicas of each other."""
+
+    # Compare the replicas' state every this many steps (a hash per rank, gathered: docs/integrity.md has the cost).
+    every: int = Field(default=100, ge=1)
+    # Ranks that hold the same parameters, one list per replica group (HSDP: the ranks of one shard across the
+    # replicas). None: every rank is a replica of every other (plain data parallel, DDP).
+    groups: list[list[int]] | None = None
+    # Include the optimizer's state (momentum, Adam moments): a flip there corrupts the next updates too.
+    optimizer_state: bool = True
+
+    @field_validator("groups")
+    @classmethod
+    def _disjoint(cls, v: list[list[int]] | None) -> list[list[int]] | None:
+        if v is None:
+            return v
+        flat = [r for g in v for r in g]
+        if len(flat) != len(set(flat)) or any(r < 0 for r in flat):
+            raise ValueError("replica groups must be disjoint lists of ranks >= 0")
+        return v

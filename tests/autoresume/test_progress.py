@@ -96,6 +96,36 @@ def test_heartbeats_round_trip_from_the_training_side_and_give_work_time_samples
     assert s.ranks()[3].node == "n9" and s.samples[-1].seconds == pytest.approx(0.3)
 
 
+def test_a_non_finite_loss_and_a_replica_verdict_are_written_at_once_and_reach_the_stream() -> None:
+    r, w = os.pipe()
+    clock = Clock()
+    hb = Heartbeat(
+        {"HPR_AUTORESUME_JOB": "7", "RANK": "0", "SLURMD_NODENAME": "n1", "HPR_HEARTBEAT_EVERY_S": "60"}, w, clock
+    )
+    hb.beat(1, loss=2.5, grad_norm=1.0)  # the first beat is written
+    clock.t += 1
+    hb.beat(2, loss=2.4)  # within the period: folded
+    clock.t += 1
+    hb.beat(3, loss=float("nan"), grad_norm=float("inf"))  # within the period, but non-finite: written now
+    hb.beat(3)  # the same step again (a save): nothing
+    hb.beat(3, loss=float("nan"))  # the same step with a non-finite loss: said again at once
+    hb.report(4, replica="bad", bad_rank=3, bad_node="n2 forged=1")
+    os.close(w)
+    with open(r) as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 4
+    s = ProgressStream(clock)
+    s.reset(["n1"])
+    s.feed_lines(["0: " + ln for ln in lines])
+    got = [(c.step, dict(c.fields)) for c in s.checks]
+    assert got == [
+        (1, {"loss": "2.5", "gnorm": "1"}),
+        (3, {"loss": "nan", "gnorm": "inf"}),
+        (3, {"loss": "nan"}),
+        (4, {"replica": "bad", "bad_rank": "3", "bad_node": "n2"}),
+    ]
+
+
 def test_the_heartbeat_is_silent_outside_the_wrapper() -> None:
     r, w = os.pipe()
     hb = Heartbeat({"RANK": "0"}, fd=w)

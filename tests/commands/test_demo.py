@@ -50,3 +50,20 @@ def test_demo_runs_the_whole_story_and_leaves_nothing_behind(tmp_path: Path) -> 
         assert re.search(re.escape(label) + r"\s+\d+\.\d+ s", out), label
     assert not state.exists()
     assert DevCluster(state).processes() == []
+
+
+def test_demo_scenario_nan_ends_with_its_one_line_and_exit_code_zero(tmp_path: Path) -> None:
+    require_slurm()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"devcluster: {{base_port: {TEST_BASE_PORT + 450}}}\n")
+    env = {**os.environ, "HPRESILIENCE_DEVCLUSTER_DIR": str(tmp_path / "cluster")}
+    res = subprocess.run(
+        [sys.executable, "-m", "hpresilience", "--config", str(cfg), "demo", "--scenario", "nan"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "scenario nan: ok rolled_back_to=20 skipped=22-23 completed=yes" in res.stdout.splitlines()
+    assert not (tmp_path / "cluster").exists()

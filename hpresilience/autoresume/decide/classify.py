@@ -26,6 +26,8 @@ class Cause(str, Enum):
     COLLECTIVE = "collective"  # a collective timeout/abort with every node healthy
     SLOW = "slow"
     APPLICATION = "application"
+    INTEGRITY = "integrity"  # the integrity watch (replica check, NaN, loss spike) asks for a rollback
+    DIVERGED = "diverged"  # the integrity watch's policy is stop (or its rollbacks are spent): the job ends
     NONE = "none"  # the step succeeded
 
 

@@ -23,6 +23,7 @@ from hpresilience.autoresume.watch.collective import CollectiveBudget
 from hpresilience.autoresume.watch.feed import RuleFeed
 from hpresilience.autoresume.watch.flightrec import read_dumps, wavefront
 from hpresilience.autoresume.watch.hang import Attribution
+from hpresilience.autoresume.watch.integrity import ROLLBACK_RULE, STOP_RULE
 from hpresilience.autoresume.watch.nodewatch import node_is_bad
 from hpresilience.autoresume.watch.rules import LogState
 from hpresilience.errors import HPResilienceError
@@ -34,6 +35,8 @@ from hpresilience.slurm.steps import nodes_answering
 # A step that ended by a signal may have lost a node that Slurm still calls healthy (slurmd dead, nobody
 # marked it; Slurm notices after SlurmdTimeout, 300 s by default): every node must answer within this.
 LIVENESS_PROBE_S = 3.0
+# The integrity watch's trips (watch/integrity.py): a rollback is relaunched, a stop ends the job.
+INTEGRITY_CAUSES = {ROLLBACK_RULE: Cause.INTEGRITY, STOP_RULE: Cause.DIVERGED}
 
 
 class Ending:
@@ -86,7 +89,8 @@ class Ending:
             by_name, allocation = {}, tuple(plan)
         fired = None
         if trip is not None:
-            fired = (Cause.SLOW if trip.state is LogState.SLOW else Cause.HANG, f"{trip.name}: {trip.detail}")
+            cause = INTEGRITY_CAUSES.get(trip.rule, Cause.SLOW if trip.state is LogState.SLOW else Cause.HANG)
+            fired = (cause, f"{trip.name}: {trip.detail}")
         elif hang is not None:
             fired = (Cause.HANG, "; ".join(s.why for s in hang.suspects)[:500] or "no rank or node stood out")
         diagnosis = classify(exit_code, plan, by_name, allocation, self.feed.srun_errors, fired, result.blamed)

@@ -33,6 +33,7 @@ class FailureKind(enum.Enum):
     APPLICATION_ERROR = "application_error"  # the step failed and no fault outside the program was found
     RULE_TRIPPED = "rule_tripped"  # a log rule reported HANGING, SLOW or FAULTED
     NODE_FAULT = "node_fault"  # a node failed, drained, or was marked for repair
+    DIVERGED = "diverged"  # the training state is wrong and the user's loss_policy says stop: never retried
 
 
 class PolicyChoice(enum.Enum):
@@ -88,6 +89,8 @@ class RestartPolicy:
         """What to do about a failed attempt; the decision is recorded in the counters."""
         now = self._clock() if now is None else now
         self._prune(now)
+        if kind is FailureKind.DIVERGED:
+            return self._decision(PolicyChoice.GIVE_UP, "training_diverged", "loss_policy stops a diverged job")
         if exit_code is not None and exit_code in self.settings.no_retry_exit_codes:
             return self._decision(
                 PolicyChoice.GIVE_UP, "no_retry_exit_code", f"exit code {exit_code} is in noRetryExitCodes"

@@ -38,6 +38,8 @@ KIND_OF: dict[Cause, FailureKind] = {
     Cause.SLOW: FailureKind.RULE_TRIPPED,
     Cause.COLLECTIVE: FailureKind.RULE_TRIPPED,
     Cause.APPLICATION: FailureKind.APPLICATION_ERROR,
+    Cause.INTEGRITY: FailureKind.RULE_TRIPPED,
+    Cause.DIVERGED: FailureKind.DIVERGED,
 }
 
 # The restart policy's action for a fault.

@@ -24,7 +24,7 @@ from hpresilience.autoresume.launch.stream import Pump
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.watch.base import Act, AttemptResult, Detector, StopRequest, Verdict
+from hpresilience.autoresume.watch.base import Act, AttemptResult, Detector, StepEnvSource, StopRequest, Verdict
 from hpresilience.autoresume.watch.feed import RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
@@ -93,6 +93,9 @@ class StepRunner:
         self.notice_file = f"{base}/hpr-{os.getuid()}-{secrets.token_hex(8)}/notice"
         self.noticed = False
         env["HPR_NOTICE_FILE"] = self.notice_file
+        for d in self.detectors:
+            if isinstance(d, StepEnvSource):
+                env.update(d.step_env())
         if self.opts.pre_train_script:
             rc = self.ops.script(
                 "pre_train", self.opts.pre_train_script, list(launch.nodes), env, self.stdout, self.stderr

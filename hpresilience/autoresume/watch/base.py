@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from hpresilience.autoresume.watch.hang import Attribution
 from hpresilience.autoresume.watch.rules import RuleTripped
@@ -80,6 +80,14 @@ class Detector(Protocol):
 
     def wait_s(self, now: float) -> float | None:
         """How soon this detector wants the next poll (the runner polls at least every 0.1 s); None: no wish."""
+
+
+@runtime_checkable
+class StepEnvSource(Protocol):
+    """A detector that tells the next attempt's ranks something through their environment (integrity.py: the
+    newest step they may restore, the steps to skip); the runner asks it before each launch."""
+
+    def step_env(self) -> dict[str, str]: ...
 
 
 class StopRequest:

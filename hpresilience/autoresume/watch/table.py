@@ -15,6 +15,7 @@ first verdict that acts on the step wins (a log rule before a hang, a node fault
 | silence    | a node silent while others print, probed (silencewatch.py) | stop now (node not answering)    |
 | nodes      | the job's notices and the step's nodes (nodefaults.py)     | stop now (fault), move (drained) |
 | growback   | nodes back in service for a short step (growback.py)       | move (to the full size)          |
+| integrity  | replica disagreement, NaN / loss spike (integrity.py)      | stop now (roll back, mark, stop) |
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ _ROWS: tuple[tuple[str, str], ...] = (
     ("silence", "hpresilience.autoresume.watch.silencewatch:detector"),
     ("nodes", "hpresilience.autoresume.watch.nodefaults:detector"),
     ("growback", "hpresilience.autoresume.watch.growback:detector"),
+    ("integrity", "hpresilience.autoresume.watch.integrity:detector"),
 )
 
 

@@ -1,0 +1,194 @@
+"""The integrity watch: training that runs but is wrong (docs/integrity.md).
+
+Two kinds of report reach it through the progress stream (losses.py has the values and the arithmetic):
+- hpresilience.torch's replica check (torch/integrity.py): every N steps the data-parallel replicas compare a
+  hash of their parameters and optimizer state; rank 0 reports `replica=ok` or `replica=bad bad_rank=R
+  bad_node=N`. A disagreement stops the step at once (every update since the last check that passed may carry
+  the bad rank's gradients); the next attempt restores the newest checkpoint at or before that check
+  (HPR_RESTORE_MAX_STEP). A node named `replica_mark_after` times is marked Action:Replace with the evidence and
+  swapped out (a HARDWARE verdict); before that the step goes again on the same nodes.
+- the loss (and grad norm) of each step, from the heartbeat, else from the output lines that print one. A
+  non-finite value, or a spike (a robust z-score above loss_spike_z over the source's window), triggers the
+  user's loss_policy: `stop` ends the job with a one-line reason on the job's stderr; `rollback` relaunches from
+  the newest checkpoint before the step and tells the ranks to skip the steps that produced it (HPR_SKIP_STEPS,
+  read by torch/integrity.skip_steps), at most loss_rollbacks times, then stops.
+
+The restore bound holds until a later attempt passes the highest step the failed one reached (by then the
+checkpoints it may have tainted are saved again). A report names only a node of the step it came from: a
+line forged in the job's own output can stop its own job, not mark a node it does not run on.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from hpresilience.autoresume.progress import ProgressStream
+from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.settings import AutoResumeSettings
+from hpresilience.autoresume.watch.base import Act, StepView, Verdict
+from hpresilience.autoresume.watch.losses import LossSample, SpikeWatch, ranges_text
+from hpresilience.autoresume.watch.rules import LogState, RuleTripped
+from hpresilience.autoresume.watch.table import WatchContext
+from hpresilience.errors import HPResilienceError
+from hpresilience.slurm.client import SlurmClient
+
+ROLLBACK_RULE = "integrity_rollback"
+STOP_RULE = "integrity_stop"
+
+
+class Integrity:
+    name = "integrity"
+
+    def __init__(
+        self, settings: AutoResumeSettings, progress: ProgressStream, reporter: Reporter, client: SlurmClient, job: int
+    ) -> None:
+        self.w = settings
+        self.progress = progress
+        self.reporter = reporter
+        self.client = client
+        self.job_id = job
+        self.named: dict[str, int] = {}  # node -> times the replica check named it (the job's life)
+        self.last_ok: int | None = None  # the newest step the replica check passed at
+        self.restore_max: int | None = None  # HPR_RESTORE_MAX_STEP for the next attempts, until tainted_to passed
+        self.tainted_to = -1
+        self.skips: list[tuple[int, int]] = []
+        self.rollbacks = 0
+        self.spikes: dict[str, SpikeWatch] = {}
+        self.beat_losses = False
+
+    def start(self, step: StepView) -> None:
+        self.spikes, self.beat_losses = {}, False
+
+    def wait_s(self, now: float) -> float | None:
+        return None
+
+    def step_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.restore_max is not None:
+            env["HPR_RESTORE_MAX_STEP"] = str(self.restore_max)
+        if self.skips:
+            env["HPR_SKIP_STEPS"] = ranges_text(self.skips)
+        return env
+
+    def poll(self, now: float, step: StepView) -> Verdict | None:
+        with self.progress.lock:
+            items = list(self.progress.checks)
+            self.progress.checks.clear()
+        seen = self.progress.steps_seen()
+        if self.restore_max is not None and seen is not None and seen[1] > self.tainted_to:
+            self.reporter.decision("restore_bound_lifted", restore_max_step=self.restore_max, passed=seen[1])
+            self.restore_max = None
+        for s in items:
+            verdict = self._judge(s, now, step)
+            if verdict is not None:
+                return verdict
+        return None
+
+    def _judge(self, s: LossSample, now: float, step: StepView) -> Verdict | None:
+        replica = s.value("replica")
+        if replica == "ok":
+            self.last_ok = s.step
+        elif replica in ("bad", "undecided"):
+            return self._disagreement(s, now, step)
+        if self.w.loss_policy == "off":
+            return None
+        if s.source.startswith("rank"):
+            self.beat_losses = True
+            values = [("loss", s.number("loss")), ("grad norm", s.number("gnorm"))]
+        elif self.beat_losses:
+            return None  # heartbeats carry the loss: output lines would count it twice
+        else:
+            values = [("loss", s.loss)]
+        for what, v in values:
+            if v is None:
+                continue
+            if not math.isfinite(v):
+                return self._diverged(s, f"{what} is {v}", now)
+            if what == "loss":
+                watch = self.spikes.setdefault(
+                    s.source, SpikeWatch(self.w.loss_spike_window, self.w.loss_spike_z, self.w.loss_spike_min_samples)
+                )
+                z = watch.add(v)
+                if z is not None:
+                    return self._diverged(
+                        s, f"loss spike {v:g} (robust z-score {z:.1f} > {self.w.loss_spike_z:g})", now
+                    )
+        return None
+
+    def _highest_step(self, s: LossSample) -> int:
+        seen = self.progress.steps_seen()
+        return max(s.step, seen[1] if seen is not None else -1)
+
+    def _disagreement(self, s: LossSample, now: float, step: StepView) -> Verdict | None:
+        node, rank = s.value("bad_node") or "", s.value("bad_rank") or "?"
+        if node not in step.nodes:
+            self.reporter.decision("replica_report_ignored", node=node or None, rank=rank, why="not a node of the step")
+            return None
+        # Two replicas that differ (no majority) tell that one is wrong, not which: roll back, name no node.
+        decided = s.value("replica") == "bad"
+        count = self.named[node] = self.named.get(node, 0) + decided
+        self.restore_max = self.last_ok if self.last_ok is not None and self.last_ok < s.step else 0
+        self.tainted_to = self._highest_step(s)
+        why = (
+            f"replica disagreement at step {s.step}: rank {rank} on {node} differs from its replicas "
+            f"(named {count} of {self.w.replica_mark_after} times; last check passed at step {self.last_ok})"
+        )
+        self.reporter.decision(
+            "replica_disagreement",
+            rank=rank,
+            node=node,
+            step=s.step,
+            named=count,
+            mark_after=self.w.replica_mark_after,
+            last_ok_step=self.last_ok,
+            restore_max_step=self.restore_max,
+        )
+        trip = RuleTripped(ROLLBACK_RULE, LogState.FAULTED, why, now)
+        if decided and count >= self.w.replica_mark_after and self._mark(node, why):
+            return Verdict(self.name, Act.STOP_NOW, why, nodes=(node,), trip=trip)
+        return Verdict(self.name, Act.STOP_NOW, why, trip=trip)
+
+    def _mark(self, node: str, why: str) -> bool:
+        evidence = str(self.reporter.store.events_path)  # the replica_disagreement events, one per naming
+        reason = f"Action:Replace [hpr-autoresume job {self.job_id}] {why} evidence={evidence}"
+        reason = reason.replace('"', "'")[:400]
+        try:
+            self.client.set_node_state([node], "fail", reason)
+        except HPResilienceError as err:
+            self.reporter.decision("sdc_mark_failed", node=node, error=str(err)[:300])
+            return False
+        self.reporter.decision("sdc_node_marked", node=node, action="replace", reason=reason)
+        return True
+
+    def _diverged(self, s: LossSample, what: str, now: float) -> Verdict:
+        at = s.step if s.step >= 0 else self._highest_step(s)
+        why = f"{what} at step {at} ({s.source} on {s.node or 'an unknown node'})"
+        if self.w.loss_policy == "rollback" and self.rollbacks < self.w.loss_rollbacks:
+            self.rollbacks += 1
+            first = max(0, at - self.w.loss_skip_steps + 1)
+            self.skips.append((first, at))
+            self.restore_max = min(at - 1, self.restore_max if self.restore_max is not None else at - 1)
+            self.tainted_to = self._highest_step(s)
+            self.reporter.decision(
+                "integrity_rollback",
+                why=why,
+                restore_max_step=self.restore_max,
+                skip=f"{first}-{at}",
+                rollbacks=self.rollbacks,
+                budget=self.w.loss_rollbacks,
+            )
+            return Verdict(self.name, Act.STOP_NOW, why, trip=RuleTripped(ROLLBACK_RULE, LogState.FAULTED, why, now))
+        spent = self.w.loss_policy == "rollback"
+        line = f"training stopped: {why}" + (f"; {self.rollbacks} rollbacks spent" if spent else "; loss_policy stop")
+        self.reporter.decision("integrity_stop", why=line, policy=self.w.loss_policy, rollbacks=self.rollbacks)
+        try:
+            sys.stderr.write(f"[hpresilience] {line}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass  # the job's output is gone; the events hold the same
+        return Verdict(self.name, Act.STOP_NOW, line, trip=RuleTripped(STOP_RULE, LogState.FAULTED, line, now))
+
+
+def detector(ctx: WatchContext) -> Integrity:
+    return Integrity(ctx.opts.watch, ctx.progress, ctx.reporter, ctx.client, ctx.opts.job_id)

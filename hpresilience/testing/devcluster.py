@@ -166,6 +166,7 @@ class DevCluster:
             accounting=self.accounting.slurm_conf_settings() if self.accounting_wanted() else None,
             extra_nodes=self.extra_nodes,
             overrides=self.overrides,
+            task_prolog=bool(self.mode.task_environment()),
         )
 
     def render_conf(self) -> str:
@@ -312,6 +313,10 @@ class DevCluster:
             if accounting:
                 self.accounting.start(self.state_dir, timeout, progress)
             (self.state_dir / "cgroup.conf").write_text(devconf.render_cgroup_conf())
+            if self.mode.task_environment():
+                prolog = self.state_dir / devconf.TASK_PROLOG
+                prolog.write_text(devconf.render_task_prolog(self.mode.task_environment()))
+                prolog.chmod(0o755)
             self.conf_path.write_text(self.render_conf())
             self.mode.start_controllers(self._tool("slurmctld"), self.conf_path)
             for name in self.names():

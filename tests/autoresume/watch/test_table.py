@@ -131,12 +131,12 @@ def test_a_registered_detector_is_built_after_the_table_rows_in_their_order(tmp_
     toy = Toy(Act.NOTHING)
     registry = DETECTORS.extended({"toy": lambda ctx: toy})
     built = build_detectors(_context(tmp_path, _opts(tmp_path)), registry)
-    assert [d.name for d in built] == ["rules", "stragglers", "hang", "silence", "nodes", "growback", "toy"]
+    assert [d.name for d in built] == ["rules", "stragglers", "hang", "silence", "stall", "nodes", "growback", "toy"]
     assert "toy" not in DETECTORS  # the shared table is left as it was
 
 
 def test_a_watch_that_is_off_for_the_job_is_left_out(tmp_path: Path) -> None:
-    opts = _opts(tmp_path, hang_detection=False, silent_node_s=0.0, grow_back="never")
+    opts = _opts(tmp_path, hang_detection=False, silent_node_s=0.0, silent_step_s=0.0, grow_back="never")
     assert [d.name for d in build_detectors(_context(tmp_path, opts))] == ["rules", "stragglers", "nodes"]
 
 

@@ -209,6 +209,10 @@ class AutoResumeSettings(Section):
     # progress lines) while another node's went on is probed (one trivial task, 3 s); one that does not answer is a
     # hardware fault (a partition or a hung NIC, which Slurm calls down only after SlurmdTimeout). 0: off.
     silent_node_s: float = Field(default=4.0, ge=0)
+    # The whole step silent for max(silent_step_s, 3 x the median interval between progress events): every node of
+    # the step is probed (one trivial task each, 3 s, all at once); one that does not answer while another does is
+    # a hardware fault (a partition under synchronous training, where every rank blocks at once). 0: off.
+    silent_step_s: float = Field(default=3.0, ge=0)
     # hpresilience.torch heartbeats write at most one line per rank this often (HPR_HEARTBEAT_EVERY_S).
     heartbeat_every_s: float = Field(default=5.0, ge=0)
     # Wrong, not dead (docs/integrity.md). A node named this many times by hpresilience.torch's replica check

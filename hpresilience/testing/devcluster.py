@@ -167,6 +167,7 @@ class DevCluster:
             extra_nodes=self.extra_nodes,
             overrides=self.overrides,
             release=self.release,
+            task_prolog=bool(self.mode.task_environment()),
         )
 
     def render_conf(self) -> str:
@@ -313,6 +314,10 @@ class DevCluster:
             if accounting:
                 self.accounting.start(self.state_dir, timeout, progress)
             (self.state_dir / "cgroup.conf").write_text(devconf.render_cgroup_conf())
+            if self.mode.task_environment():
+                prolog = self.state_dir / devconf.TASK_PROLOG
+                prolog.write_text(devconf.render_task_prolog(self.mode.task_environment()))
+                prolog.chmod(0o755)
             self.conf_path.write_text(self.render_conf())
             self.mode.start_controllers(self._tool("slurmctld"), self.conf_path)
             for name in self.names():

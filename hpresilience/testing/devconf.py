@@ -24,6 +24,7 @@ CGROUP_V1_FREEZER = Path("/sys/fs/cgroup/freezer")
 # The production-size table: powered-down p5-like nodes (State=CLOUD) that slurmctld serves but never starts.
 EXTRA_NODE_PREFIX = "gpu-st-p5-"
 EXTRA_PARTITION = "p5"
+TASK_PROLOG = "taskprolog.sh"
 
 
 def node_names(count: int) -> list[str]:
@@ -61,9 +62,11 @@ def settings(
     extra_nodes: int,
     overrides: Mapping[str, str],
     release: SlurmRelease = SlurmRelease.HOST,
+    task_prolog: bool = False,
 ) -> dict[str, str]:
     """slurm.conf's key=value lines. controller: the first SlurmctldHost; shared_state: a backup controller reads
-    the state the primary saved; accounting: slurmdbd's lines (None: no accounting); release: what it runs."""
+    the state the primary saved; accounting: slurmdbd's lines (None: no accounting); release: what it runs;
+    task_prolog: the cluster has a TaskProlog (TASK_PROLOG in the state directory, render_task_prolog)."""
     d = state_dir
     s = {
         "ClusterName": "hpdev",
@@ -103,6 +106,8 @@ def settings(
         # Slurm's own resilience features, as a site that has them turns them on (slurm/features.py): a job
         # submitted with --requeue=expedite is started again at once when requeued.
         s["SlurmctldParameters"] = "enable_expedited_requeue"
+    if task_prolog:
+        s["TaskProlog"] = f"{d}/{TASK_PROLOG}"
     if shared_state:  # the backup's slurm.conf differs in its pid and log file only
         s["DebugFlags"] = "NO_CONF_HASH"
     if accounting is not None:
@@ -146,6 +151,17 @@ def render_conf(
     )
     if extra:
         lines.append(f"PartitionName={EXTRA_PARTITION} Nodes={EXTRA_NODE_PREFIX}[1-{extra}] MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def render_task_prolog(env: Mapping[str, str]) -> str:
+    """The TaskProlog giving every task `env`: slurmstepd runs it before each task and sets the variables of its
+    `export NAME=value` lines. A variable the task's own environment has already is kept: the user's choice wins."""
+    lines = ["#!/bin/sh", "# Written by `hpresilience devcluster up`."]
+    for k, v in sorted(env.items()):
+        if not k.isidentifier() or not all(c.isalnum() or c in "._-/" for c in v):
+            raise ConfigError(f"task environment {k}={v!r}: a plain name and value only")
+        lines.append(f'[ -n "${{{k}:-}}" ] || echo "export {k}={v}"')
     return "\n".join(lines) + "\n"
 
 

@@ -113,6 +113,9 @@ class IsolationMode(Protocol):
     def teardown(self) -> None:
         """Remove what create made, also after a crash (the cluster's processes are stopped already)."""
 
+    def task_environment(self) -> dict[str, str]:
+        """Variables every task on the nodes gets (the devcluster's TaskProlog), for what real hosts have set up."""
+
 
 class HostIsolation:
     """`none`: loopback addresses on the host's own network and process table."""
@@ -181,6 +184,9 @@ class HostIsolation:
         # crashed on these ports is cleaned by whatever cluster comes down on them next.
         if shutil.which("ip"):
             netns.destroy(self.cluster.base_port)
+
+    def task_environment(self) -> dict[str, str]:
+        return {}  # the host's own network: gloo finds its address as on any single machine
 
 
 class NetnsIsolation:
@@ -312,6 +318,11 @@ class NetnsIsolation:
 
     def teardown(self) -> None:
         netns.destroy(self.cluster.base_port)
+
+    def task_environment(self) -> dict[str, str]:
+        # A node's host name is the host's, which resolves to a loopback address: gloo (and NCCL's socket
+        # transport) bound to it cannot reach the other nodes. Their link is the namespace's one interface.
+        return {"GLOO_SOCKET_IFNAME": netns.NODE_IF, "NCCL_SOCKET_IFNAME": netns.NODE_IF}
 
 
 MODES: dict[Isolation, Callable[[Cluster], IsolationMode]] = {

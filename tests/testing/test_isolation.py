@@ -3,12 +3,13 @@ themselves: test_netns_integration.py)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from hpresilience.errors import ConfigError
-from hpresilience.testing import isolation
+from hpresilience.testing import devconf, isolation
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.isolation import Cluster, HostIsolation, NetnsIsolation
 from hpresilience.testing.netns import Isolation
@@ -72,3 +73,27 @@ def test_netns_isolation_refuses_a_slurm_root_release_and_a_backup_with_accounti
         HostIsolation(cluster(SlurmRelease.HOST, True, None))
     hosts = NetnsIsolation(cluster(SlurmRelease.HOST, True, None)).controller_hosts()
     assert hosts == ["ctl1(10.77.0.1)", "ctl2(10.77.0.2)"]
+
+
+def test_a_netns_clusters_tasks_get_the_gloo_interface_from_its_task_prolog_and_a_host_clusters_get_none(
+    tmp_path: Path,
+) -> None:
+    """Each netns node's host name resolves to the host's loopback: gloo must be told its link (issue 36)."""
+    netns_conf = DevCluster(tmp_path / "a", nodes=2, base_port=24000, isolation=Isolation.NETNS, accounting=False)
+    assert f"TaskProlog={tmp_path / 'a'}/taskprolog.sh" in netns_conf.render_conf()
+    assert netns_conf.mode.task_environment()["GLOO_SOCKET_IFNAME"] == "eth0"
+    host = DevCluster(tmp_path / "b", nodes=2, base_port=24000, accounting=False)
+    assert "TaskProlog" not in host.render_conf() and host.mode.task_environment() == {}
+
+
+def test_the_task_prolog_exports_each_variable_unless_the_task_set_it_itself(tmp_path: Path) -> None:
+    script = tmp_path / "prolog.sh"
+    script.write_text(devconf.render_task_prolog({"GLOO_SOCKET_IFNAME": "eth0"}))
+    run = subprocess.run(["sh", str(script)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.stdout == "export GLOO_SOCKET_IFNAME=eth0\n"
+    kept = subprocess.run(
+        ["sh", str(script)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "GLOO_SOCKET_IFNAME": "lo"}
+    )
+    assert kept.stdout == ""
+    with pytest.raises(ConfigError, match="a plain name and value only"):
+        devconf.render_task_prolog({"X": "a; rm -rf /"})

@@ -69,6 +69,7 @@ class Capacity:
         self._expansion: bool | None = None
         self._accounting: bool | None = None
         self._unreachable: set[str] = set()
+        self._slurm_lost: set[str] = set()  # NOT_RESPONDING or DOWN in Slurm's eyes already
         self._dead: set[str] = set()  # ran no probe task: treated as Slurm will once SlurmdTimeout passes
 
     def _probe(self, failed_event: str, probe: Callable[[], bool]) -> bool:
@@ -100,14 +101,14 @@ class Capacity:
     def unhealthy(self, job: Job) -> set[str]:
         """Nodes of the allocation the step must not use: bad in Slurm's eyes, or blamed and kept out."""
         by_name = {n.name: n for n in self.client.known_nodes(job.nodes)}  # the job's nodes only, by name
-        self._unreachable = {n for n in job.nodes if n in by_name and by_name[n].has("NOT_RESPONDING", "DOWN")}
-        self._unreachable |= self._dead & set(job.nodes)
+        self._slurm_lost = {n for n in job.nodes if n in by_name and by_name[n].has("NOT_RESPONDING", "DOWN")}
+        self._unreachable = self._slurm_lost | (self._dead & set(job.nodes))
         bad = {n for n in job.nodes if n in by_name and node_is_bad(by_name[n])}
         return bad | (set(self.state.kept_out) & set(job.nodes))
 
     def mark_unanswering(self, nodes: Sequence[str]) -> None:
-        """Nodes that stopped answering though Slurm does not know yet: kept out of the step and left in the
-        job (Slurm excises them from a --no-kill job itself; releasing one ourselves can end the job)."""
+        """Nodes that stopped answering though Slurm does not know yet: kept out of the step, and released from
+        the job while Slurm still calls them responding (_release says why)."""
         self._dead |= set(nodes)
 
     def recover(self, bad: Sequence[str], previous: Sequence[str], size: int) -> list[str]:
@@ -264,9 +265,11 @@ class Capacity:
         return plan
 
     def _release(self, job: Job, unhealthy: set[str]) -> Job:
-        # A node that stopped answering is Slurm's to excise (--no-kill): releasing it ourselves raced with
-        # that on the devcluster and ended the whole job. Only responsive bad nodes (FAIL, DRAIN) are released.
-        release = [n for n in job.nodes if n in unhealthy and n != job.batch_host and n not in self._unreachable]
+        # A node Slurm already calls NOT_RESPONDING or DOWN is Slurm's to excise (--no-kill): releasing it
+        # ourselves raced with that on the devcluster and ended the whole job. One that ran no probe task while
+        # Slurm still calls it responding (a partition, seconds old) leaves now: once SlurmdTimeout passes Slurm
+        # sets it DOWN and kills or requeues every job holding it (all jobs but --no-kill ones; issue 36).
+        release = [n for n in job.nodes if n in unhealthy and n != job.batch_host and n not in self._slurm_lost]
         if job.batch_host in unhealthy:
             self.reporter.decision(
                 "nodes_kept_in_allocation",

@@ -18,7 +18,8 @@ from hpresilience.autoresume.progress import RankInfo
 
 def silent_nodes(tasks: Iterable[RankInfo], nodes: Sequence[str], now: float, silent_s: float) -> list[str]:
     """The step's nodes whose tasks all printed before and none for `silent_s`, while another node's task printed
-    within `silent_s`. Everyone silent is a pause or a hang (hang detection's case), not one lost node."""
+    within `silent_s`. Everyone silent is a pause, a hang or a partition under synchronous training: the stall
+    watch's case (stallwatch.py), not one lost node."""
     last: dict[str, float] = {}
     for info in tasks:
         if info.node in nodes:

@@ -13,7 +13,9 @@ first verdict that acts on the step wins (a log rule before a hang, a node fault
 | hang       | no progress past the hang clock's deadline (hangwatch.py)  | stop now, with the attribution;  |
 |            |                                                            | reap (the step's tasks all ended)|
 | silence    | a node silent while others print, probed (silencewatch.py) | stop now (node not answering)    |
-| nodes      | the job's notices and the step's nodes (nodefaults.py)     | stop now (fault), move (drained) |
+| stall      | the whole step silent a few intervals, every node probed   | stop now (node not answering);   |
+|            | (stallwatch.py; synchronous training behind a partition)   | all answer: left to `hang`       |
+| nodes      | the job's admin word, the step's nodes (nodefaults.py)     | stop now (fault), move (drained) |
 | growback   | nodes back in service for a short step (growback.py)       | move (to the full size)          |
 | integrity  | replica disagreement, NaN / loss spike (integrity.py)      | stop now (roll back, mark, stop) |
 """
@@ -59,6 +61,7 @@ _ROWS: tuple[tuple[str, str], ...] = (
     ("stragglers", "hpresilience.autoresume.watch.straggling:detector"),
     ("hang", "hpresilience.autoresume.watch.hangwatch:detector"),
     ("silence", "hpresilience.autoresume.watch.silencewatch:detector"),
+    ("stall", "hpresilience.autoresume.watch.stallwatch:detector"),
     ("nodes", "hpresilience.autoresume.watch.nodefaults:detector"),
     ("growback", "hpresilience.autoresume.watch.growback:detector"),
     ("integrity", "hpresilience.autoresume.watch.integrity:detector"),

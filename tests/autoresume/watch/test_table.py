@@ -132,6 +132,7 @@ def test_a_registered_detector_is_built_after_the_table_rows_in_their_order(tmp_
         "stragglers",
         "hang",
         "silence",
+        "stall",
         "nodes",
         "growback",
         "integrity",
@@ -141,7 +142,7 @@ def test_a_registered_detector_is_built_after_the_table_rows_in_their_order(tmp_
 
 
 def test_a_watch_that_is_off_for_the_job_is_left_out(tmp_path: Path) -> None:
-    opts = _opts(tmp_path, hang_detection=False, silent_node_s=0.0, grow_back="never")
+    opts = _opts(tmp_path, hang_detection=False, silent_node_s=0.0, silent_step_s=0.0, grow_back="never")
     assert [d.name for d in build_detectors(_context(tmp_path, opts))] == ["rules", "stragglers", "nodes", "integrity"]
 
 

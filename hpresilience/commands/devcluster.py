@@ -15,7 +15,7 @@ import click
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import resolve_config_path
 from hpresilience.errors import ConfigError
-from hpresilience.testing import netns, slurmroot
+from hpresilience.testing import netns, netshape, nodecpu, slurmroot
 from hpresilience.testing.devaccounting import describe
 from hpresilience.testing.devcluster import EXTRA_NODE_PREFIX, DevCluster
 from hpresilience.testing.netns import Isolation
@@ -343,12 +343,32 @@ def heal(c: Ctx, name: str, state_dir: str | None) -> None:
 @click.option(
     "--delay-ms",
     type=click.IntRange(0, 60_000),
-    required=True,
-    help="Delay of every packet to and from the node, each way (netem); 0 removes it.",
+    help="Netns clusters: delay every packet to and from the node, each way (netem, a kernel module many kernels "
+    "lack: the error says so); 0 removes it.",
+)
+@click.option(
+    "--rate",
+    help="Netns clusters: cap the node's link at RATE each way (tbf: 1mbit, 500kbit, 2gbit); 0 removes it.",
+)
+@click.option(
+    "--cpu",
+    type=float,
+    help="Give the node FRACTION of one CPU, its slurmd and all it runs (a quota on its cpu cgroup, v1 or v2); "
+    "1 removes it.",
 )
 @state_dir_opt
 @pass_ctx
-def slow(c: Ctx, name: str, delay_ms: int, state_dir: str | None) -> None:
-    """Slow node NAME's link down by --delay-ms each way."""
-    _node_cluster(c, name, state_dir).slow(name, delay_ms)
-    click.echo(f"{name}: link delay {delay_ms} ms each way" if delay_ms else f"{name}: link delay removed")
+def slow(c: Ctx, name: str, delay_ms: int | None, rate: str | None, cpu: float | None, state_dir: str | None) -> None:
+    """Slow node NAME down: its link (--delay-ms, --rate) or its CPU (--cpu)."""
+    if delay_ms is None and rate is None and cpu is None:
+        raise click.UsageError("say how: --delay-ms N, --rate R or --cpu FRACTION")
+    bps = None if rate is None else netshape.parse_rate(rate)
+    if cpu is not None:
+        nodecpu.check_fraction(cpu)
+    _node_cluster(c, name, state_dir).slow(name, delay_ms, bps=bps, cpu=cpu)
+    if delay_ms is not None:
+        click.echo(f"{name}: link delay {delay_ms} ms each way" if delay_ms else f"{name}: link delay removed")
+    if bps is not None:
+        click.echo(f"{name}: link capped at {rate} each way" if bps else f"{name}: link rate cap removed")
+    if cpu is not None:
+        click.echo(f"{name}: {cpu:g} of one CPU" if cpu < 1 else f"{name}: CPU quota removed")

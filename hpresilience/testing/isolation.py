@@ -28,7 +28,7 @@ import psutil
 from hpresilience.errors import ConfigError
 from hpresilience.log import get_logger
 from hpresilience.slurm.runner import CommandRunner
-from hpresilience.testing import devaccounting, netns
+from hpresilience.testing import devaccounting, netns, netshape, nodecpu
 from hpresilience.testing.devprocs import MARKER, DevclusterError, pidfile_pid, port_listening
 from hpresilience.testing.netns import Isolation
 from hpresilience.testing.slurmroot import SlurmRelease
@@ -107,6 +107,9 @@ class IsolationMode(Protocol):
     def slow(self, name: str, delay_ms: int) -> None:
         """Delay the node's link by delay_ms each way; 0 removes the delay."""
 
+    def limit_rate(self, name: str, bps: int) -> None:
+        """Cap the node's link at bps bits per second each way; 0 removes the cap."""
+
     def kill_controller(self) -> int | None:
         """SIGKILL the primary slurmctld (a crashed head node); its pid, or None when there was none to kill."""
 
@@ -148,7 +151,9 @@ class HostIsolation:
         self.cluster.spawn([slurmctld, "-c", "-f", str(conf)])
 
     def start_node(self, name: str, slurmd: str, conf: Path, timeout: float, extra: Sequence[str] = ()) -> None:
-        self.cluster.spawn([slurmd, "-f", str(conf), "-N", name, *extra])
+        # In the node's own cpu cgroup (nodecpu.py): the nodes share one process table, not one CPU quota.
+        join = nodecpu.prepare(self.cluster.base_port, name)
+        self.cluster.spawn([slurmd, "-f", str(conf), "-N", name, *extra], where=join)
 
     def node_pids(self) -> dict[str, int]:
         c = self.cluster
@@ -173,6 +178,9 @@ class HostIsolation:
     def slow(self, name: str, delay_ms: int) -> None:
         raise self._no_links()
 
+    def limit_rate(self, name: str, bps: int) -> None:
+        raise self._no_links()
+
     def kill_controller(self) -> int | None:
         return None  # the host's slurmctld is not a head node of its own: nothing to crash apart from the host
 
@@ -181,6 +189,7 @@ class HostIsolation:
         # crashed on these ports is cleaned by whatever cluster comes down on them next.
         if shutil.which("ip"):
             netns.destroy(self.cluster.base_port)
+        nodecpu.remove_all(self.cluster.base_port)
 
 
 class NetnsIsolation:
@@ -260,7 +269,7 @@ class NetnsIsolation:
         c.spawn(
             [*nsinit, slurmd, "-f", str(conf), "-N", name, *extra],
             foreground=True,
-            where=netns.enter(netns.node_ns(c.base_port, name)),
+            where=[*netns.enter(netns.node_ns(c.base_port, name)), *nodecpu.prepare(c.base_port, name)],
             log_name=f"nsinit-{name}",
         )
         deadline = time.monotonic() + timeout
@@ -292,6 +301,9 @@ class NetnsIsolation:
     def slow(self, name: str, delay_ms: int) -> None:
         netns.slow(self.cluster.base_port, self._known(name), delay_ms)
 
+    def limit_rate(self, name: str, bps: int) -> None:
+        netshape.limit(self.cluster.base_port, self._known(name), bps)
+
     def kill_controller(self) -> int | None:
         """The slurmctld of this cluster (its marker) whose network is the ctl namespace: the primary's."""
         try:
@@ -312,6 +324,7 @@ class NetnsIsolation:
 
     def teardown(self) -> None:
         netns.destroy(self.cluster.base_port)
+        nodecpu.remove_all(self.cluster.base_port)
 
 
 MODES: dict[Isolation, Callable[[Cluster], IsolationMode]] = {

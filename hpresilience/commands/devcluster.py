@@ -18,6 +18,7 @@ from hpresilience.errors import ConfigError
 from hpresilience.testing import netns, netshape, nodecpu, slurmroot
 from hpresilience.testing.devaccounting import describe
 from hpresilience.testing.devcluster import EXTRA_NODE_PREFIX, DevCluster
+from hpresilience.testing.devprocs import pidfile_pid
 from hpresilience.testing.netns import Isolation
 from hpresilience.testing.settings import DevclusterSettings, devcluster_settings
 from hpresilience.testing.slurmroot import SlurmRelease
@@ -87,7 +88,13 @@ def in_its_root(cl: DevCluster) -> None:
     """Re-run this very command inside the cluster's Slurm root when it has one and this is the host."""
     if cl.needs_root_entry():
         cl.state_dir.mkdir(parents=True, exist_ok=True)  # bound into the root: must exist first
-        slurmroot.exec_in(cl.release, [sys.executable, "-m", "hpresilience", *sys.argv[1:]], binds=[str(cl.state_dir)])
+        argv = [sys.executable, "-m", "hpresilience", *sys.argv[1:]]
+        slurmroot.exec_in(cl.release, argv, binds=[str(cl.state_dir)], session=root_session(cl))
+
+
+def root_session(cl: DevCluster) -> int | None:
+    """A netns cluster in a root: its live slurmctld, whose mount namespace holds the cluster's namespaces."""
+    return pidfile_pid(cl.state_dir / "slurmctld.pid", str(cl.state_dir)) if cl.netns else None
 
 
 state_dir_opt = click.option(
@@ -296,7 +303,7 @@ def exec_cmd(c: Ctx, argv: tuple[str, ...], slurm: str | None, state_dir: str | 
     if cl.needs_root_entry():
         slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
         binds.append(str(Path.cwd()))
-    slurmroot.exec_in(cl.release, [*cl.command_prefix(), *argv], env=env, binds=binds)
+    slurmroot.exec_in(cl.release, [*cl.command_prefix(), *argv], env=env, binds=binds, session=root_session(cl))
 
 
 def _node_cluster(c: Ctx, name: str, state_dir: str | None) -> DevCluster:

@@ -204,11 +204,6 @@ class NetnsIsolation:
                 "a backup controller runs without accounting for now (slurmdbd listens on 127.0.0.1 "
                 "inside the primary's namespace): add --no-accounting"
             )
-        if cluster.release.suite is not None:
-            raise ConfigError(
-                f"--isolation netns runs only the host's Slurm ({SlurmRelease.HOST.value}) so far, "
-                f"not {cluster.release.value}"
-            )
         self.cluster = cluster
         self.ctl = netns.ctl_ns(cluster.base_port)
 

@@ -165,7 +165,7 @@ def tcp_connect_s(cl: DevCluster, node: str, tries: int = 5) -> float | None:
         f" s=socket.create_connection(('{addr}',{cl.node_port(node)}),timeout=2)\n"
         " ts.append(time.monotonic()-t)\n s.close()\nprint(statistics.median(ts))"
     )
-    res = proc.run([*cl.command_prefix(), "python3", "-c", code], 30)
+    res = proc.run([*cl.command_prefix(), sys.executable, "-c", code], 30)
     return float(res.stdout.strip()) if res.ok else None
 
 
@@ -218,7 +218,7 @@ for _ in range(int(sys.argv[4])):
 def transfer_steps(cl: DevCluster, nodes: str, port: int, size: int, steps: int) -> dict[str, list[float]]:
     """node -> its step times: one task per node, each step a transfer of `size` bytes to the sink."""
     res = proc.run(
-        [*cl.command_prefix(), "srun", f"-N{nodes.count(',') + 1}", "-w", nodes, "python3", "-c", STEPS,
+        [*cl.command_prefix(), "srun", f"-N{nodes.count(',') + 1}", "-w", nodes, sys.executable, "-c", STEPS,
          netns.CTL_ADDR, str(port), str(size), str(steps)],
         120,
         env=cl.env(),

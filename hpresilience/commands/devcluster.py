@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import click
+import psutil
 
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import resolve_config_path
@@ -93,8 +94,15 @@ def in_its_root(cl: DevCluster) -> None:
 
 
 def root_session(cl: DevCluster) -> int | None:
-    """A netns cluster in a root: its live slurmctld, whose mount namespace holds the cluster's namespaces."""
-    return pidfile_pid(cl.state_dir / "slurmctld.pid", str(cl.state_dir)) if cl.netns else None
+    """A netns cluster in a root: its live slurmctld, whose mount namespace holds the cluster's namespaces. Only a
+    root-owned slurmctld: the command joins that process's mount namespace and root as root, and the marker in an
+    environment (or a recycled pid) is anyone's to set."""
+    pid = pidfile_pid(cl.state_dir / "slurmctld.pid", str(cl.state_dir)) if cl.netns else None
+    try:
+        p = psutil.Process(pid) if pid is not None else None
+        return pid if p is not None and p.uids().real == 0 and p.name() == "slurmctld" else None
+    except psutil.Error:
+        return None
 
 
 state_dir_opt = click.option(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from hpresilience.cli import cli
 from hpresilience.errors import ConfigError
 from hpresilience.testing import netshape
 
@@ -38,3 +42,14 @@ def test_both_ends_of_the_nodes_link_are_shaped_its_bridge_port_and_its_own_eth0
 def test_removing_a_cap_that_is_not_there_is_not_an_error() -> None:
     assert netshape.already_clear("Error: Cannot delete qdisc with handle of zero.")
     assert not netshape.already_clear("Error: Specified qdisc kind is unknown.")
+
+
+def test_slow_without_a_how_and_a_bad_rate_or_cpu_are_refused_before_any_cluster_is_touched(tmp_path: Path) -> None:
+    where = ["--state-dir", str(tmp_path / "none")]
+    res = CliRunner().invoke(cli, ["devcluster", "slow", "n1", *where])
+    assert res.exit_code == 2 and "--delay-ms N, --rate R or --cpu FRACTION" in res.output
+    res = CliRunner().invoke(cli, ["devcluster", "slow", "n1", "--rate", "fast", *where])
+    assert res.exit_code != 0 and "is not a rate" in str(res.exception or res.output)
+    res = CliRunner().invoke(cli, ["devcluster", "slow", "n1", "--cpu", "0", *where])
+    assert res.exit_code != 0 and "--cpu must be a fraction" in str(res.exception or res.output)
+    assert not (tmp_path / "none").exists()

@@ -29,10 +29,16 @@ log = get_logger("hpresilience.devcluster")
 PERIOD_US = 100_000  # the kernel's default CFS period
 MIN_FRACTION = 0.01  # cgroup v1 refuses a quota under 1 ms per period
 # Joins the cgroup whose cgroup.procs is argv[1], then becomes argv[2:]: the process keeps its pid, so slurmd (and
-# what it forks) is inside from its first instruction. cgroup.procs takes a pid in v1 and v2 alike.
-_JOIN = (
-    "import os,sys; f=open(sys.argv[1],'w'); f.write(str(os.getpid())); f.close(); os.execvp(sys.argv[2],sys.argv[2:])"
-)
+# what it forks) is inside from its first instruction. cgroup.procs takes a pid in v1 and v2 alike. A join the
+# kernel refuses (a delegated v2 tree) leaves the node unconfined, not unstarted: `set_quota` then says so.
+_JOIN = """import os,sys
+try:
+    with open(sys.argv[1], 'w') as f:
+        f.write(str(os.getpid()))
+except OSError as e:
+    print('nodecpu: not in', sys.argv[1], e, file=sys.stderr)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
 @dataclass(frozen=True)
@@ -146,9 +152,10 @@ def set_quota(base_port: int, node: str, fraction: float) -> None:
             "root): a node's CPU cannot be limited"
         )
     d = h.mount / cgroup_name(base_port, node)
-    if not (d / "cgroup.procs").exists():
+    if not _read(d / "cgroup.procs").split():
         raise ConfigError(
-            f"node {node!r} has no cpu cgroup {d}: its slurmd was started without one (restart the cluster)"
+            f"node {node!r} has no process in its cpu cgroup {d}: its slurmd was started outside it (restart the "
+            "cluster; where the kernel refused the join, its log says `nodecpu: not in`)"
         )
     for name, value in quota_files(h.version, fraction):
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,38 @@ def test_the_join_prefix_writes_the_commands_own_pid_then_becomes_it(tmp_path: P
 def test_cgroup_names_carry_the_base_port_so_clusters_on_other_ports_keep_theirs() -> None:
     assert nodecpu.cgroup_name(27100, "n2") == "hpr27100-n2"
     assert not nodecpu.cgroup_name(271000, "n2").startswith(nodecpu.cgroup_name(27100, ""))
+
+
+def test_a_join_the_kernel_refuses_still_starts_the_command_and_says_why(tmp_path: Path) -> None:
+    """A node must start even where its cgroup cannot be joined (a delegated v2 tree): unconfined, with a line."""
+    missing = tmp_path / "no-such-cgroup" / "cgroup.procs"
+    out = subprocess.run([*nodecpu.join_argv(missing), "echo", "started"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout == "started\n"
+    assert out.stderr.startswith(f"nodecpu: not in {missing}")
+
+
+def test_on_this_hosts_hierarchy_a_quota_reaches_the_joined_process_and_an_empty_cgroup_is_refused() -> None:
+    """The real cpu controller (root only): prepare, join, quota, read back, and `down`'s removal."""
+    if nodecpu.hierarchy() is None:
+        pytest.skip("no writable cpu cgroup controller here")
+    port = 1  # never a devcluster's: below every test block
+    try:
+        join = nodecpu.prepare(port, "x")
+        assert join and join[-1].endswith(f"/{nodecpu.cgroup_name(port, 'x')}/cgroup.procs")
+        with pytest.raises(ConfigError, match="has no process in its cpu cgroup"):
+            nodecpu.set_quota(port, "x", 0.5)
+        with subprocess.Popen([*join, "sleep", "30"]) as p:
+            try:
+                deadline = time.monotonic() + 10
+                while str(p.pid) not in Path(join[-1]).read_text().split():
+                    assert time.monotonic() < deadline, "the process never joined"
+                    time.sleep(0.02)
+                nodecpu.set_quota(port, "x", 0.5)
+                assert nodecpu.quota(port, "x") == 0.5
+                nodecpu.set_quota(port, "x", 1)
+                assert nodecpu.quota(port, "x") is None
+            finally:
+                p.kill()
+        assert nodecpu.remove_all(port) == [nodecpu.cgroup_name(port, "x")]
+    finally:
+        nodecpu.remove_all(port)

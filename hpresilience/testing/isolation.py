@@ -194,7 +194,7 @@ class HostIsolation:
 
 class NetnsIsolation:
     """`netns`: each node a host of its own (its network and PID namespace), reached from the controller's
-    namespace; the host's Slurm only (the namespaces and a Slurm root are not combined yet)."""
+    namespace; on any release (a newer one's daemons run in its root, which sees the host's /run/netns)."""
 
     isolation = Isolation.NETNS
 

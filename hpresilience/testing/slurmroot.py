@@ -34,12 +34,14 @@ log = get_logger("hpresilience.devcluster")
 ROOTS_DIR = Path("/var/cache/hpresilience/roots")
 MIRROR = "http://deb.debian.org/debian"
 # libffi8, libnsl2, libsqlite3-0, libexpat1: what the virtualenv's interpreter (ctypes, pyexpat; Debian's own
-# python3.11 itself) links that minbase lacks.
+# python3.11 itself) links that minbase lacks. iproute2 (ip, tc): `--isolation netns` makes its namespaces from inside
+# the root (mariadb-server pulls it in as well; named so that it stays).
 PACKAGES = (
     "slurm-wlm",
     "slurmdbd",
     "mariadb-server",
     "mariadb-client",
+    "iproute2",
     "libffi8",
     "libnsl2",
     "libsqlite3-0",

@@ -28,7 +28,11 @@ RELEASE_TESTS=(-m integration tests/slurm/test_client_filtered.py tests/testing/
   tests/autoresume/test_wrapper_integration.py tests/autoresume/test_capacity.py tests/autoresume/test_poll_queries.py
   tests/controller/test_repair_devcluster.py tests/controller/test_controller_queries.py
   tests/agent/test_agent_queries.py tests/autoresume/test_nudge_integration.py
-  tests/slurm/test_accounting_hostile.py tests/controller/test_slurm_features.py)
+  tests/slurm/test_accounting_hostile.py tests/controller/test_slurm_features.py
+  # Nodes as hosts on each release (--isolation netns in the root): the two partition tests, about 30 s with the
+  # module's cluster.
+  tests/testing/test_netns_integration.py::test_a_partitioned_node_is_unreachable_while_its_processes_run_and_heal_restores_it
+  tests/testing/test_netns_integration.py::test_a_partitioned_training_node_is_replaced_by_the_spare_and_its_old_tasks_die_once_healed)
 
 say() { printf '[dev.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

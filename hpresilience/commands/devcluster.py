@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 
 import click
+import psutil
 
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.config import resolve_config_path
 from hpresilience.errors import ConfigError
-from hpresilience.testing import netns, slurmroot
+from hpresilience.testing import netns, netshape, nodecpu, slurmroot
 from hpresilience.testing.devaccounting import describe
 from hpresilience.testing.devcluster import EXTRA_NODE_PREFIX, DevCluster
+from hpresilience.testing.devprocs import pidfile_pid
 from hpresilience.testing.netns import Isolation
 from hpresilience.testing.settings import DevclusterSettings, devcluster_settings
 from hpresilience.testing.slurmroot import SlurmRelease
@@ -87,7 +89,20 @@ def in_its_root(cl: DevCluster) -> None:
     """Re-run this very command inside the cluster's Slurm root when it has one and this is the host."""
     if cl.needs_root_entry():
         cl.state_dir.mkdir(parents=True, exist_ok=True)  # bound into the root: must exist first
-        slurmroot.exec_in(cl.release, [sys.executable, "-m", "hpresilience", *sys.argv[1:]], binds=[str(cl.state_dir)])
+        argv = [sys.executable, "-m", "hpresilience", *sys.argv[1:]]
+        slurmroot.exec_in(cl.release, argv, binds=[str(cl.state_dir)], session=root_session(cl))
+
+
+def root_session(cl: DevCluster) -> int | None:
+    """A netns cluster in a root: its live slurmctld, whose mount namespace holds the cluster's namespaces. Only a
+    root-owned slurmctld: the command joins that process's mount namespace and root as root, and the marker in an
+    environment (or a recycled pid) is anyone's to set."""
+    pid = pidfile_pid(cl.state_dir / "slurmctld.pid", str(cl.state_dir)) if cl.netns else None
+    try:
+        p = psutil.Process(pid) if pid is not None else None
+        return pid if p is not None and p.uids().real == 0 and p.name() == "slurmctld" else None
+    except psutil.Error:
+        return None
 
 
 state_dir_opt = click.option(
@@ -296,7 +311,7 @@ def exec_cmd(c: Ctx, argv: tuple[str, ...], slurm: str | None, state_dir: str | 
     if cl.needs_root_entry():
         slurmroot.ensure(cl.release, progress=lambda msg: click.echo(msg, err=True))
         binds.append(str(Path.cwd()))
-    slurmroot.exec_in(cl.release, [*cl.command_prefix(), *argv], env=env, binds=binds)
+    slurmroot.exec_in(cl.release, [*cl.command_prefix(), *argv], env=env, binds=binds, session=root_session(cl))
 
 
 def _node_cluster(c: Ctx, name: str, state_dir: str | None) -> DevCluster:
@@ -343,12 +358,32 @@ def heal(c: Ctx, name: str, state_dir: str | None) -> None:
 @click.option(
     "--delay-ms",
     type=click.IntRange(0, 60_000),
-    required=True,
-    help="Delay of every packet to and from the node, each way (netem); 0 removes it.",
+    help="Netns clusters: delay every packet to and from the node, each way (netem, a kernel module many kernels "
+    "lack: the error says so); 0 removes it.",
+)
+@click.option(
+    "--rate",
+    help="Netns clusters: cap the node's link at RATE each way (tbf: 1mbit, 500kbit, 2gbit); 0 removes it.",
+)
+@click.option(
+    "--cpu",
+    type=float,
+    help="Give the node FRACTION of one CPU, its slurmd and all it runs (a quota on its cpu cgroup, v1 or v2); "
+    "1 removes it.",
 )
 @state_dir_opt
 @pass_ctx
-def slow(c: Ctx, name: str, delay_ms: int, state_dir: str | None) -> None:
-    """Slow node NAME's link down by --delay-ms each way."""
-    _node_cluster(c, name, state_dir).slow(name, delay_ms)
-    click.echo(f"{name}: link delay {delay_ms} ms each way" if delay_ms else f"{name}: link delay removed")
+def slow(c: Ctx, name: str, delay_ms: int | None, rate: str | None, cpu: float | None, state_dir: str | None) -> None:
+    """Slow node NAME down: its link (--delay-ms, --rate) or its CPU (--cpu)."""
+    if delay_ms is None and rate is None and cpu is None:
+        raise click.UsageError("say how: --delay-ms N, --rate R or --cpu FRACTION")
+    bps = None if rate is None else netshape.parse_rate(rate)
+    if cpu is not None:
+        nodecpu.check_fraction(cpu)
+    _node_cluster(c, name, state_dir).slow(name, delay_ms, bps=bps, cpu=cpu)
+    if delay_ms is not None:
+        click.echo(f"{name}: link delay {delay_ms} ms each way" if delay_ms else f"{name}: link delay removed")
+    if bps is not None:
+        click.echo(f"{name}: link capped at {rate} each way" if bps else f"{name}: link rate cap removed")
+    if cpu is not None:
+        click.echo(f"{name}: {cpu:g} of one CPU" if cpu < 1 else f"{name}: CPU quota removed")

@@ -27,7 +27,7 @@ from hpresilience.errors import ConfigError, EnvironmentMissing, HPResilienceErr
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
-from hpresilience.testing import devaccounting, devconf, devprocs, slurmroot
+from hpresilience.testing import devaccounting, devconf, devprocs, nodecpu, slurmroot
 from hpresilience.testing.devconf import EXTRA_NODE_PREFIX, node_names
 from hpresilience.testing.devprocs import MARKER, DevclusterError
 from hpresilience.testing.isolation import Cluster, IsolationMode, mode_for
@@ -240,10 +240,18 @@ class DevCluster:
         self.mode.heal(name)
         log.info("devcluster_node_healed", node=name)
 
-    def slow(self, name: str, delay_ms: int) -> None:
-        """Delay the node's link by delay_ms each way (0 removes the delay)."""
-        self.mode.slow(name, delay_ms)
-        log.info("devcluster_node_slowed", node=name, delay_ms=delay_ms)
+    def slow(self, name: str, delay_ms: int | None = None, *, bps: int | None = None, cpu: float | None = None) -> None:
+        """Delay the node's link by delay_ms each way (netem; 0 removes it), cap it at bps bits/s each way (tbf; 0
+        removes it): a netns cluster's only; give the node `cpu` of one CPU (its cgroup's quota; 1 removes it)."""
+        if delay_ms is not None:
+            self.mode.slow(name, delay_ms)
+        if bps is not None:
+            self.mode.limit_rate(name, bps)
+        if cpu is not None:
+            if name not in self.names():
+                raise ConfigError(f"unknown node {name!r}; known: {', '.join(self.names())}")
+            nodecpu.set_quota(self.base_port, name, cpu)
+        log.info("devcluster_node_slowed", node=name, delay_ms=delay_ms, bps=bps, cpu=cpu)
 
     def kill_primary_controller(self) -> int | None:
         """SIGKILL the primary slurmctld of a cluster whose controller is a host of its own (a crashed head

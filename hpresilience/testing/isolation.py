@@ -28,7 +28,7 @@ import psutil
 from hpresilience.errors import ConfigError
 from hpresilience.log import get_logger
 from hpresilience.slurm.runner import CommandRunner
-from hpresilience.testing import devaccounting, netns
+from hpresilience.testing import devaccounting, netns, netshape, nodecpu
 from hpresilience.testing.devprocs import MARKER, DevclusterError, pidfile_pid, port_listening
 from hpresilience.testing.netns import Isolation
 from hpresilience.testing.slurmroot import SlurmRelease
@@ -107,6 +107,9 @@ class IsolationMode(Protocol):
     def slow(self, name: str, delay_ms: int) -> None:
         """Delay the node's link by delay_ms each way; 0 removes the delay."""
 
+    def limit_rate(self, name: str, bps: int) -> None:
+        """Cap the node's link at bps bits per second each way; 0 removes the cap."""
+
     def kill_controller(self) -> int | None:
         """SIGKILL the primary slurmctld (a crashed head node); its pid, or None when there was none to kill."""
 
@@ -151,7 +154,9 @@ class HostIsolation:
         self.cluster.spawn([slurmctld, "-c", "-f", str(conf)])
 
     def start_node(self, name: str, slurmd: str, conf: Path, timeout: float, extra: Sequence[str] = ()) -> None:
-        self.cluster.spawn([slurmd, "-f", str(conf), "-N", name, *extra])
+        # In the node's own cpu cgroup (nodecpu.py): the nodes share one process table, not one CPU quota.
+        join = nodecpu.prepare(self.cluster.base_port, name)
+        self.cluster.spawn([slurmd, "-f", str(conf), "-N", name, *extra], where=join)
 
     def node_pids(self) -> dict[str, int]:
         c = self.cluster
@@ -176,6 +181,9 @@ class HostIsolation:
     def slow(self, name: str, delay_ms: int) -> None:
         raise self._no_links()
 
+    def limit_rate(self, name: str, bps: int) -> None:
+        raise self._no_links()
+
     def kill_controller(self) -> int | None:
         return None  # the host's slurmctld is not a head node of its own: nothing to crash apart from the host
 
@@ -184,6 +192,7 @@ class HostIsolation:
         # crashed on these ports is cleaned by whatever cluster comes down on them next.
         if shutil.which("ip"):
             netns.destroy(self.cluster.base_port)
+        nodecpu.remove_all(self.cluster.base_port)
 
     def task_environment(self) -> dict[str, str]:
         return {}  # the host's own network: gloo finds its address as on any single machine
@@ -191,7 +200,7 @@ class HostIsolation:
 
 class NetnsIsolation:
     """`netns`: each node a host of its own (its network and PID namespace), reached from the controller's
-    namespace; the host's Slurm only (the namespaces and a Slurm root are not combined yet)."""
+    namespace; on any release (a newer one's daemons run in its root, which sees the host's /run/netns)."""
 
     isolation = Isolation.NETNS
 
@@ -200,11 +209,6 @@ class NetnsIsolation:
             raise ConfigError(
                 "a backup controller runs without accounting for now (slurmdbd listens on 127.0.0.1 "
                 "inside the primary's namespace): add --no-accounting"
-            )
-        if cluster.release.suite is not None:
-            raise ConfigError(
-                f"--isolation netns runs only the host's Slurm ({SlurmRelease.HOST.value}) so far, "
-                f"not {cluster.release.value}"
             )
         self.cluster = cluster
         self.ctl = netns.ctl_ns(cluster.base_port)
@@ -266,7 +270,7 @@ class NetnsIsolation:
         c.spawn(
             [*nsinit, slurmd, "-f", str(conf), "-N", name, *extra],
             foreground=True,
-            where=netns.enter(netns.node_ns(c.base_port, name)),
+            where=[*netns.enter(netns.node_ns(c.base_port, name)), *nodecpu.prepare(c.base_port, name)],
             log_name=f"nsinit-{name}",
         )
         deadline = time.monotonic() + timeout
@@ -298,6 +302,9 @@ class NetnsIsolation:
     def slow(self, name: str, delay_ms: int) -> None:
         netns.slow(self.cluster.base_port, self._known(name), delay_ms)
 
+    def limit_rate(self, name: str, bps: int) -> None:
+        netshape.limit(self.cluster.base_port, self._known(name), bps)
+
     def kill_controller(self) -> int | None:
         """The slurmctld of this cluster (its marker) whose network is the ctl namespace: the primary's."""
         try:
@@ -318,6 +325,7 @@ class NetnsIsolation:
 
     def teardown(self) -> None:
         netns.destroy(self.cluster.base_port)
+        nodecpu.remove_all(self.cluster.base_port)
 
     def task_environment(self) -> dict[str, str]:
         # A node's host name is the host's, which resolves to a loopback address: gloo (and NCCL's socket

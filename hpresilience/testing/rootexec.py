@@ -4,7 +4,8 @@
 
 The devcluster starts its daemons and `devcluster exec` its commands through this file. It takes a private
 mount namespace (so nothing here is seen from the host, and everything vanishes with the last process that
-uses it), mounts /proc, binds /dev and /sys recursively (slurmd 24.11 starts its cgroup plugin even with
+uses it), binds ROOT onto itself (a chroot whose / is a mount point: `ip -n` needs one), mounts /proc, binds
+/dev, /sys and the host's /run/netns recursively (slurmd 24.11 starts its cgroup plugin even with
 proctrack/pgid and dies on a plain /sys bind: "No filesystem mounted on /sys/fs/cgroup"), binds each BIND
 path at the same path inside ROOT (the cluster's state directory, the project checkout and its virtualenv,
 the interpreter's prefix, /tmp), then chroots and executes ARGV with this environment.
@@ -31,6 +32,7 @@ MS_PRIVATE = 1 << 18
 MS_SLAVE = 1 << 19
 # Marks a process (and what it starts) as running inside a root: the devcluster then runs Slurm natively.
 INSIDE = "HPRESILIENCE_SLURM_ROOT"
+NETNS_DIR = "/run/netns"
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -68,8 +70,14 @@ def enter(root: str, binds: list[str]) -> None:
     """Private mount namespace, the mounts, chroot; the caller then executes its command."""
     _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted below leaks to the host
+    # The root a mount point of its own: `ip -n NS` (iproute2) remounts / as a slave in its own mount namespace,
+    # which the kernel refuses (EINVAL) on a chroot whose / is a plain directory.
+    _mount(root, root, None, MS_BIND | MS_REC)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for path in ("/dev", "/sys"):
+    # The host's named network namespaces: a netns devcluster inside the root (`--isolation netns --slurm 24.11`)
+    # adds its own there, so that the host's `ip netns list` sees them too (its guard route stays while they live).
+    os.makedirs(NETNS_DIR, exist_ok=True)
+    for path in ("/dev", "/sys", NETNS_DIR):
         _bind(root, path)
     for path in binds:
         _bind(root, os.path.realpath(path))

@@ -34,12 +34,14 @@ log = get_logger("hpresilience.devcluster")
 ROOTS_DIR = Path("/var/cache/hpresilience/roots")
 MIRROR = "http://deb.debian.org/debian"
 # libffi8, libnsl2, libsqlite3-0, libexpat1: what the virtualenv's interpreter (ctypes, pyexpat; Debian's own
-# python3.11 itself) links that minbase lacks.
+# python3.11 itself) links that minbase lacks. iproute2 (ip, tc): `--isolation netns` makes its namespaces from inside
+# the root (mariadb-server pulls it in as well; named so that it stays).
 PACKAGES = (
     "slurm-wlm",
     "slurmdbd",
     "mariadb-server",
     "mariadb-client",
+    "iproute2",
     "libffi8",
     "libnsl2",
     "libsqlite3-0",
@@ -255,12 +257,30 @@ def _last_line(path: Path) -> str:
         return ""
 
 
+def session_prefix(release: SlurmRelease, pid: int, cwd: str) -> list[str]:
+    """argv prefix that runs a command in the mount namespace and root of a process already running in the
+    release's root ([] for the host release or when already inside). A netns cluster in a root has its named
+    network namespaces mounted in the mount namespace its `up` made (/run/netns there): a fresh rootexec.py would
+    see only their empty files on the host. cwd stays where it is when that namespace sees it, else /."""
+    root = root_path(release)
+    if root is None or inside_root():
+        return []
+    wd = cwd if os.path.isdir(f"/proc/{pid}/root{cwd}") else "/"
+    return ["nsenter", f"--target={pid}", "--mount", "--root", f"--wd={wd}", "env", f"{rootexec.INSIDE}={root}"]
+
+
 def exec_in(
-    release: SlurmRelease, argv: list[str], env: dict[str, str] | None = None, binds: list[str] | None = None
+    release: SlurmRelease,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    binds: list[str] | None = None,
+    session: int | None = None,
 ) -> NoReturn:
     """Replace this process with argv run inside the release's root (directly for the host release or when
-    already inside). Used by the CLI: `devcluster exec`, and any devcluster command on a newer release."""
-    full = [*prefix(release, binds), *argv]
+    already inside). Used by the CLI: `devcluster exec`, and any devcluster command on a newer release.
+    session: the pid of a live daemon whose mount namespace the command joins (session_prefix)."""
+    where = prefix(release, binds) if session is None else session_prefix(release, session, os.getcwd())
+    full = [*where, *argv]
     try:
         os.execvpe(full[0], full, env if env is not None else dict(os.environ))
     except OSError as e:

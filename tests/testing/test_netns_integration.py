@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import yaml
 
 from hpresilience import proc
 from hpresilience.controller.loop import Controller
-from hpresilience.testing import netns
+from hpresilience.testing import netns, netshape, nodecpu
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.netns import Isolation
 from tests.autoresume.test_wrapper_integration import TRAINER, Run, processes_with, unique_token
@@ -164,7 +165,7 @@ def tcp_connect_s(cl: DevCluster, node: str, tries: int = 5) -> float | None:
         f" s=socket.create_connection(('{addr}',{cl.node_port(node)}),timeout=2)\n"
         " ts.append(time.monotonic()-t)\n s.close()\nprint(statistics.median(ts))"
     )
-    res = proc.run([*cl.command_prefix(), "python3", "-c", code], 30)
+    res = proc.run([*cl.command_prefix(), sys.executable, "-c", code], 30)
     return float(res.stdout.strip()) if res.ok else None
 
 
@@ -182,6 +183,103 @@ def test_slow_adds_the_delay_to_the_nodes_link_and_zero_removes_it(hosts: DevClu
         hosts.slow("n3", 0)
     after = tcp_connect_s(hosts, "n3")
     assert after is not None and after < before + 0.05
+
+
+# A sink in the controller's namespace: reads BYTES from each connection, answers one byte (the transfer's end).
+SINK = """
+import socket, sys, threading
+srv = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("listening", flush=True)
+def serve(c):
+    got = 0
+    while got < int(sys.argv[3]):
+        chunk = c.recv(65536)
+        if not chunk:
+            break
+        got += len(chunk)
+    c.sendall(b"k")
+    c.close()
+while True:
+    threading.Thread(target=serve, args=(srv.accept()[0],), daemon=True).start()
+"""
+# One task's transfer-bound steps: each sends BYTES to the sink and waits for its answer.
+STEPS = """
+import os, socket, sys, time
+for _ in range(int(sys.argv[4])):
+    t = time.monotonic()
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+    s.sendall(b"x" * int(sys.argv[3]))
+    s.recv(1)
+    s.close()
+    print(os.environ["SLURMD_NODENAME"], round(time.monotonic() - t, 4), flush=True)
+"""
+
+
+def transfer_steps(cl: DevCluster, nodes: str, port: int, size: int, steps: int) -> dict[str, list[float]]:
+    """node -> its step times: one task per node, each step a transfer of `size` bytes to the sink."""
+    res = proc.run(
+        [*cl.command_prefix(), "srun", f"-N{nodes.count(',') + 1}", "-w", nodes, sys.executable, "-c", STEPS,
+         netns.CTL_ADDR, str(port), str(size), str(steps)],
+        120,
+        env=cl.env(),
+    )  # fmt: skip
+    assert res.ok, res.describe(tail=500)
+    out: dict[str, list[float]] = {}
+    for line in res.stdout.splitlines():
+        node, took = line.split()
+        out.setdefault(node, []).append(float(took))
+    return out
+
+
+def test_a_node_whose_link_is_capped_takes_longer_for_a_transfer_bound_step_and_rate_zero_lifts_the_cap(
+    hosts: DevCluster,
+) -> None:
+    """n3's link at 1 mbit (tbf, built into the kernel, unlike netem): a step sending 96 kB takes at least the
+    0.77 s the cap allows there, while n1's takes milliseconds; `--rate 0` gives n3 its speed back."""
+    size, port = 96_000, PORT - 1  # a port of the controller's namespace, whose Slurm ports are PORT and above
+    sink = subprocess.Popen(
+        [*hosts.command_prefix(), sys.executable, "-c", SINK, netns.CTL_ADDR, str(port), str(size)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    where = ("--state-dir", str(hosts.state_dir))
+    try:
+        assert sink.stdout is not None and sink.stdout.readline().strip() == "listening"
+        capped = hpr("devcluster", "slow", "n3", "--rate", "1mbit", *where)
+        assert capped.returncode == 0 and "n3: link capped at 1mbit each way" in capped.stdout, capped.stderr
+        assert all("tbf" in line and "rate 1Mbit" in line for line in netshape.shown(PORT, "n3"))
+        times = transfer_steps(hosts, "n1,n3", port, size, 4)
+        slow, fast = statistics.median(times["n3"]), statistics.median(times["n1"])
+        print(f"96 kB step: n3 at 1mbit {slow:.3f} s, n1 {fast:.3f} s (x{slow / fast:.0f})")
+        assert slow >= 0.7 and slow > 5 * fast, times
+    finally:
+        lifted = hpr("devcluster", "slow", "n3", "--rate", "0", *where)
+        sink.kill()
+        sink.wait(10)
+    assert lifted.returncode == 0 and "link rate cap removed" in lifted.stdout, lifted.stderr
+    assert netshape.shown(PORT, "n3") == ["", ""] or all("tbf" not in line for line in netshape.shown(PORT, "n3"))
+
+
+def test_a_netns_nodes_slurmd_runs_in_its_own_cpu_cgroup_whose_quota_slow_cpu_sets(hosts: DevCluster) -> None:
+    """Joined before its PID namespace is made: the quota reaches slurmd there and all it starts."""
+    if nodecpu.hierarchy() is None:
+        pytest.skip("no writable cpu cgroup controller here")
+    slurmd = hosts.daemon_pids()["n2"]
+    assert f"/{nodecpu.cgroup_name(PORT, 'n2')}" in Path(f"/proc/{slurmd}/cgroup").read_text()
+    hosts.slow("n2", cpu=0.5)
+    try:
+        assert nodecpu.quota(PORT, "n2") == 0.5 and nodecpu.quota(PORT, "n1") is None
+    finally:
+        hosts.slow("n2", cpu=1)
+    assert nodecpu.quota(PORT, "n2") is None
+
+
+def test_a_delay_on_a_kernel_without_netem_is_refused_in_one_line_naming_the_module(hosts: DevCluster) -> None:
+    if not netns.netem_usable():
+        pytest.skip("this kernel has netem: the delay itself is tested above")
+    res = hpr("devcluster", "slow", "n3", "--delay-ms", "10", "--state-dir", str(hosts.state_dir))
+    assert res.returncode != 0 and "sch_netem" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
 def test_the_reap_runs_only_on_healthy_nodes_and_an_orphan_on_the_failed_node_outlives_the_job(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -46,6 +47,24 @@ def test_a_release_whose_root_is_missing_names_the_command_that_builds_it(
     monkeypatch.delenv(rootexec.INSIDE, raising=False)
     with pytest.raises(EnvironmentMissing, match=r"devcluster up --slurm 26\.05"):
         slurmroot.prefix(SlurmRelease.V26_05)
+
+
+def test_a_command_joins_a_live_root_session_in_its_mount_namespace_and_root_marked_as_inside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A netns cluster in a root keeps its namespaces mounted in its `up`'s mount namespace: later commands join
+    that one (its daemon's pid) instead of a fresh rootexec.py; the working directory stays where it is seen."""
+    monkeypatch.setenv("HPRESILIENCE_ROOTS_DIR", str(tmp_path / "roots"))
+    monkeypatch.delenv(rootexec.INSIDE, raising=False)
+    me = os.getpid()
+    assert slurmroot.session_prefix(SlurmRelease.V24_11, me, str(tmp_path)) == [
+        "nsenter", f"--target={me}", "--mount", "--root", f"--wd={tmp_path}",
+        "env", f"{rootexec.INSIDE}={tmp_path / 'roots' / 'trixie'}",
+    ]  # fmt: skip
+    assert "--wd=/" in slurmroot.session_prefix(SlurmRelease.V26_05, me, str(tmp_path / "nowhere"))
+    assert slurmroot.session_prefix(SlurmRelease.HOST, me, "/") == []
+    monkeypatch.setenv(rootexec.INSIDE, str(tmp_path / "roots" / "trixie"))
+    assert slurmroot.session_prefix(SlurmRelease.V24_11, me, "/") == []  # inside already
 
 
 def test_exec_sets_the_clusters_slurm_conf(tmp_path: Path) -> None:
@@ -199,3 +218,46 @@ def test_up_from_the_host_runs_a_newer_release_in_its_root_and_down_stops_it(
         down = subprocess.run([*cli, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]
     assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.integration
+def test_a_netns_cluster_of_a_newer_release_is_cut_healed_and_capped_by_separate_cli_commands_from_the_host(
+    tmp_path: Path,
+) -> None:
+    """`up --isolation netns --slurm 24.11` on the host; each later command (a process of its own) reaches the
+    namespaces that `up` mounted in the root's mount namespace, and `down` removes them. One release: 26.05 enters
+    its root the same way (the netns tests run inside each release's root in scripts/dev.sh's release subsets)."""
+    release = SlurmRelease.V24_11
+    if slurmroot.inside_root() or not slurmroot.is_ready(release) or os.geteuid() != 0:
+        pytest.skip(f"needs root and the Slurm {release.value} root built, run from the host")
+    port = TEST_BASE_PORT + 650
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"devcluster: {{base_port: {port}}}\n")
+    where = ("--state-dir", str(tmp_path / "cluster"))
+    cli = [sys.executable, "-m", "hpresilience", "--config", str(cfg), "devcluster"]
+
+    def hpr(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args, *where], capture_output=True, text=True, timeout=120)
+
+    def inside(*argv: str) -> str:
+        res = subprocess.run([*cli, "exec", *where, "--", *argv], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr[-1000:]
+        return res.stdout
+
+    try:
+        up = hpr("up", "--isolation", "netns", "--slurm", release.value, "--nodes", "2", "--no-accounting")
+        assert up.returncode == 0 and f"Slurm {release.value}, 2 nodes" in up.stdout, up.stderr[-2000:]
+        assert inside("sinfo", "-V").split()[-1].startswith(release.value)
+        assert hpr("partition", "n2").returncode == 0
+        assert "state DOWN" in inside("ip", "-o", "-n", f"hpr{port}-ctl", "link", "show", "vn2")
+        assert hpr("heal", "n2").returncode == 0
+        assert "state UP" in inside("ip", "-o", "-n", f"hpr{port}-ctl", "link", "show", "vn2")
+        capped = hpr("slow", "n2", "--rate", "1mbit")
+        assert capped.returncode == 0, capped.stderr
+        assert "rate 1Mbit" in inside("tc", "-n", f"hpr{port}-n2", "qdisc", "show", "dev", "eth0")
+        # The node's own address, reached from its controller's namespace only.
+        assert "idle" in inside("sinfo", "-h", "-n", "n2", "-o", "%T")
+    finally:
+        down = hpr("down")
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert not [n for n in os.listdir("/run/netns") if n.startswith(f"hpr{port}-")]

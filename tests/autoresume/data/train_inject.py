@@ -4,6 +4,8 @@
 INJECT_SLOW_RANK / INJECT_SLOW_FACTOR: that rank's own work per step takes FACTOR times as long.
 INJECT_ABORT_RANK / INJECT_ABORT_STEP: in the first attempt, that rank prints NCCL's watchdog message at
 that step and aborts (SIGABRT), as ProcessGroupNCCL's watchdog does after a collective timeout.
+INJECT_CPU_WORK=1: every rank's work is compute, not a sleep: it burns that many seconds of its own CPU time, so
+a CPU quota on its node (`devcluster slow NODE --cpu F`) makes it take longer, as on a slow host.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class InjectedTime:
             os.abort()
         if env.get("INJECT_SLOW_RANK") == str(RANK):
             seconds *= float(env.get("INJECT_SLOW_FACTOR", "1.3"))
+        if env.get("INJECT_CPU_WORK") == "1":
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+            return
         time.sleep(seconds)
 
 

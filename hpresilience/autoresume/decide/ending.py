@@ -15,10 +15,11 @@ from pathlib import Path
 
 from hpresilience.autoresume.decide.capacity import Capacity
 from hpresilience.autoresume.decide.classify import Cause, Diagnosis, classify
+from hpresilience.autoresume.decide.marking import mark_nodes
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.watch.base import AttemptResult, StopRequest
+from hpresilience.autoresume.watch.base import AttemptResult, MarkRequest, StopRequest
 from hpresilience.autoresume.watch.collective import CollectiveBudget
 from hpresilience.autoresume.watch.feed import RuleFeed
 from hpresilience.autoresume.watch.flightrec import read_dumps, wavefront
@@ -27,6 +28,7 @@ from hpresilience.autoresume.watch.integrity import ROLLBACK_RULE, STOP_RULE
 from hpresilience.autoresume.watch.nodewatch import node_is_bad
 from hpresilience.autoresume.watch.rules import LogState
 from hpresilience.errors import HPResilienceError
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.slurm.srun import TASK_END_LINE, application_exit_code
@@ -94,6 +96,8 @@ class Ending:
         elif hang is not None:
             fired = (Cause.HANG, "; ".join(s.why for s in hang.suspects)[:500] or "no rank or node stood out")
         diagnosis = classify(exit_code, plan, by_name, allocation, self.feed.srun_errors, fired, result.blamed)
+        if result.mark is not None:  # a detector asked for its blamed nodes to be marked (watch/base.MarkRequest)
+            mark_nodes(self.client, self.reporter, self.job_id, result.blamed, result.mark)
         if diagnosis.cause is Cause.HANG and hang is not None:
             return self._hang_verdict(diagnosis, hang, plan)
         if diagnosis.cause is Cause.APPLICATION and self.progress.signatures():
@@ -120,15 +124,8 @@ class Ending:
         return diagnosis
 
     def _mark_suspect(self, node: str, why: str, evidence: str) -> bool:
-        reason = f"Action:Reboot [hpr-autoresume job {self.job_id}] {why} evidence={evidence}"
-        reason = reason.replace('"', "'")[:400]
-        try:
-            self.client.set_node_state([node], "fail", reason)
-        except HPResilienceError as err:
-            self.reporter.decision("suspect_mark_failed", node=node, error=str(err)[:300])
-            return False
-        self.reporter.decision("suspect_node_marked", node=node, action="reboot", reason=reason)
-        return True
+        request = MarkRequest(Action.REBOOT, why, evidence, "suspect_node_marked")
+        return bool(mark_nodes(self.client, self.reporter, self.job_id, [node], request))
 
     def _collective(self, diagnosis: Diagnosis, plan: list[str], exit_code: int, attempt: int) -> Diagnosis:
         """A collective timeout or abort: wait a settle window for a verdict on the nodes (the agent may

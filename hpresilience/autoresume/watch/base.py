@@ -21,6 +21,7 @@ from typing import Generic, Protocol, TypeVar, runtime_checkable
 from hpresilience.autoresume.watch.hang import Attribution
 from hpresilience.autoresume.watch.rules import RuleTripped
 from hpresilience.log import get_logger
+from hpresilience.reasons import Action
 
 log = get_logger("hpresilience.autoresume")
 T = TypeVar("T")
@@ -52,6 +53,17 @@ class StepView(Protocol):
 
 
 @dataclass(frozen=True)
+class MarkRequest:
+    """A detector's request that the verdict's nodes be marked out of service (decide/marking.py carries it out,
+    after the step): the action the mark asks for, why, where the evidence is, and the event that records it."""
+
+    action: Action
+    why: str
+    evidence: str
+    event: str  # `<event>` when marked, `<event>_failed` when Slurm refused
+
+
+@dataclass(frozen=True)
 class Verdict:
     """One detector's answer, with its evidence. `nodes`: the nodes it blames (STOP_NOW), the drained nodes the
     step leaves (MOVE), or the nodes to leave out at the next relaunch (NOTHING)."""
@@ -65,6 +77,7 @@ class Verdict:
     target: tuple[str, ...] | None = None  # MOVE: the nodes the step moves to, when already known (grow back)
     unanswering: bool = False  # `nodes` ran no task when probed (kept out of the step, left in the job)
     leave_out: bool = False  # `nodes` leave the step at the next relaunch, whatever ends this attempt
+    mark: MarkRequest | None = None  # STOP_NOW: mark `nodes` out of service too (never done by the detector)
 
 
 class Detector(Protocol):
@@ -129,6 +142,10 @@ class AttemptResult:
     @property
     def hang(self) -> Attribution | None:
         return self.verdict.hang if self.verdict is not None else None
+
+    @property
+    def mark(self) -> MarkRequest | None:
+        return self.verdict.mark if self.verdict is not None else None
 
     @property
     def unanswering(self) -> list[str]:

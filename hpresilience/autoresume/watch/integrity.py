@@ -5,8 +5,9 @@ Two kinds of report reach it through the progress stream (losses.py has the valu
   hash of their parameters and optimizer state; rank 0 reports `replica=ok` or `replica=bad bad_rank=R
   bad_node=N`. A disagreement stops the step at once (every update since the last check that passed may carry
   the bad rank's gradients); the next attempt restores the newest checkpoint at or before that check
-  (HPR_RESTORE_MAX_STEP). A node named `replica_mark_after` times is marked Action:Replace with the evidence and
-  swapped out (a HARDWARE verdict); before that the step goes again on the same nodes.
+  (HPR_RESTORE_MAX_STEP). A node named `replica_mark_after` times is swapped out (a HARDWARE verdict) and its
+  verdict asks for it to be marked Action:Replace with the evidence (decide/marking.py does, after the step: a
+  detector acts on nothing); before that the step goes again on the same nodes.
 - the loss (and grad norm) of each step, from the heartbeat, else from the output lines that print one. A
   non-finite value, or a spike (a robust z-score above loss_spike_z over the source's window), triggers the
   user's loss_policy: `stop` ends the job with a one-line reason on the job's stderr; `rollback` relaunches from
@@ -26,12 +27,11 @@ import sys
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.settings import AutoResumeSettings
-from hpresilience.autoresume.watch.base import Act, StepView, Verdict
+from hpresilience.autoresume.watch.base import Act, MarkRequest, StepView, Verdict
 from hpresilience.autoresume.watch.losses import LossSample, SpikeWatch, ranges_text
 from hpresilience.autoresume.watch.rules import LogState, RuleTripped
 from hpresilience.autoresume.watch.table import WatchContext
-from hpresilience.errors import HPResilienceError
-from hpresilience.slurm.client import SlurmClient
+from hpresilience.reasons import Action
 
 ROLLBACK_RULE = "integrity_rollback"
 STOP_RULE = "integrity_stop"
@@ -40,14 +40,10 @@ STOP_RULE = "integrity_stop"
 class Integrity:
     name = "integrity"
 
-    def __init__(
-        self, settings: AutoResumeSettings, progress: ProgressStream, reporter: Reporter, client: SlurmClient, job: int
-    ) -> None:
+    def __init__(self, settings: AutoResumeSettings, progress: ProgressStream, reporter: Reporter) -> None:
         self.w = settings
         self.progress = progress
         self.reporter = reporter
-        self.client = client
-        self.job_id = job
         self.named: dict[str, int] = {}  # node -> times the replica check named it (the job's life)
         self.last_ok: int | None = None  # the newest step the replica check passed at
         self.restore_max: int | None = None  # HPR_RESTORE_MAX_STEP for the next attempts, until tainted_to passed
@@ -145,21 +141,12 @@ class Integrity:
             restore_max_step=self.restore_max,
         )
         trip = RuleTripped(ROLLBACK_RULE, LogState.FAULTED, why, now)
-        if decided and count >= self.w.replica_mark_after and self._mark(node, why):
-            return Verdict(self.name, Act.STOP_NOW, why, nodes=(node,), trip=trip)
+        if decided and count >= self.w.replica_mark_after:
+            # The node leaves the step; decide/marking.py marks it, with the replica_disagreement events as evidence.
+            evidence = str(self.reporter.store.events_path)
+            mark = MarkRequest(Action.REPLACE, why, evidence, "sdc_node_marked")
+            return Verdict(self.name, Act.STOP_NOW, why, nodes=(node,), trip=trip, mark=mark)
         return Verdict(self.name, Act.STOP_NOW, why, trip=trip)
-
-    def _mark(self, node: str, why: str) -> bool:
-        evidence = str(self.reporter.store.events_path)  # the replica_disagreement events, one per naming
-        reason = f"Action:Replace [hpr-autoresume job {self.job_id}] {why} evidence={evidence}"
-        reason = reason.replace('"', "'")[:400]
-        try:
-            self.client.set_node_state([node], "fail", reason)
-        except HPResilienceError as err:
-            self.reporter.decision("sdc_mark_failed", node=node, error=str(err)[:300])
-            return False
-        self.reporter.decision("sdc_node_marked", node=node, action="replace", reason=reason)
-        return True
 
     def _diverged(self, s: LossSample, what: str, now: float) -> Verdict:
         at = s.step if s.step >= 0 else self._highest_step(s)
@@ -191,4 +178,4 @@ class Integrity:
 
 
 def detector(ctx: WatchContext) -> Integrity:
-    return Integrity(ctx.opts.watch, ctx.progress, ctx.reporter, ctx.client, ctx.opts.job_id)
+    return Integrity(ctx.opts.watch, ctx.progress, ctx.reporter)

@@ -13,6 +13,7 @@ import pytest
 
 from hpresilience.autoresume.decide.classify import Cause
 from hpresilience.autoresume.decide.ending import INTEGRITY_CAUSES
+from hpresilience.autoresume.decide.marking import mark_nodes
 from hpresilience.autoresume.decide.policy import FailureKind, PolicyChoice, RestartPolicy
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
@@ -21,6 +22,7 @@ from hpresilience.autoresume.state import WrapperStateStore
 from hpresilience.autoresume.watch.base import Act, StepEnvSource
 from hpresilience.autoresume.watch.integrity import ROLLBACK_RULE, STOP_RULE, Integrity
 from hpresilience.autoresume.watch.losses import SpikeWatch, loss_in_line, robust_z
+from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 
 JOB = 7
@@ -96,7 +98,7 @@ def test_the_loss_of_an_output_line_is_read_and_other_metrics_are_not(line: str,
 def _watch(tmp_path: Path, **settings: Any) -> tuple[Integrity, ProgressStream, Marks]:
     progress, client = ProgressStream(), Marks()
     reporter = Reporter(WrapperStateStore(tmp_path, JOB), JOB, None)
-    watch = Integrity(AutoResumeSettings(**settings), progress, reporter, client, JOB)
+    watch = Integrity(AutoResumeSettings(**settings), progress, reporter)
     progress.reset(["n1", "n1", "n2", "n2"])
     watch.start(Step())
     return watch, progress, client
@@ -121,6 +123,10 @@ def test_a_replica_named_once_relaunches_from_the_last_passed_check_and_twice_ma
     _beat(progress, 20, "replica=bad bad_rank=3 bad_node=n2")
     second = watch.poll(2.0, Step())
     assert second is not None and second.nodes == ("n2",)
+    assert client.calls == []  # a detector marks nothing itself: its verdict asks, decide/marking.py marks
+    assert second.mark is not None and second.mark.action is Action.REPLACE and "rank 3 on n2" in second.mark.why
+    reporter = Reporter(WrapperStateStore(tmp_path, JOB), JOB, None)
+    assert mark_nodes(client, reporter, JOB, second.nodes, second.mark) == ["n2"]
     [(nodes, action, reason)] = client.calls
     assert nodes == ["n2"] and action == "fail" and reason.startswith("Action:Replace [hpr-autoresume job 7]")
     assert "rank 3 on n2" in reason and "evidence=" in reason

@@ -211,6 +211,24 @@ class AutoResumeSettings(Section):
     silent_node_s: float = Field(default=4.0, ge=0)
     # hpresilience.torch heartbeats write at most one line per rank this often (HPR_HEARTBEAT_EVERY_S).
     heartbeat_every_s: float = Field(default=5.0, ge=0)
+    # Crash loops (decide/crashloop.py, docs/crash-loops.md): this many attempts in a row ending at the same step
+    # with the same signature (exit code + the error's normalized last lines) stop the job, no node marked. 0: off.
+    crash_loop_bound: int = Field(default=3, ge=0)
+    # The same crash at this many different steps with the same node failing first marks that node (2: a suspect
+    # in the events). 0: never marked.
+    crash_suspect_mark_after: int = Field(default=3, ge=0)
+    # Exit codes that stop the job at once (Megatron's 17: failed on result validation; NVRx's 93: no progress),
+    # and that ask for a rerun on other nodes (Megatron's 16: resume to disambiguate; not an application error).
+    stop_exit_codes: list[int] = Field(default_factory=lambda: [17, 93])
+    rerun_exit_codes: list[int] = Field(default_factory=lambda: [16])
+
+    @field_validator("stop_exit_codes", "rerun_exit_codes")
+    @classmethod
+    def _exit_codes(cls, v: list[int]) -> list[int]:
+        bad = [c for c in v if not 1 <= c <= 255]
+        if bad:
+            raise ValueError(f"exit codes are 1-255, got {bad}")
+        return v
 
     @field_validator("shutdown_signal")
     @classmethod

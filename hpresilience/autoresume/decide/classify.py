@@ -26,6 +26,8 @@ class Cause(str, Enum):
     COLLECTIVE = "collective"  # a collective timeout/abort with every node healthy
     SLOW = "slow"
     APPLICATION = "application"
+    CRASH_LOOP = "crash_loop"  # the same crash at the same step, attempt after attempt (decide/crashloop.py)
+    RERUN = "rerun"  # the step asked to run again on other hardware (Megatron's exit code 16)
     NONE = "none"  # the step succeeded
 
 

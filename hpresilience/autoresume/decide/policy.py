@@ -33,6 +33,7 @@ class FailureKind(enum.Enum):
     APPLICATION_ERROR = "application_error"  # the step failed and no fault outside the program was found
     RULE_TRIPPED = "rule_tripped"  # a log rule reported HANGING, SLOW or FAULTED
     NODE_FAULT = "node_fault"  # a node failed, drained, or was marked for repair
+    RERUN_REQUESTED = "rerun_requested"  # the program asked for a rerun elsewhere (not its error)
 
 
 class PolicyChoice(enum.Enum):

@@ -38,6 +38,8 @@ KIND_OF: dict[Cause, FailureKind] = {
     Cause.SLOW: FailureKind.RULE_TRIPPED,
     Cause.COLLECTIVE: FailureKind.RULE_TRIPPED,
     Cause.APPLICATION: FailureKind.APPLICATION_ERROR,
+    Cause.CRASH_LOOP: FailureKind.APPLICATION_ERROR,
+    Cause.RERUN: FailureKind.RERUN_REQUESTED,
 }
 
 # The restart policy's action for a fault.

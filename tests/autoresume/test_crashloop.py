@@ -217,3 +217,13 @@ def test_the_ledger_says_the_job_stopped_at_the_crash_loop() -> None:
     ]
     led = compute(7, evs)
     assert [(r.cause, r.action) for r in led.restarts] == [("application", "relaunch"), ("crash_loop", "stop")]
+
+
+def test_the_crash_step_is_the_failing_tasks_last_step_not_a_faster_ranks(tmp_path: Path) -> None:
+    """srun ends the other tasks a moment after the first fails: one of them may have printed a step more."""
+    w, feed, _ = watch(tmp_path, WrapperState(7))
+    w.progress.feed_lines(["0: step 39", "0: step 40", "1: step 38", "1: step 39"])
+    feed.feed("srun: error: n2: task 1: Exited with exit code 1\n", "stderr")
+    assert w.crash(1, ["n1", "n2"], 1).step == 39
+    feed.reset()
+    assert w.crash(1, ["n1", "n2"], 1).step == 40  # no task named: the highest step seen

@@ -220,11 +220,20 @@ class CrashWatch:
         self.feed = feed
 
     def crash(self, exit_code: int, plan: Sequence[str], attempt: int) -> Crash:
-        seen = self.progress.steps_seen()
         first = first_failed_task(self.feed.srun_errors)
         node, task = first if first is not None else (None, None)
         digest, tail = signature(exit_code, self.feed.error_tail(task), plan)
-        return Crash(attempt, None if seen is None else seen[1], exit_code, digest, tuple(plan), node, tail)
+        return Crash(attempt, self._step(task), exit_code, digest, tuple(plan), node, tail)
+
+    def _step(self, task: int | None) -> int | None:
+        """The last step of the task that failed first (the others may have run one step further before srun
+        ended them, or not: their steps would make one crash look like two); else the highest step seen."""
+        if task is not None:
+            for info in (self.progress.ranks().get(task), self.progress.tasks().get(task)):
+                if info is not None:
+                    return info.last_step
+        seen = self.progress.steps_seen()
+        return None if seen is None else seen[1]
 
     def repeating(self, crash: Crash) -> bool:
         """The attempt ended as the one before it did: a node it would implicate is not to be marked for it."""

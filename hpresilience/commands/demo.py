@@ -10,6 +10,8 @@ import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.commands.devcluster import settings_of
+from hpresilience.errors import JobFailed
+from hpresilience.testing.crashdemo import run_crash_loop
 from hpresilience.testing.demo import Story, Timeline, run_story
 from hpresilience.testing.devcluster import DevCluster
 
@@ -17,9 +19,16 @@ from hpresilience.testing.devcluster import DevCluster
 @click.command()
 @click.option("--keep", is_flag=True, help="Leave the cluster and its daemons' logs afterwards.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Give up after this many seconds.")
+@click.option(
+    "--scenario",
+    type=click.Choice(["story", "crash-loop"]),
+    default="story",
+    show_default=True,
+    help="story: a node fault end to end; crash-loop: a program crashing at one step every attempt is stopped.",
+)
 @pass_ctx
-def demo(c: Ctx, keep: bool, timeout: float) -> None:
-    """Run the whole story on a local Slurm cluster and print its timeline."""
+def demo(c: Ctx, keep: bool, timeout: float, scenario: str) -> None:
+    """Run the whole story (or one scenario) on a local Slurm cluster and print its timeline."""
     dev = settings_of(c)
     state_dir = os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or dev.state_dir
     cl = DevCluster(
@@ -37,7 +46,11 @@ def demo(c: Ctx, keep: bool, timeout: float) -> None:
     work.mkdir(parents=True, exist_ok=True)
     story = Story(cl, work, tl)
     try:
-        run_story(story, tl, timeout)
+        if scenario == "crash-loop":
+            if not run_crash_loop(cl, work, tl.say, timeout):
+                raise JobFailed(f"scenario crash-loop failed; logs in {work}")
+        else:
+            run_story(story, tl, timeout)
     finally:
         story.stop()
         if keep:

@@ -227,3 +227,11 @@ def test_the_crash_step_is_the_failing_tasks_last_step_not_a_faster_ranks(tmp_pa
     assert w.crash(1, ["n1", "n2"], 1).step == 39
     feed.reset()
     assert w.crash(1, ["n1", "n2"], 1).step == 40  # no task named: the highest step seen
+
+
+def test_the_crash_step_takes_the_failing_tasks_output_over_its_lagging_heartbeat(tmp_path: Path) -> None:
+    w, feed, _ = watch(tmp_path, WrapperState(7))
+    beat = "0: [hpr-heartbeat] rank=0 node=n1 pid=5 step=30 steps=1 step_s=0.1"
+    w.progress.feed_lines([beat, "0: step=38", "0: step=39"])
+    feed.feed("srun: error: n1: task 0: Exited with exit code 1\n", "stderr")
+    assert w.crash(1, ["n1", "n2"], 1).step == 39

@@ -50,3 +50,25 @@ def test_demo_runs_the_whole_story_and_leaves_nothing_behind(tmp_path: Path) -> 
         assert re.search(re.escape(label) + r"\s+\d+\.\d+ s", out), label
     assert not state.exists()
     assert DevCluster(state).processes() == []
+
+
+def test_demo_crash_loop_scenario_stops_after_the_bound_with_no_node_marked(tmp_path: Path) -> None:
+    """Issue 34: `hpresilience demo --scenario crash-loop` ends with its one line and cleans up."""
+    require_slurm()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"devcluster: {{base_port: {TEST_BASE_PORT + 600}}}\n")
+    state = tmp_path / "cluster"
+    env = {**os.environ, "HPRESILIENCE_DEVCLUSTER_DIR": str(state)}
+    res = subprocess.run(
+        [sys.executable, "-m", "hpresilience", "--config", str(cfg), "demo", "--scenario", "crash-loop", "--timeout", "200"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    out = res.stdout
+    assert res.returncode == 0, out[-3000:] + res.stderr[-3000:]
+    assert re.search(r"^scenario crash-loop: ok stopped_after=3 nodes_marked=0$", out, re.M), out[-3000:]
+    assert "step_moved_off_crash" in out
+    assert not state.exists()
+    assert DevCluster(state).processes() == []

@@ -227,11 +227,12 @@ class CrashWatch:
 
     def _step(self, task: int | None) -> int | None:
         """The last step of the task that failed first (the others may have run one step further before srun
-        ended them, or not: their steps would make one crash look like two); else the highest step seen."""
+        ended them, or not: their steps would make one crash look like two); else the highest step seen. Its
+        output lines and its heartbeats both count: heartbeats alone lag by up to their period (5 s)."""
         if task is not None:
-            for info in (self.progress.ranks().get(task), self.progress.tasks().get(task)):
-                if info is not None:
-                    return info.last_step
+            infos = [i for i in (self.progress.ranks().get(task), self.progress.tasks().get(task)) if i is not None]
+            if infos:
+                return max(i.last_step for i in infos)
         seen = self.progress.steps_seen()
         return None if seen is None else seen[1]
 

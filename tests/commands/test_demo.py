@@ -60,7 +60,18 @@ def test_demo_crash_loop_scenario_stops_after_the_bound_with_no_node_marked(tmp_
     state = tmp_path / "cluster"
     env = {**os.environ, "HPRESILIENCE_DEVCLUSTER_DIR": str(state)}
     res = subprocess.run(
-        [sys.executable, "-m", "hpresilience", "--config", str(cfg), "demo", "--scenario", "crash-loop", "--timeout", "200"],
+        [
+            sys.executable,
+            "-m",
+            "hpresilience",
+            "--config",
+            str(cfg),
+            "demo",
+            "--scenario",
+            "crash-loop",
+            "--timeout",
+            "200",
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -308,7 +308,7 @@ class Supervisor:
             plan = self.capacity.recover([*bad, *leave], plan, size)
         elif diagnosis.cause is Cause.RERUN or judged.move:  # on other hardware, where the allocation has it
             job = self.client.job(self.job_id)
-            moved = elsewhere(job.nodes, plan, self.capacity.unhealthy(job))
+            moved = elsewhere(job.nodes, plan, self.capacity.unhealthy(job), crash.first_node)
             if moved != plan:
                 self.reporter.decision("step_moved_off_crash", nodes_from=",".join(plan), nodes=",".join(moved))
                 plan = moved

@@ -103,6 +103,11 @@ def test_elsewhere_swaps_as_many_nodes_as_the_allocation_has_free() -> None:
     assert elsewhere(["n1", "n2", "n3"], ["n1", "n2"], unhealthy=["n3"]) == ["n1", "n2"]
 
 
+def test_elsewhere_swaps_the_node_that_failed_first_before_the_others() -> None:
+    assert elsewhere(["n1", "n2", "n3"], ["n1", "n2"], first="n2") == ["n1", "n3"]
+    assert elsewhere(["n1", "n2", "n3", "n4"], ["n1", "n2"], first="n2") == ["n4", "n3"]
+
+
 # -- suspects --------------------------------------------------------------------------------------------------
 def test_the_same_crash_at_different_steps_with_the_same_node_failing_first_makes_it_a_suspect() -> None:
     h = history(mark_after=3)

@@ -183,14 +183,22 @@ class CrashHistory:
         return [c.to_dict() for c in self.crashes]
 
 
-def elsewhere(allocation: Sequence[str], plan: Sequence[str], unhealthy: Iterable[str] = ()) -> list[str]:
-    """`plan` with as many of its nodes as the allocation's other healthy nodes allow swapped for those, in
-    rank order from the first: a rerun that must not land on the same hardware, as far as the job can avoid it."""
+def elsewhere(
+    allocation: Sequence[str], plan: Sequence[str], unhealthy: Iterable[str] = (), first: str | None = None
+) -> list[str]:
+    """`plan` with as many of its nodes as the allocation's other healthy nodes allow swapped for those: the node
+    that failed first (`first`) before the others, then in rank order. A rerun that must not land on the same
+    hardware, as far as the job can avoid it; a crash that follows the step off its first failed node is not
+    that node's."""
     bad = set(unhealthy)
-    free = [n for n in allocation if n not in plan and n not in bad]
+    free = iter([n for n in allocation if n not in plan and n not in bad])
     out = list(plan)
-    for i in range(min(len(free), len(out))):
-        out[i] = free[i]
+    order = sorted(range(len(out)), key=lambda i: (out[i] != first, i))
+    for i in order:
+        new = next(free, None)
+        if new is None:
+            break
+        out[i] = new
     return out
 
 

@@ -220,6 +220,10 @@ class AutoResumeSettings(Section):
     # Exit codes that stop the job at once (Megatron's 17: failed on result validation; NVRx's 93: no progress),
     # and that ask for a rerun on other nodes (Megatron's 16: resume to disambiguate; not an application error).
     stop_exit_codes: list[int] = Field(default_factory=lambda: [17, 93])
+    # After a restore, the first this-many redone steps' losses (`step=N ... loss=X` lines) are compared with the
+    # same steps' before the fault; a relative difference above the tolerance is reported (watch/replay.py). 0: off.
+    restore_loss_steps: int = Field(default=5, ge=0)
+    restore_loss_tolerance: float = Field(default=1e-3, ge=0)
     rerun_exit_codes: list[int] = Field(default_factory=lambda: [16])
 
     @field_validator("stop_exit_codes", "rerun_exit_codes")

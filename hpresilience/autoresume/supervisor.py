@@ -33,6 +33,7 @@ from hpresilience.autoresume.watch.base import AttemptResult, StopRequest
 from hpresilience.autoresume.watch.evidence import HangInvestigator
 from hpresilience.autoresume.watch.feed import RuleFeed
 from hpresilience.autoresume.watch.nodewatch import NodeWatch
+from hpresilience.autoresume.watch.replay import LossReplay, report_replay
 from hpresilience.autoresume.watch.rules import RuleSet
 from hpresilience.autoresume.watch.table import DETECTORS, DetectorFactory, WatchContext, build_detectors
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
@@ -90,12 +91,14 @@ class Supervisor:
             settle=self.ops.settle,
         )
         labels_ours = opts.watch.label_tasks and not user_labels(opts.srun.passthrough)
+        self.replay = LossReplay(opts.watch.restore_loss_steps, opts.watch.restore_loss_tolerance)
         self.feed = RuleFeed(
             RuleSet(
                 opts.run_policy.log_monitoring_configuration,
                 strip_task_label=labels_ours,
                 max_line_chars=opts.max_line_bytes,
-            )
+            ),
+            replay=self.replay,
         )
         self.stop_request = StopRequest()
         # The one progress stream of the step: hangs, stragglers (and later the ledger) read it.
@@ -241,6 +244,7 @@ class Supervisor:
             self.reporter.decision(
                 "attempt_ended", **attempt_record(self.progress, launch.attempt, result.failed_at, result.exit_code)
             )
+            report_replay(self.reporter, launch.attempt, self.replay.new_attempt())
             if self.stop_request.signum:
                 self.reporter.decision(
                     "supervisor_stopped",

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from hpresilience.autoresume.watch.replay import LossReplay
 from hpresilience.autoresume.watch.rules import RuleSet, RuleTripped
 from hpresilience.slurm.srun import srun_error_lines
 
@@ -25,8 +26,11 @@ _SLURM_OWN = ("srun: ", "slurmstepd: ", "slurmstepd-")
 class RuleFeed:
     """The rule set of one attempt, shared by the two reader threads and the supervisor's ticks."""
 
-    def __init__(self, rules: RuleSet, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rules: RuleSet, clock: Callable[[], float] = time.monotonic, replay: LossReplay | None = None
+    ) -> None:
         self.rules = rules
+        self.replay = replay  # the losses of replayed steps (watch/replay.py), fed from stdout
         self.clock = clock
         self.lock = threading.Lock()
         self.tripped: list[RuleTripped] = []
@@ -55,9 +59,13 @@ class RuleFeed:
             self._keep_tail(text, stream)
 
     def _keep_tail(self, text: str, stream: str) -> None:
-        for line in text.splitlines()[-TAIL_LINES:] if stream == "stdout" else text.splitlines():
-            m = _LABEL.match(line)
-            task, body = (int(m.group(1)), line[m.end() :]) if m else (-1, line)
+        lines = text.splitlines()
+        if stream == "stdout" and self.replay is not None and "loss" in text:
+            for line in lines:
+                if "loss" in line:
+                    self.replay.line(*_split(line))
+        for line in lines[-TAIL_LINES:] if stream == "stdout" else lines:
+            task, body = _split(line)
             if not body.strip() or body.startswith(_SLURM_OWN):
                 continue
             if stream == "stdout":
@@ -86,3 +94,9 @@ class RuleFeed:
                 self.tripped.extend(self.rules.tick(self.clock()))
             out, self.tripped = self.tripped, []
             return out
+
+
+def _split(line: str) -> tuple[int, str]:
+    """(task, the line without its srun label); task -1 for an unlabelled line."""
+    m = _LABEL.match(line)
+    return (int(m.group(1)), line[m.end() :]) if m else (-1, line)

@@ -230,6 +230,8 @@ def test_the_crash_step_is_the_failing_tasks_last_step_not_a_faster_ranks(tmp_pa
     w.progress.feed_lines(["0: step 39", "0: step 40", "1: step 38", "1: step 39"])
     feed.feed("srun: error: n2: task 1: Exited with exit code 1\n", "stderr")
     assert w.crash(1, ["n1", "n2"], 1).step == 39
+    w.progress.feed_lines(["1: RuntimeError: bad batch at step 40", "1: step=39"])  # stderr read before stdout
+    assert w.crash(1, ["n1", "n2"], 1).step == 40
     feed.reset()
     assert w.crash(1, ["n1", "n2"], 1).step == 40  # no task named: the highest step seen
 

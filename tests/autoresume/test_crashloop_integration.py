@@ -99,3 +99,27 @@ def test_a_replayed_step_whose_loss_differs_from_before_the_fault_is_reported(
     got = {(m["step"], m["before"], m["now"]) for m in found[0]["mismatched"]}
     # Rank 1 may have printed step 12 too before srun ended it: the same difference, one step later.
     assert (11, 2.0, 1.0) in got and got <= {(11, 2.0, 1.0), (12, 2.0, 1.0)}
+
+
+def test_megatrons_exit_16_is_rerun_off_the_node_that_failed_under_the_default_policy(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """Exit code 16 (resume to disambiguate) is a requested rerun, not an application error: relaunched even
+    though the default policy retries no application error, onto the spare in place of the node that failed."""
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path,
+        "--auto-resume-spares=1",
+        str(TRAINER),
+        nodes=3,
+        env={"TRAIN_STEPS": "10", "CRASH_AT_BY_ATTEMPT": "5", "CRASH_EXIT": "16", "STEP_SLEEP": "0.05"},
+    )
+    assert run.wait_done(timeout=150) == "0", run.err
+    starts = [e["nodes"].split(",") for e in run.named("attempt_started")]
+    # Rank 0 failed first: its node made way for the spare, rank 1's node stayed.
+    assert len(starts) == 2 and starts[1][0] not in starts[0] and starts[1][1] == starts[0][1]
+    assert len(run.named("step_moved_off_crash")) == 1
+    assert run.named("rerun_requested")[0]["exit_code"] == 16
+    assert run.named("fault_seen")[0]["cause"] == "rerun"
+    assert finished_steps(run.out) == {"step=10"}

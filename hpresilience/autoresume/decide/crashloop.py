@@ -234,13 +234,14 @@ class CrashWatch:
         return Crash(attempt, self._step(task), exit_code, digest, tuple(plan), node, tail)
 
     def _step(self, task: int | None) -> int | None:
-        """The last step of the task that failed first (the others may have run one step further before srun
-        ended them, or not: their steps would make one crash look like two); else the highest step seen. Its
-        output lines and its heartbeats both count: heartbeats alone lag by up to their period (5 s)."""
+        """The highest step the task that failed first reached (the others may have run one step further before
+        srun ended them, or not: their steps would make one crash look like two); else the highest step seen. Its
+        output lines (stdout and stderr, read by two threads in no set order) and its heartbeats all count:
+        heartbeats alone lag by up to their period (5 s)."""
         if task is not None:
             infos = [i for i in (self.progress.ranks().get(task), self.progress.tasks().get(task)) if i is not None]
             if infos:
-                return max(i.last_step for i in infos)
+                return max(max(i.last_step, i.top) for i in infos)
         seen = self.progress.steps_seen()
         return None if seen is None else seen[1]
 

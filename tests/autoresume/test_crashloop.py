@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from hpresilience.autoresume.decide.classify import Cause, Diagnosis
 from hpresilience.autoresume.decide.crashloop import (
     Crash,
@@ -242,3 +245,18 @@ def test_the_crash_step_takes_the_failing_tasks_output_over_its_lagging_heartbea
     w.progress.feed_lines([beat, "0: step=38", "0: step=39"])
     feed.feed("srun: error: n1: task 0: Exited with exit code 1\n", "stderr")
     assert w.crash(1, ["n1", "n2"], 1).step == 39
+
+
+# -- settings --------------------------------------------------------------------------------------------------
+def test_the_crash_loop_keys_have_their_defaults_and_a_misspelt_key_or_a_bad_code_is_named() -> None:
+    s = AutoResumeSettings()
+    assert (s.crash_loop_bound, s.crash_suspect_mark_after, s.stop_exit_codes, s.rerun_exit_codes) == (
+        3,
+        3,
+        [17, 93],
+        [16],
+    )
+    with pytest.raises(ValidationError, match="crash_loop_bnd"):
+        AutoResumeSettings.model_validate({"crash_loop_bnd": 3})
+    with pytest.raises(ValidationError, match=r"exit codes are 1-255, got \[0, 300\]"):
+        AutoResumeSettings.model_validate({"stop_exit_codes": [0, 300]})

@@ -217,6 +217,9 @@ class AutoResumeSettings(Section):
     # The same crash at this many different steps with the same node failing first marks that node (2: a suspect
     # in the events). 0: never marked.
     crash_suspect_mark_after: int = Field(default=3, ge=0)
+    # A node found bad by two failed attempts within this window is a suspect in the events (`node_blamed_again`):
+    # a node repaired, back in service, and failing again.
+    blame_window_s: float = Field(default=21600.0, gt=0)
     # Exit codes that stop the job at once (Megatron's 17: failed on result validation; NVRx's 93: no progress),
     # and that ask for a rerun on other nodes (Megatron's 16: resume to disambiguate; not an application error).
     stop_exit_codes: list[int] = Field(default_factory=lambda: [17, 93])

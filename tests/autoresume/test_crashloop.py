@@ -260,3 +260,24 @@ def test_the_crash_loop_keys_have_their_defaults_and_a_misspelt_key_or_a_bad_cod
         AutoResumeSettings.model_validate({"crash_loop_bnd": 3})
     with pytest.raises(ValidationError, match=r"exit codes are 1-255, got \[0, 300\]"):
         AutoResumeSettings.model_validate({"stop_exit_codes": [0, 300]})
+
+
+# -- blame across attempts -------------------------------------------------------------------------------------
+def test_a_node_found_bad_by_two_failed_attempts_within_the_window_is_named_again() -> None:
+    h = CrashHistory(3, 3, [], [], window_s=3600)
+    assert h.add(crash(1, 10, hardware=True, blamed=("n2",), at=1000.0)).again == {}
+    assert h.add(crash(2, 20, hardware=True, blamed=("n3",), at=1500.0)).again == {}
+    assert h.add(crash(3, 30, hardware=True, blamed=("n2",), at=2000.0)).again == {"n2": [1, 3]}
+    assert h.add(crash(4, 40, hardware=True, blamed=("n3",), at=9000.0)).again == {}  # outside the window
+
+
+def test_the_programs_crashes_name_no_node_again(tmp_path: Path) -> None:
+    w, _, _ = watch(tmp_path, WrapperState(7))
+    app = Diagnosis(Cause.APPLICATION)
+    for attempt in (1, 2, 3):
+        _, j = w.judge(crash(attempt, 40, first_node="n1"), app)
+        assert j.again == {}
+    hw = Diagnosis(Cause.HARDWARE, ("n2",))
+    w.judge(crash(4, 50), hw)
+    _, j = w.judge(crash(5, 60), hw)
+    assert j.again == {"n2": [4, 5]} and "node_blamed_again" in events(tmp_path)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -82,6 +83,8 @@ class Crash:
     first_node: str | None = None  # the node of the first task srun saw fail
     tail: tuple[str, ...] = ()
     hardware: bool = False  # Slurm (or the wrapper) found a bad node: not the program's crash
+    blamed: tuple[str, ...] = ()  # the nodes the diagnosis named (a hardware fault's bad nodes)
+    at: float = 0.0  # wall clock (epoch seconds) of the record: windows outlive a requeue
 
     def same_as(self, other: Crash) -> bool:
         return self.step == other.step and self.signature == other.signature
@@ -103,6 +106,8 @@ class Crash:
                 first_node=None if d.get("first_node") is None else str(d["first_node"]),
                 tail=tuple(str(x)[:MAX_LINE] for x in d.get("tail", ()))[:TAIL_LINES],
                 hardware=bool(d.get("hardware", False)),
+                blamed=tuple(str(n) for n in d.get("blamed", ()))[:64],
+                at=float(d.get("at", 0.0)),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -119,6 +124,7 @@ class Judgement:
     stop_code: str | None = None  # the exit code asks to stop: what its tool means by it
     rerun_elsewhere: str | None = None  # the exit code asks for a rerun on other hardware
     suspects: dict[str, list[int | None]] = field(default_factory=dict)  # node -> distinct steps it crashed at
+    again: dict[str, list[int]] = field(default_factory=dict)  # node -> failed attempts naming it, in the window
 
 
 class CrashHistory:
@@ -129,11 +135,13 @@ class CrashHistory:
         stop_codes: Iterable[int],
         rerun_codes: Iterable[int],
         records: Iterable[Any] = (),
+        window_s: float = 21600.0,
     ) -> None:
         self.bound = bound
         self.mark_after = mark_after
         self.stop_codes = frozenset(stop_codes)
         self.rerun_codes = frozenset(rerun_codes)
+        self.window_s = window_s
         self.crashes: list[Crash] = [c for c in (Crash.from_dict(r) for r in records) if c is not None]
 
     def repeats(self, crash: Crash) -> int:
@@ -163,7 +171,18 @@ class CrashHistory:
             stop_code=stop,
             rerun_elsewhere=rerun,
             suspects={} if crash.hardware or rerun else self._suspects(crash),
+            again=self._again(crash),
         )
+
+    def _again(self, crash: Crash) -> dict[str, list[int]]:
+        """Bad nodes of this failure that earlier failed attempts within `blame_window_s` found bad too: a node
+        repaired, back in service and failing again (the program's crashes name no bad node: not counted)."""
+        out: dict[str, list[int]] = {}
+        for node in crash.blamed:
+            attempts = [c.attempt for c in self.crashes if crash.at - c.at <= self.window_s and node in c.blamed]
+            if len(attempts) >= 2:
+                out[node] = attempts
+        return out
 
     def _suspects(self, crash: Crash) -> dict[str, list[int | None]]:
         """The node that failed first, when it failed first with this signature at more than one step."""
@@ -221,6 +240,7 @@ class CrashWatch:
             settings.stop_exit_codes,
             settings.rerun_exit_codes,
             records,
+            settings.blame_window_s,
         )
         self.state = state
         self.reporter = reporter
@@ -255,11 +275,12 @@ class CrashWatch:
         """The diagnosis in the light of the history: a loop (CRASH_LOOP), a rerun asked for (RERUN), a node that
         crashed the same way at enough different steps marked with `mark` (HARDWARE), or as it was."""
         hardware = diagnosis.cause is Cause.HARDWARE
-        if hardware:
-            crash = replace(crash, hardware=True)
+        crash = replace(crash, hardware=hardware, blamed=tuple(diagnosis.bad_nodes), at=time.time())
         j = self.history.add(crash)
         self.state.crashes = self.history.to_records()
         where = {"step": crash.step, "signature": crash.signature, "exit_code": crash.exit_code}
+        for node, attempts in j.again.items():
+            self.reporter.decision("node_blamed_again", node=node, attempts=attempts, window_s=self.history.window_s)
         for node, steps in j.suspects.items():
             self.reporter.decision("crash_suspect_node", node=node, steps=steps, attempt=crash.attempt, **where)
             if mark is not None and self.history.should_mark(steps) and node in crash.nodes and not hardware:

@@ -12,7 +12,7 @@ from hpresilience.torch.jobs import Stage
 from hpresilience.torch.layout import ItemLoc, ShardIndex
 from hpresilience.torch.loading import RestoreRefused
 from hpresilience.torch.staleness import behind, is_stale
-from tests.torch._workers import empty_state, matches, state_for
+from tests.torch._workers import empty_state, matches, run_ranks, state_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -100,3 +100,13 @@ def test_a_restore_behind_a_committed_step_is_refused_when_configured(tmp_path: 
             ck.load(empty_state(0))
         got = empty_state(0)
         assert ck.load(got, step=1) == 1  # an explicit older step is the user's choice
+
+
+@pytest.mark.slow
+def test_a_stale_save_of_one_rank_is_refused_by_every_rank_and_all_load_the_step_before(tmp_path: Path) -> None:
+    """Two ranks on two 'nodes': rank 1's save of step 3 repeats its step 2; rank 1 flags it, and the load (a
+    collective) refuses step 3 on both ranks alike and restores step 2 exactly."""
+    saved = run_ranks(tmp_path, "save", steps=[1, 2, 3], stale_step=3, cfg={"keep": 3})
+    assert [r.get("stale") for r in saved] == [[], [3]], saved
+    res = run_ranks(tmp_path, "load", cfg={"keep": 3})
+    assert [(r.get("step"), r.get("match")) for r in res] == [(2, True), (2, True)], res

@@ -52,6 +52,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--namespace", default=f"train-gloo-{_env('SLURM_JOB_ID', default='local')}")
     p.add_argument("--s3-base", default=os.environ.get("HPR_CKPT_S3") or None)
     p.add_argument("--s3-every", type=int, default=int(_env("HPR_CKPT_S3_EVERY", default="0")))
+    p.add_argument(
+        "--crash-at",
+        type=int,
+        default=int(_env("CRASH_AT", default="0")),
+        help="rank 0 raises at this step on every attempt (a program bug: `hpresilience demo --scenario crash-loop`)",
+    )
     return p.parse_args()
 
 
@@ -102,6 +108,8 @@ def main() -> int:
     step = start
     while step < args.steps:
         step += 1
+        if step == args.crash_at and rank == 0:
+            raise RuntimeError(f"loss computation failed at step {step} (a bug in the program, not the node)")
         x, y = batch(step, rank, world)
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)

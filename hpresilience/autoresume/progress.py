@@ -125,6 +125,7 @@ class RankInfo:
     pid: int = 0
     stack_signal: int = 0
     beats: int = 0
+    top: int = -1  # the highest counter seen (last_step may go down: a new phase, an error line naming a step)
 
 
 @dataclass
@@ -241,13 +242,13 @@ class ProgressStream:
         info = a.tasks.get(tid)
         self._progress(info, t)
         if info is None:
-            a.tasks[tid] = RankInfo(node, t, value)
+            a.tasks[tid] = RankInfo(node, t, value, top=value)
         else:
             # Output lines give wall time per step; once ranks send heartbeats (work time), only those count:
             # mixed, a node's median would blend the two.
             if last is not None and value > last and fmt != "hf" and not a.ranks:
                 self._sample(StepTime(t, node, f"task{tid}", (t - info.last_at) / (value - last)))
-            info.last_at, info.last_step = t, value
+            info.last_at, info.last_step, info.top = t, value, max(info.top, value)
 
     def _on_beat(self, beat: Beat, t: float) -> None:
         a = self._a

@@ -230,6 +230,31 @@ class AutoResumeSettings(Section):
     loss_spike_min_samples: int = Field(default=20, ge=3)
     loss_skip_steps: int = Field(default=1, ge=1)
     loss_rollbacks: int = Field(default=3, ge=0)
+    # Crash loops (decide/crashloop.py, docs/crash-loops.md): this many attempts in a row ending at the same step
+    # with the same signature (exit code + the error's normalized last lines) stop the job, no node marked. 0: off.
+    crash_loop_bound: int = Field(default=3, ge=0)
+    # The same crash at this many different steps with the same node failing first marks that node (2: a suspect
+    # in the events). 0: never marked.
+    crash_suspect_mark_after: int = Field(default=3, ge=0)
+    # A node found bad by two failed attempts within this window is a suspect in the events (`node_blamed_again`):
+    # a node repaired, back in service, and failing again.
+    blame_window_s: float = Field(default=21600.0, gt=0)
+    # Exit codes that stop the job at once (Megatron's 17: failed on result validation; NVRx's 93: no progress),
+    # and that ask for a rerun on other nodes (Megatron's 16: resume to disambiguate; not an application error).
+    stop_exit_codes: list[int] = Field(default_factory=lambda: [17, 93])
+    # After a restore, the first this-many redone steps' losses (`step=N ... loss=X` lines) are compared with the
+    # same steps' before the fault; a relative difference above the tolerance is reported (watch/replay.py). 0: off.
+    restore_loss_steps: int = Field(default=5, ge=0)
+    restore_loss_tolerance: float = Field(default=1e-3, ge=0)
+    rerun_exit_codes: list[int] = Field(default_factory=lambda: [16])
+
+    @field_validator("stop_exit_codes", "rerun_exit_codes")
+    @classmethod
+    def _exit_codes(cls, v: list[int]) -> list[int]:
+        bad = [c for c in v if not 1 <= c <= 255]
+        if bad:
+            raise ValueError(f"exit codes are 1-255, got {bad}")
+        return v
 
     @field_validator("shutdown_signal")
     @classmethod

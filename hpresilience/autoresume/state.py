@@ -55,6 +55,7 @@ class WrapperState:
     requeues: int = 0
     last_nodes: list[str] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=dict)  # the restart policy's own serialized windows
+    crashes: list[dict[str, Any]] = field(default_factory=list)  # failed attempts' records (decide/crashloop.py)
     finished: bool = False
     exit_code: int | None = None
 

@@ -17,6 +17,7 @@ from typing import IO
 
 from hpresilience.autoresume.decide.capacity import BatchHostLost, Capacity, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause, Diagnosis
+from hpresilience.autoresume.decide.crashloop import CrashWatch, elsewhere
 from hpresilience.autoresume.decide.ending import Ending
 from hpresilience.autoresume.decide.policy import PolicyChoice, RestartPolicy
 from hpresilience.autoresume.decide.requeue import choose_requeue_path, clear_requeue_marker, prepare_requeue
@@ -32,11 +33,11 @@ from hpresilience.autoresume.watch.base import AttemptResult, StopRequest
 from hpresilience.autoresume.watch.evidence import HangInvestigator
 from hpresilience.autoresume.watch.feed import RuleFeed
 from hpresilience.autoresume.watch.nodewatch import NodeWatch
+from hpresilience.autoresume.watch.replay import LossReplay, report_replay
 from hpresilience.autoresume.watch.rules import RuleSet
 from hpresilience.autoresume.watch.table import DETECTORS, DetectorFactory, WatchContext, build_detectors
 from hpresilience.errors import ConfigError, HPResilienceError, JobFailed
-from hpresilience.goodput.ledger import render
-from hpresilience.goodput.ledgerfile import attempt_record, write_ledger
+from hpresilience.goodput.ledgerfile import attempt_record, close_ledger
 from hpresilience.log import get_logger
 from hpresilience.registry import Registry
 from hpresilience.slurm.client import SlurmClient
@@ -91,12 +92,14 @@ class Supervisor:
             settle=self.ops.settle,
         )
         labels_ours = opts.watch.label_tasks and not user_labels(opts.srun.passthrough)
+        self.replay = LossReplay(opts.watch.restore_loss_steps, opts.watch.restore_loss_tolerance)
         self.feed = RuleFeed(
             RuleSet(
                 opts.run_policy.log_monitoring_configuration,
                 strip_task_label=labels_ours,
                 max_line_chars=opts.max_line_bytes,
-            )
+            ),
+            replay=self.replay,
         )
         self.stop_request = StopRequest()
         # The one progress stream of the step: hangs, stragglers (and later the ledger) read it.
@@ -149,6 +152,7 @@ class Supervisor:
             self.env,
             self.stop_request,
         )
+        self.crashes = CrashWatch(opts.watch, self.state, self.reporter, self.progress, self.feed)
         self.exclude: set[str] = set()  # stragglers to leave out at the next relaunch (exclude_stragglers)
         self.size = 0
 
@@ -211,7 +215,7 @@ class Supervisor:
             self.steps.ensure_stopped()
             self._save()
             self.reporter.flush_metrics()
-            self._close_ledger()
+            close_ledger(self.job_id, self.store.events_path, self.steps.stdout)
 
     def _run(self) -> int:
         previous = list(self.state.last_nodes) or None
@@ -241,6 +245,7 @@ class Supervisor:
             self.reporter.decision(
                 "attempt_ended", **attempt_record(self.progress, launch.attempt, result.failed_at, result.exit_code)
             )
+            report_replay(self.reporter, launch.attempt, self.replay.new_attempt())
             if self.stop_request.signum:
                 stopped_by = signal.Signals(self.stop_request.signum).name
                 self.reporter.decision("supervisor_stopped", signal=stopped_by, exit_code=result.exit_code)
@@ -262,11 +267,15 @@ class Supervisor:
         exit_code = self.ending.exit_code(result)
         if result.unanswering:  # kept out of the step, left in the job (capacity.mark_unanswering says why)
             self.capacity.mark_unanswering(result.unanswering)
+        crash = self.crashes.crash(exit_code, plan, launch.attempt)
+        self.ending.hold_marks = self.crashes.repeating(crash)  # a repeated crash marks no node (crashloop.py)
         diagnosis = self.ending.diagnose(exit_code, plan, result, launch.attempt)
         if after_diagnosis(diagnosis.cause) is Outcome.FINISH:
             self.state.finished, self.state.exit_code = True, 0
             self.reporter.decision("job_step_succeeded", attempt=launch.attempt)
             return 0
+        mark = self.ending.mark_suspect if self.opts.watch.mark_suspect_nodes else None
+        diagnosis, judged = self.crashes.judge(crash, diagnosis, mark)
         self.reporter.decision(
             "fault_seen",
             cause=diagnosis.cause.value,
@@ -277,6 +286,8 @@ class Supervisor:
         )
         # No task of this attempt may train on beside the next one, or beside a requeued job.
         self.ops.reap([n for n in plan if n not in diagnosis.bad_nodes])
+        if diagnosis.cause is Cause.CRASH_LOOP or judged.stop_code is not None:
+            return self._give_up(diagnosis, exit_code, diagnosis.detail)
         decision = self.policy.decide(KIND_OF[diagnosis.cause], exit_code)
         self.reporter.decision(
             "policy_decided",
@@ -297,6 +308,12 @@ class Supervisor:
             self.exclude -= set(leave)
         if bad or leave:
             plan = self.capacity.recover([*bad, *leave], plan, size)
+        elif diagnosis.cause is Cause.RERUN or judged.move:  # on other hardware, where the allocation has it
+            job = self.client.job(self.job_id)
+            moved = elsewhere(job.nodes, plan, self.capacity.unhealthy(job), crash.first_node)
+            if moved != plan:
+                self.reporter.decision("step_moved_off_crash", nodes_from=",".join(plan), nodes=",".join(moved))
+                plan = moved
         self.state.count_restart(diagnosis.cause.value)
         self.reporter.count_restart(diagnosis.cause.value)
         cause = diagnosis.cause.value
@@ -372,23 +389,6 @@ class Supervisor:
         if self.stop_request.signum:
             return 128 + self.stop_request.signum
         raise JobFailed(f"job {self.job_id} was requeued but this batch script kept running", EXIT_REQUEUE_DID_NOT_STOP)
-
-    def _close_ledger(self) -> None:
-        """Write `<job>.ledger.json` beside the events; when the job ends here (not a requeue), print its
-        summary into the job's output. A ledger that cannot be written never changes the job's outcome."""
-        try:
-            ledger = write_ledger(self.job_id, self.store.events_path)
-        except (OSError, ValueError) as err:
-            log.warning("ledger_write_failed", path=str(self.store.events_path), error=str(err)[:300])
-            return
-        if ledger.ended:
-            try:
-                self.steps.stdout.write(
-                    ("[hpresilience] " + render(ledger).replace("\n", "\n[hpresilience] ") + "\n").encode()
-                )
-                self.steps.stdout.flush()
-            except (OSError, ValueError):
-                pass  # the job's output is gone; the ledger file holds the same
 
 
 def _int_env(env: Mapping[str, str], key: str) -> int:

@@ -62,7 +62,7 @@ class Restart:
     attempt: int
     cause: str
     nodes: list[str]
-    action: str  # relaunch | requeue
+    action: str  # relaunch | requeue | stop (the job ended there: given up, a crash loop stopped)
     lost_s: float | None = None
     badput_s: float = 0.0
     by_category: dict[str, float] = field(default_factory=dict)  # what this fault cost, by category
@@ -329,7 +329,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
                 attempt=a.number,
                 cause=cause or "unknown",
                 nodes=nodes,
-                action="requeue" if a.requeued is not None else "relaunch",
+                action="requeue" if a.requeued is not None else "stop" if nxt is None and ledger.ended else "relaunch",
                 lost_s=lost_s,
                 badput_s=sum(cost.values()),
                 by_category=cost,

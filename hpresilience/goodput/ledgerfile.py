@@ -11,10 +11,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from hpresilience.fileio import atomic_write_text
-from hpresilience.goodput.ledger import Ledger, compute
+from hpresilience.goodput.ledger import Ledger, compute, render
+from hpresilience.log import get_logger
+
+log = get_logger("hpresilience.goodput")
 
 
 class Progress(Protocol):
@@ -90,3 +93,19 @@ def write_ledger(job_id: int, events_path: Path, now: float | None = None) -> Le
     ledger = compute(job_id, read_events(events_path), now=now)
     atomic_write_text(ledger_path(events_path), json.dumps(ledger.to_dict(), indent=1, sort_keys=True), fsync=True)
     return ledger
+
+
+def close_ledger(job_id: int, events_path: Path, out: IO[bytes]) -> None:
+    """Write `<job>.ledger.json` beside the events; when the job ends here (not a requeue), print its summary
+    into the job's output (`out`). A ledger that cannot be written never changes the job's outcome."""
+    try:
+        ledger = write_ledger(job_id, events_path)
+    except (OSError, ValueError) as err:
+        log.warning("ledger_write_failed", path=str(events_path), error=str(err)[:300])
+        return
+    if ledger.ended:
+        try:
+            out.write(("[hpresilience] " + render(ledger).replace("\n", "\n[hpresilience] ") + "\n").encode())
+            out.flush()
+        except (OSError, ValueError):
+            pass  # the job's output is gone; the ledger file holds the same

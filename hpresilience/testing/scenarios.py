@@ -180,7 +180,18 @@ def run_nan(sc: Scenario) -> tuple[bool, str]:
     return ok, f"rolled_back_to={back} skipped={skipped} completed={'yes' if completed else 'no'}"
 
 
-SCENARIOS: dict[str, Callable[[Scenario], tuple[bool, str]]] = {"sdc": run_sdc, "nan": run_nan}
+def run_crash_loop(sc: Scenario) -> tuple[bool, str]:
+    from hpresilience.testing.crashdemo import run_crash_loop as run  # its own module: the job and its checks
+
+    sc.work.mkdir(parents=True, exist_ok=True)
+    return run(sc.cl, sc.work, sc.say, sc.timeout)
+
+
+SCENARIOS: dict[str, Callable[[Scenario], tuple[bool, str]]] = {
+    "sdc": run_sdc,
+    "nan": run_nan,
+    "crash-loop": run_crash_loop,
+}
 
 
 def run_scenario(name: str, sc: Scenario) -> tuple[bool, str]:

@@ -128,6 +128,11 @@ class TieredCheckpointer:
         return self._loader.last_skipped
 
     @property
+    def last_behind(self) -> int | None:
+        """The newest committed step the last load saw when it restored an older one (staleness.py), else None."""
+        return self._loader.last_behind
+
+    @property
     def failures(self) -> list[Failure]:
         """Every save and post-commit failure of this checkpointer, oldest first."""
         return self._post.failures

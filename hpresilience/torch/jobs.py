@@ -26,6 +26,7 @@ class Stage(Enum):
     PEER_COPY = "peer_copy"
     UPLOAD = "upload"
     RETENTION = "retention"
+    STALE = "stale"  # the save holds the previous save's tensors (staleness.py): loads refuse it
 
 
 @dataclass(frozen=True)

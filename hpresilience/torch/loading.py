@@ -36,8 +36,13 @@ from hpresilience.torch.reader import TierStorageReader
 from hpresilience.torch.replica import recv_files, send_files
 from hpresilience.torch.restore import Source, choose_elastic, choose_step, saved_world
 from hpresilience.torch.settings import CheckpointConfig
+from hpresilience.torch.staleness import behind, stale_against
 
 log = get_logger("hpresilience.torch")
+
+
+class RestoreRefused(HPResilienceError):
+    """A restore would take the job back past a step it has already committed (refuse_restore_behind)."""
 
 
 class Loader:
@@ -73,6 +78,8 @@ class Loader:
         # Why the last load passed over newer or nearer sources: "step N, rank R from SOURCE: reason".
         self.last_skipped: list[str] = []
         self._last_sources: list[Source] = []  # per rank, of the last same-world step prepared ([] after a reshard)
+        # The newest committed step the last load could see when it restored an older one (staleness.py).
+        self.last_behind: int | None = None
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order (the `save` group)."""
@@ -159,8 +166,9 @@ class Loader:
             self.last_skipped = []
         bad_steps = set() if bad_steps is None else bad_steps
         bad_steps |= too_new
+        stale: set[int] = set()
         while True:
-            same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded | too_new)
+            same = choose_step(invs, s3_steps, bad, self.world, step, skip=resharded | too_new | stale)
             other = choose_elastic(invs, s3_steps, s3_worlds, bad_steps, self.world, step)
             if same is None and other is None:
                 level = log.warning if committed else log.info
@@ -181,6 +189,9 @@ class Loader:
                 continue
             assert same is not None
             chosen, sources = same
+            if self._refused_stale(chosen, sources, inv["own"]):
+                stale.add(chosen)
+                continue
             problem = self._materialize(chosen, sources, invs, s3_steps, verify_first)
             errs = self.gather(problem)
             if not any(errs):
@@ -194,6 +205,7 @@ class Loader:
         newer = [s for s in inv["own"] if s > chosen]
         if newer and step is None:  # an explicit older step is a choice, not a sign of damage
             log.warning("checkpoint_newer_steps_ignored", steps=newer, reason="not committed or not complete")
+        self._check_behind(chosen, committed - stale if step is None else set())
         if dirs:
             self.last_source = "resharded"
             self._last_sources = []
@@ -217,6 +229,31 @@ class Loader:
         log.info("checkpoint_load_prepared", step=chosen, rank=self.rank, source=self.last_source)
         self._prepared(chosen)
         return chosen, reader
+
+    def _refused_stale(self, chosen: int, sources: list[Source], own: list[int]) -> bool:
+        """Collective: whether any rank's own shard at `chosen` repeats its previous step's tensors (a stale
+        save, staleness.py); such a step is refused on every rank alike."""
+        mine = stale_against(chosen, own, self.tier.step_dir, self.rank) if sources[self.rank][0] == "own" else None
+        flags = self.gather(mine)
+        ranks = [r for r, f in enumerate(flags) if f is not None]
+        if not ranks:
+            return False
+        why = f"stale save: rank {ranks[0]}'s tensors equal its step {flags[ranks[0]]}"
+        log.error("checkpoint_stale_step_refused", step=chosen, ranks=ranks, same_as=flags[ranks[0]])
+        self.last_skipped.append(f"step {chosen}: {why}")
+        return True
+
+    def _check_behind(self, chosen: int, committed: set[int]) -> None:
+        """A restore behind the job's committed high-water mark: said, and refused when configured."""
+        self.last_behind = behind(chosen, committed)
+        if self.last_behind is None:
+            return
+        log.warning("checkpoint_restore_behind", step=chosen, high_water=self.last_behind, skipped=self.last_skipped)
+        if self.cfg.refuse_restore_behind:
+            raise RestoreRefused(
+                f"restoring step {chosen} would go back past step {self.last_behind}, committed already "
+                f"(refuse_restore_behind); passed over: {'; '.join(self.last_skipped) or 'nothing loadable'}"
+            )
 
     def _fetch_dir(self) -> Path:
         """Where this rank puts shards of other ranks it fetched for a load: its own folder, since the

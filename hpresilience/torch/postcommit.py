@@ -37,6 +37,7 @@ from hpresilience.torch.jobs import (
 from hpresilience.torch.layout import COMMIT, METADATA, MemoryTier, shard_names
 from hpresilience.torch.replica import exchange
 from hpresilience.torch.settings import CheckpointConfig
+from hpresilience.torch.staleness import stale_against
 
 log = get_logger("hpresilience.torch")
 
@@ -188,6 +189,11 @@ class PostCommit:
         self.stats.committed += 1
         self.stats.last_committed_step = step
         log.info("checkpoint_committed", step=step, rank=self.rank)
+        own = [s for s in self.tier.steps() if self.tier.has_shard(self.tier.step_dir(s), self.rank)]
+        same_as = stale_against(step, own, self.tier.step_dir, self.rank)
+        if same_as is not None:  # the step stays in the tier: a load refuses it (loading.py) and takes the one before
+            self.fail(step, Stage.STALE, f"rank {self.rank}'s tensors at step {step} equal those of step {same_as}")
+            log.error("checkpoint_stale_save", step=step, rank=self.rank, same_as=same_as)
         everywhere = self._agree(marked) if self.peer is not None and self._repl_ok else marked
         if self.peer is not None and self._repl_ok:
             if everywhere:

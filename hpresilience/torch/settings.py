@@ -39,6 +39,9 @@ class CheckpointConfig(Section):
     ranks_per_node: int | None = Field(default=None, ge=1)
     # Committed steps kept per tier in memory; older ones go only after a newer step committed.
     keep: int = Field(default=2, ge=1, le=100)
+    # A restore behind the newest step committed anywhere the load can see (hpresilience/torch/staleness.py) is
+    # always reported; with this, it is refused (an error) rather than silently redoing the steps in between.
+    refuse_restore_behind: bool = False
     # Copy each rank's shard to the memory tier of a rank `ranks_per_node` further on (another node).
     replicate: bool = True
     # Expected bytes of one rank's shard; when set, the memory tier size is checked at start.

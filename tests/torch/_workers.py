@@ -87,7 +87,11 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
             for step in kw["steps"]:
                 if step == crash_step and rank == kw.get("crash_rank", 1):
                     ckpt.fault_hook = lambda _r: os._exit(9)
-                fut = ckpt.async_save(state_for(step, rank), step)
+                state = state_for(step, rank)
+                if step == kw.get("stale_step") and rank == kw.get("stale_rank", 1):
+                    # A stale asynchronous save (staleness.py): the tensors of the step before, under this step.
+                    state = {**state_for(step - 1, rank), "meta": state["meta"]}
+                fut = ckpt.async_save(state, step)
                 if step == crash_step:
                     try:
                         fut.result()
@@ -98,6 +102,7 @@ def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, 
                     os._exit(0)  # the job is dead: no orderly shutdown with a missing rank
             ckpt.flush()
             res["last_committed"] = ckpt.last_committed
+            res["stale"] = [f.step for f in ckpt.failures if f.stage.value == "stale"]
         elif task == "post_commit_failure":
             _post_commit_failure(rank, ckpt, res)
             if rank == 1:

@@ -28,6 +28,8 @@ class Cause(str, Enum):
     APPLICATION = "application"
     INTEGRITY = "integrity"  # the integrity watch (replica check, NaN, loss spike) asks for a rollback
     DIVERGED = "diverged"  # the integrity watch's policy is stop (or its rollbacks are spent): the job ends
+    CRASH_LOOP = "crash_loop"  # the same crash at the same step, attempt after attempt (decide/crashloop.py)
+    RERUN = "rerun"  # the step asked to run again on other hardware (Megatron's exit code 16)
     NONE = "none"  # the step succeeded
 
 

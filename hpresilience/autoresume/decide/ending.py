@@ -64,6 +64,9 @@ class Ending:
         self.evidence_root = evidence_root
         self.env = dict(env)
         self.stop_request = stop_request
+        # Set by the supervisor when this attempt failed as the one before it did (decide/crashloop.py): a
+        # repeated crash is evidence against the program, so the suspects it would name are not marked.
+        self.hold_marks = False
         self.collective = CollectiveBudget(
             opts.watch.collective_retries, opts.run_policy.restart_policy.eval_period_seconds
         )
@@ -110,10 +113,10 @@ class Ending:
     def _hang_verdict(self, diagnosis: Diagnosis, hang: Attribution, plan: list[str]) -> Diagnosis:
         """An unambiguous culprit is marked for a reboot and swapped out like any bad node; otherwise the
         step goes again on the same nodes, and the events say why."""
-        if hang.unambiguous and self.opts.watch.mark_suspect_nodes:
+        if hang.unambiguous and self._may_mark(hang.nodes[0]):
             node = hang.nodes[0]
             why = "; ".join(s.why for s in hang.suspects if s.node == node)
-            if self._mark_suspect(node, f"hang: {why}", str(self.evidence_root)):
+            if self.mark_suspect(node, f"hang: {why}", str(self.evidence_root)):
                 return Diagnosis(Cause.HARDWARE, (node,), f"{node}: {why}", {node: why})
         self.reporter.decision(
             "hang_relaunch_same_nodes",
@@ -123,7 +126,12 @@ class Ending:
         )
         return diagnosis
 
-    def _mark_suspect(self, node: str, why: str, evidence: str) -> bool:
+    def _may_mark(self, node: str) -> bool:
+        if self.hold_marks:
+            self.reporter.decision("suspect_mark_held", node=node, why="the same crash as the attempt before")
+        return self.opts.watch.mark_suspect_nodes and not self.hold_marks
+
+    def mark_suspect(self, node: str, why: str, evidence: str) -> bool:
         request = MarkRequest(Action.REBOOT, why, evidence, "suspect_node_marked")
         return bool(mark_nodes(self.client, self.reporter, self.job_id, [node], request))
 
@@ -158,7 +166,7 @@ class Ending:
         node = first_failed_node(self.feed.srun_errors) or self.progress.node_of_task(sig.task)
         if node is not None and node in plan and self.collective.implicate(node) >= 2:
             why = f"implicated in {self.collective.implicated[node]} collective failures ({sig.kind})"
-            if self.opts.watch.mark_suspect_nodes and self._mark_suspect(node, why, sig.line[:120]):
+            if self._may_mark(node) and self.mark_suspect(node, why, sig.line[:120]):
                 return Diagnosis(Cause.HARDWARE, (node,), f"{node}: {why}", {node: why})
         if not self.collective.allow():
             self.reporter.decision("collective_retries_exhausted", retries=self.opts.watch.collective_retries)

@@ -34,6 +34,7 @@ class FailureKind(enum.Enum):
     RULE_TRIPPED = "rule_tripped"  # a log rule reported HANGING, SLOW or FAULTED
     NODE_FAULT = "node_fault"  # a node failed, drained, or was marked for repair
     DIVERGED = "diverged"  # the training state is wrong and the user's loss_policy says stop: never retried
+    RERUN_REQUESTED = "rerun_requested"  # the program asked for a rerun elsewhere (not its error)
 
 
 class PolicyChoice(enum.Enum):

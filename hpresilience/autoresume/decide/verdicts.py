@@ -40,6 +40,8 @@ KIND_OF: dict[Cause, FailureKind] = {
     Cause.APPLICATION: FailureKind.APPLICATION_ERROR,
     Cause.INTEGRITY: FailureKind.RULE_TRIPPED,
     Cause.DIVERGED: FailureKind.DIVERGED,
+    Cause.CRASH_LOOP: FailureKind.APPLICATION_ERROR,
+    Cause.RERUN: FailureKind.RERUN_REQUESTED,
 }
 
 # The restart policy's action for a fault.

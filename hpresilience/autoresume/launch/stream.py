@@ -38,6 +38,7 @@ class Pump(threading.Thread):
         self.progress = progress
         self.filter = OutputFilter(strip_labels)
         self.buffer = LineBuffer(max_line_bytes)
+        self.stream = name
 
     def run(self) -> None:
         fd = self.source.fileno()
@@ -70,7 +71,7 @@ class Pump(threading.Thread):
             if HEARTBEAT_PREFIX in text:
                 text = "".join(ln + "\n" for ln in lines if HEARTBEAT_PREFIX not in ln[:24])
         if text:
-            self.feed.feed(text)
+            self.feed.feed(text, self.stream)
 
     def _forward(self, chunk: bytes) -> None:
         if not chunk:

@@ -3,6 +3,9 @@
 # $CKPT_DIR, every rank prints `step=N` lines, and an attempt resumes after the checkpoint.
 # TRAIN_STEPS: steps in all; STEP_SLEEP: seconds per step; FAIL_EXIT: exit with this code at step 2
 # (only rank FAIL_RANK when that is set);
+# CRASH_AT: rank CRASH_RANK (default 0) crashes at that step on every attempt, with a traceback on stderr that
+# names its pid and node and exit code CRASH_EXIT (default 1); CRASH_AT_BY_ATTEMPT: "12 31": attempt k crashes
+# at the k-th step listed (none past the list); CKPT_EVERY: rank 0 checkpoints every that many steps (default 1);
 # HANG_AT: hang at that step (first attempt); LOSS_SEQ: losses printed per step (first attempt);
 # SLOW_RANK / SLOW_SLEEP: that rank sleeps SLOW_SLEEP per step instead (a straggler);
 # ORPHAN: start a child in a session of its own (as torchrun starts its workers), which outlives
@@ -25,6 +28,17 @@ for ((s = start + 1; s <= steps; s++)); do
         echo "rank=$rank failing with ${FAIL_EXIT}" >&2
         exit "$FAIL_EXIT"
     fi
+    crash_at=${CRASH_AT:-}
+    if [ -n "${CRASH_AT_BY_ATTEMPT:-}" ]; then
+        read -r -a by_attempt <<< "$CRASH_AT_BY_ATTEMPT"
+        crash_at=${by_attempt[$(( ${AUTORESUME_ATTEMPT:-1} - 1 ))]:-}
+    fi
+    if [ -n "$crash_at" ] && [ "$s" -eq "$crash_at" ] && [ "${CRASH_RANK:-0}" -eq "$rank" ]; then
+        echo "Traceback (most recent call last):" >&2
+        echo "  File \"train.py\", line 88, in <module>" >&2
+        echo "RuntimeError: loss exploded at step $s on $(hostname -s 2>/dev/null) (pid $$)" >&2
+        exit "${CRASH_EXIT:-1}"
+    fi
     if [ -n "${HANG_AT:-}" ] && [ "$s" -eq "$HANG_AT" ] && [ "${AUTORESUME_ATTEMPT:-1}" -eq 1 ]; then
         sleep 1000
     fi
@@ -39,6 +53,8 @@ for ((s = start + 1; s <= steps; s++)); do
         loss=${seq[$(( (s - 1) % ${#seq[@]} ))]}
     fi
     echo "rank=$rank step=$s loss=$loss"
-    [ "$rank" -eq 0 ] && echo "$s" > "$ckpt.tmp" && mv "$ckpt.tmp" "$ckpt"
+    if [ "$rank" -eq 0 ] && [ $(( s % ${CKPT_EVERY:-1} )) -eq 0 ]; then
+        echo "$s" > "$ckpt.tmp" && mv "$ckpt.tmp" "$ckpt"
+    fi
 done
 echo "rank=$rank training finished step=$steps"

@@ -380,7 +380,7 @@ class DevCluster:
             except HPResilienceError:
                 pass
             else:
-                self._wait_jobs_gone(grace)
+                devprocs.wait_jobs_gone(self.client(timeout=5.0, retries=0), grace)
         procs = self.processes()
         devprocs.stop(procs, grace)
         self.mode.teardown()
@@ -388,17 +388,6 @@ class DevCluster:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         log.info("devcluster_down", stopped=len(procs), removed=remove)
         return len(procs)
-
-    def _wait_jobs_gone(self, timeout: float) -> None:
-        client = self.client(timeout=5.0, retries=0)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if all(j.is_finished for j in client.jobs()):
-                    return
-            except HPResilienceError:  # a dying controller: the signals that follow finish its jobs
-                return
-            time.sleep(0.2)
 
     def log_tail(self, lines: int = 15) -> str:
         return devprocs.log_tail(self.log_dir, lines)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
 from hpresilience import proc
-from hpresilience.errors import ExternalError
+from hpresilience.errors import ExternalError, HPResilienceError
+from hpresilience.slurm.client import SlurmClient
 
 MARKER = "HPRESILIENCE_DEVCLUSTER"
 
@@ -161,3 +163,15 @@ def _alive_with_marker(pid: int, marker: str) -> bool:
         return psutil.Process(pid).environ().get(MARKER) == marker
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
         return False
+
+
+def wait_jobs_gone(client: SlurmClient, timeout: float) -> None:
+    """Until every job the cluster knows has finished, or timeout (before its daemons are stopped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if all(j.is_finished for j in client.jobs()):
+                return
+        except HPResilienceError:  # a dying controller: the signals that follow finish its jobs
+            return
+        time.sleep(0.2)

@@ -20,6 +20,7 @@ from typing import Any
 
 import hpresilience
 from hpresilience.errors import EnvironmentMissing
+from hpresilience.goodput import ledgerfile
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 
@@ -59,13 +60,7 @@ def submit(cl: DevCluster, client: SlurmClient, work: Path) -> int:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return ledgerfile.read_events(path) if path.exists() else []
 
 
 SHOWN = ("attempt_started", "crash_repeated", "step_moved_off_crash", "crash_loop_stopped", "job_step_given_up")

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -29,6 +28,7 @@ import yaml
 import hpresilience
 from hpresilience import proc
 from hpresilience.errors import EnvironmentMissing, JobFailed
+from hpresilience.goodput.ledgerfile import read_events
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.hostlist import compress
 from hpresilience.testing.devcluster import DevCluster
@@ -156,13 +156,7 @@ class Story:
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
         path = self.work / f"{job_id}.events.jsonl"
-        out = []
-        for line in path.read_text().splitlines() if path.exists() else []:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+        return read_events(path) if path.exists() else []
 
     def last_step(self) -> int:
         text = (self.work / "job.out").read_text(errors="replace") if (self.work / "job.out").exists() else ""

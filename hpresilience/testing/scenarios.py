@@ -14,7 +14,6 @@ steps that produced it:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -27,6 +26,7 @@ from typing import Any
 
 import hpresilience
 from hpresilience.errors import JobFailed
+from hpresilience.goodput.ledgerfile import read_events
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 
@@ -58,15 +58,7 @@ class Job:
 
     def events(self, name: str) -> list[dict[str, Any]]:
         p = self.work / self.name / f"{self.job_id}.events.jsonl"
-        out = []
-        for line in p.read_text().splitlines() if p.exists() else []:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") == name:
-                out.append(e)
-        return out
+        return [e for e in (read_events(p) if p.exists() else []) if e.get("event") == name]
 
 
 class Scenario:

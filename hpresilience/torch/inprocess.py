@@ -45,6 +45,7 @@ from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, r
 
 NEW = -1  # the completed-step count a rank with no state reports
 WORLD_POLL_S = 0.05
+WAIT_VAR = "HPR_WORLD_WAIT_S"
 SPIN_S = 0.0005  # the wait between looks at a running all-reduce: what a step pays for being watched
 
 
@@ -79,14 +80,15 @@ class InProcessLoop:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
-        world_wait_s: float = 300.0,
+        world_wait_s: float | None = None,
         collective_timeout_s: float = 60.0,
         placement: Placement | None = None,
         out: Any = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.world_wait_s = world_wait_s
+        # How long a survivor waits for the wrapper's new world (a replacement may have to be grown into the job).
+        self.world_wait_s = world_wait_s if world_wait_s is not None else float(os.environ.get(WAIT_VAR, "300"))
         self.collective_timeout = datetime.timedelta(seconds=collective_timeout_s)
         self.placement = placement or Placement.from_env()
         self.rank = self.placement.rank
@@ -105,7 +107,8 @@ class InProcessLoop:
         """Train until `steps` steps are completed; the steps completed (== steps). Exits the process with
         EXIT_INPROCESS_GAVE_UP when the recovery cannot finish."""
         try:
-            self._recover("start")
+            if self.world is None:
+                self._recover("start")
             while self.completed < steps:
                 if self._world_moved():
                     self._recover("new_world")

@@ -21,12 +21,14 @@ import time
 
 from hpresilience.autoresume.decide.capacity import BatchHostLost, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause
+from hpresilience.autoresume.decide.ending import LIVENESS_PROBE_S
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
 from hpresilience.autoresume.launch.pernode import NodeSteps, node_step_argv, node_step_env
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.supervisor import Supervisor
 from hpresilience.autoresume.watch.base import Act
 from hpresilience.autoresume.watch.nodefaults import NodeFaults
+from hpresilience.slurm.steps import nodes_answering
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, World, write_world
 
 POLL_S = 0.1
@@ -81,14 +83,15 @@ class InProcessLoop:
                 self.reporter.decision("supervisor_stopped", signal=signal.Signals(sig).name, mode=MODE)
                 return 128 + sig
             failed: dict[str, str] = {}
+            ended: dict[str, int] = {}
             for node, rc in self.steps.ended().items():
                 if rc == 0:
                     finished.add(node)
                 elif rc == EXIT_INPROCESS_GAVE_UP:
                     raise Fallback(f"a rank on {node} could not finish the in-process recovery")
                 else:
-                    failed[node] = f"its step ended with exit status {rc}"
-            if not failed and not self.steps.running and finished >= set(self.plan):
+                    ended[node] = rc
+            if not ended and not self.steps.running and finished >= set(self.plan):
                 self.sup.state.finished, self.sup.state.exit_code = True, 0
                 self.reporter.decision("job_step_succeeded", mode=MODE, generation=self.generation)
                 return 0
@@ -96,9 +99,33 @@ class InProcessLoop:
             if verdict is not None and verdict.act is Act.STOP_NOW:
                 for node in verdict.nodes:
                     failed.setdefault(node, verdict.why)
+            if ended:
+                failed.update(self._dead(ended))
             if failed:
                 self._replace(failed, finished)
             time.sleep(POLL_S)
+
+    def _dead(self, ended: dict[str, int]) -> dict[str, str]:
+        """A node whose step ended badly: replaced when it runs no task (a dead node: its slurmd is gone long
+        before Slurm's SlurmdTimeout says so; left in the job for Slurm to excise, capacity.mark_unanswering);
+        a node that answers had an application error, which is the relaunch path's to weigh."""
+        started = time.monotonic()
+        nodes = sorted(ended)
+        answers = nodes_answering(self.sup.client, self.sup.job_id, nodes, self.sup.env, LIVENESS_PROBE_S)
+        dead = [n for n in nodes if not answers.get(n, False)]
+        self.reporter.decision(
+            "nodes_probed",
+            nodes=",".join(nodes),
+            unanswering=",".join(dead) or None,
+            mode=MODE,
+            took_s=round(time.monotonic() - started, 3),
+        )
+        alive = [n for n in nodes if n not in dead]
+        if alive:
+            codes = ",".join(f"{n}:{ended[n]}" for n in alive)
+            raise Fallback(f"step(s) ended badly on node(s) that answer ({codes}): an application error")
+        self.sup.capacity.mark_unanswering(dead)
+        return {n: f"its step ended with exit status {ended[n]} and it runs no task" for n in dead}
 
     def _replace(self, failed: dict[str, str], finished: set[str]) -> None:
         """Replace the failed nodes' steps in the running world (Fallback when that cannot be done)."""

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hpresilience.slurm.client import SlurmClient
@@ -29,13 +31,25 @@ def wait_for(probe: object, what: str, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def test_an_operators_replace_keeps_the_survivors_processes_and_the_weights_equal_the_fault_free_runs(
-    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
-) -> None:
-    """2 training nodes x 2 ranks + 1 spare, no checkpoint anywhere. `scontrol update node=n2 state=fail
-    reason=Action:Replace` mid-run: only n2's step is cancelled, the spare's step joins the new world, the
-    survivors on n1 keep their PIDs, the new ranks say they got their state from rank 0, no step is done twice,
-    and the final weights equal, bit for bit, those of the same training run with no fault."""
+def kill_tasks_on(node: str, job_id: int) -> int:
+    """Kill the job's tasks on `node` (with its slurmd gone, nothing else would: a dead node's processes)."""
+    killed = 0
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            env = p.environ()
+            if env.get("SLURMD_NODENAME") == node and env.get("HPR_AUTORESUME_JOB") == str(job_id):
+                p.kill()
+                killed += 1
+    return killed
+
+
+def run_through_a_fault(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, fault: Callable[[Run], None]
+) -> tuple[Run, float]:
+    """The job (2 training nodes x 2 ranks + 1 spare, no checkpoint anywhere) through `fault` on n2 after step 10;
+    the job and the seconds from the fault to the last rank training again. Asserts what every fault must keep:
+    the survivors on n1 keep their PIDs, the spare's ranks (2, 3) got their state from rank 0, every step once
+    and in order (nothing rolled back), final weights equal bit for bit to the same run's with no fault."""
     reference = fault_free_digest(tmp_path / "reference", 4, STEPS)
     (tmp_path / "job").mkdir()
     run = Run(
@@ -54,26 +68,59 @@ def test_an_operators_replace_keeps_the_survivors_processes_and_the_weights_equa
         assert written[0]["nodes"] == "n1,n2" and written[0]["world_size"] == 4
         assert slurm.job(run.job_id).batch_host == "n1"
         faulted_at = time.time()
-        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        fault(run)
         wait_for(lambda: len([j for j in joined(run.out) if j["generation"] == "2"]) == 4, "the new world", 240)
         back_at = max(float(j["at"]) for j in joined(run.out) if j["generation"] == "2")
         assert run.wait_done(240) == "0", run.out + run.err
     finally:
         with contextlib.suppress(Exception):
             slurm.cancel(run.job_id)
-        with contextlib.suppress(Exception):
-            slurm.set_node_state(["n2"], "resume")
     out = run.out
     second = {int(j["rank"]): j for j in joined(out) if j["generation"] == "2"}
-    # The survivors (ranks 0, 1 on n1) are the same processes; the spare n3 took n2's slot (ranks 2, 3).
     assert [second[r]["pid"] for r in (0, 1)] == [first[r]["pid"] for r in (0, 1)], out
     assert [second[r]["state_from"] for r in (2, 3)] == ["0", "0"], out
     replaced = run.named("inprocess_replaced")
     assert len(replaced) == 1 and replaced[0]["replaced"] == "n2" and replaced[0]["nodes"] == "n1,n3"
     assert not run.named("inprocess_fallback") and not run.named("attempt_started")
-    # Every step once, in order: nothing rolled back (at most the step in flight was abandoned and done again).
     done = [int(s) for s in re.findall(r"^step=(\d+) ", out, re.MULTILINE)]
     assert done == list(range(1, STEPS + 1)), done
     final = digests(out)
     assert len(final) == 4 and set(final.values()) == {reference}, out
-    print(f"in-process recovery: fault -> every rank training again {back_at - faulted_at:.2f} s")
+    return run, back_at - faulted_at
+
+
+def test_an_operators_replace_keeps_the_survivors_processes_and_the_weights_equal_the_fault_free_runs(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """`scontrol update node=n2 state=fail reason=Action:Replace` mid-run: the node watch sees it, only n2's step
+    is cancelled, the job shrinks off n2 and the spare's step joins the new world."""
+    try:
+        run, took = run_through_a_fault(
+            cluster, slurm, tmp_path, lambda run: slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.set_node_state(["n2"], "resume")
+    assert run.named("node_fault_seen")[0]["node"] == "n2"
+    assert run.named("allocation_shrunk")[0]["released"] == "n2"
+    print(f"in-process recovery (Action:Replace): fault -> every rank training again {took:.2f} s")
+
+
+def test_a_node_that_dies_outright_is_replaced_in_process_long_before_slurmd_timeout(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """n2's slurmd and its tasks are killed (a kernel panic; nobody marks the node): n2's step ends, n2 runs no
+    task when probed, so it is replaced (left in the job for Slurm to excise) and the survivors go on."""
+
+    def die(run: Run) -> None:
+        assert cluster.kill_node("n2")
+        assert kill_tasks_on("n2", run.job_id) == 2
+
+    try:
+        run, took = run_through_a_fault(cluster, slurm, tmp_path, die)
+    finally:
+        cluster.start_node("n2")
+    probed = run.named("nodes_probed")
+    assert probed[0]["unanswering"] == "n2", probed
+    assert not run.named("allocation_shrunk")  # a node that does not answer is Slurm's to excise
+    print(f"in-process recovery (dead node): fault -> every rank training again {took:.2f} s")

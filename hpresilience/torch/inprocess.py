@@ -185,6 +185,8 @@ class InProcessLoop:
         self.completed = step + 1
 
     def _world_moved(self) -> bool:
+        if not self.placement.world_file:
+            return False
         try:
             world = read_world(self.placement.world_file)
         except (OSError, ValueError):
@@ -221,6 +223,10 @@ class InProcessLoop:
     def _wait_world(self, deadline: float) -> World:
         """The first world newer than the one this rank was in, that has this rank."""
         while True:
+            if not self.placement.world_file:  # the relaunch path: one world; a failure ends the step
+                if self.placement.fixed is None or self.generation >= 1:
+                    raise GaveUp("a collective failed outside the in-process mode: the step restarts")
+                return self.placement.fixed
             world = read_world(self.placement.world_file)
             if world is not None and world.generation > self.generation:
                 if self.rank >= world.world_size:

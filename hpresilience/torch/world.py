@@ -135,10 +135,11 @@ def read_world(path: Path | str) -> World | None:
 class Placement:
     """Where this process sits, from its environment (the contract above)."""
 
-    world_file: str
+    world_file: str  # "": not in the in-process mode; the one world is `fixed`
     rank_base: int
     local_rank: int
     generation: int
+    fixed: World | None = None
 
     @property
     def rank(self) -> int:
@@ -146,16 +147,37 @@ class Placement:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
+        """The in-process mode's placement; without HPR_WORLD_FILE (the relaunch path, which the in-process
+        mode falls back to), the step's one world from the relaunch path's variables (NODE_LIST, MASTER_ADDR,
+        MASTER_PORT, NTASKS_PER_NODE; the rank is SLURM_PROCID, node-major as that path lays tasks out)."""
         env = os.environ if env is None else env
         path = env.get(WORLD_FILE_VAR, "")
-        if not path:
-            raise WorldFileError(f"{WORLD_FILE_VAR} is not set: run under srun --auto-resume-mode=inprocess")
         try:
+            if not path:
+                return cls._relaunched(env)
             base = int(env.get(RANK_BASE_VAR, "0"))
             local = int(env.get("SLURM_LOCALID", env.get("LOCAL_RANK", "0")))
             generation = int(env.get(GENERATION_VAR, "1"))
-        except ValueError as err:
-            raise WorldFileError(f"in-process placement variables are not whole numbers: {err}") from None
+        except (KeyError, ValueError) as err:
+            raise WorldFileError(f"placement variables missing or not whole numbers: {err}") from None
         if base < 0 or local < 0 or generation < 1:
             raise WorldFileError("in-process placement variables out of range")
         return cls(path, base, local, generation)
+
+    @classmethod
+    def _relaunched(cls, env: Mapping[str, str]) -> Placement:
+        if "NODE_LIST" not in env:
+            raise WorldFileError(f"{WORLD_FILE_VAR} is not set: run under srun --auto-resume=1")
+        nodes = tuple(n for n in env["NODE_LIST"].split(",") if n)
+        raw = {
+            "generation": 1,
+            "nodes": list(nodes),
+            "master_addr": env["MASTER_ADDR"],
+            "master_port": int(env["MASTER_PORT"]),
+            "tasks_per_node": int(env.get("NTASKS_PER_NODE", "1")),
+        }
+        world = World.from_json(json.dumps(raw))
+        rank = int(env.get("SLURM_PROCID", env.get("RANK", "0")))
+        if not 0 <= rank < world.world_size:
+            raise WorldFileError(f"rank {rank} is outside the step's world of {world.world_size}")
+        return cls("", rank, 0, 1, world)

@@ -61,6 +61,16 @@ def test_a_ranks_place_is_its_nodes_rank_base_plus_its_local_id() -> None:
         Placement.from_env({})
 
 
+def test_without_a_world_file_the_relaunch_paths_variables_give_the_one_world() -> None:
+    """After a fallback the relaunch path starts the ranks: the same training code must run there."""
+    env = {"NODE_LIST": "n1,n3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29650", "NTASKS_PER_NODE": "2"}
+    placement = Placement.from_env({**env, "SLURM_PROCID": "3"})
+    assert placement.rank == 3 and placement.world_file == ""
+    assert placement.fixed == World(1, ("n1", "n3"), "10.0.0.1", 29650, 2)
+    with pytest.raises(WorldFileError, match="outside"):
+        Placement.from_env({**env, "SLURM_PROCID": "4"})
+
+
 # -- the loop, with real gloo groups ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:

@@ -11,7 +11,8 @@ weights of a run with faults can be compared bit for bit with those of a run wit
 `final rank=0 step=N sha256=...`.
 
 Environment: TRAIN_STEPS (default 100), STEP_SLEEP (seconds of "work" per step, default 0.05).
-Test hooks (the tests only): DIE_RANK / DIE_STEP: that rank, in the first world, dies at that step (os._exit);
+Test hooks (the tests only): DIE_RANK / DIE_STEP: that rank, in the in-process mode's first world, dies at that
+step (os._exit);
 SLOW_RANK: that rank sleeps 3x longer per step.
 """
 
@@ -58,7 +59,7 @@ def main() -> None:
     def on_step(done: int) -> None:
         if loop.rank == 0:
             print(f"step={done} generation={loop.generation} at={time.time():.3f}", flush=True)
-        if loop.rank == die_rank and done == die_step and loop.placement.generation == 1:
+        if loop.rank == die_rank and done == die_step and loop.placement.generation == 1 and loop.placement.world_file:
             os._exit(1)
 
     done = loop.run(compute, steps, on_step)

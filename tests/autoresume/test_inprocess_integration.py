@@ -124,3 +124,44 @@ def test_a_node_that_dies_outright_is_replaced_in_process_long_before_slurmd_tim
     assert probed[0]["unanswering"] == "n2", probed
     assert not run.named("allocation_shrunk")  # a node that does not answer is Slurm's to excise
     print(f"in-process recovery (dead node): fault -> every rank training again {took:.2f} s")
+
+
+def test_a_rank_that_crashes_falls_back_to_the_relaunch_path_and_the_job_still_ends_with_the_same_weights(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """Rank 2 exits 1 at step 8 on a healthy node (an application error, not a node fault): its node-mate waits
+    for a new world that does not come (HPR_WORLD_WAIT_S=5) and gives up (exit 86), n2's step ends and n2
+    answers the probe (or the survivors give up first): in-process recovery cannot finish. The wrapper says so
+    (`inprocess_fallback`), relaunches every rank the ordinary way, and the same code trains from step 0 (no
+    checkpoint) to the fault-free run's weights."""
+    reference = fault_free_digest(tmp_path / "reference", 4, 40)
+    (tmp_path / "job").mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text("autoresume:\n  full_node_check_s: 0.5\n")
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path / "job",
+        "--auto-resume-mode=inprocess --auto-resume-spares=1",
+        f"--ntasks-per-node=2 --overcommit python {TRAIN}",
+        nodes=3,
+        env={
+            "TRAIN_STEPS": "40",
+            "STEP_SLEEP": "0.1",
+            "HPR_WORLD_WAIT_S": "5",
+            "DIE_RANK": "2",
+            "DIE_STEP": "8",
+            "HPRESILIENCE_CONFIG": str(config),
+        },
+    )
+    try:
+        assert run.wait_done(300) == "0", run.out + run.err
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.cancel(run.job_id)
+    fallback = run.named("inprocess_fallback")
+    assert len(fallback) == 1 and fallback[0]["generation"] == 1, run.err
+    assert "n2" in fallback[0]["why"] or "could not finish" in fallback[0]["why"], fallback
+    assert len(run.named("attempt_started")) == 1 and not run.named("inprocess_replaced")
+    final = digests(run.out)
+    assert len(final) == 4 and set(final.values()) == {reference}, run.out

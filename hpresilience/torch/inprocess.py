@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, read_world
+from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
 
 NEW = -1  # the completed-step count a rank with no state reports
 WORLD_POLL_S = 0.05
@@ -99,6 +99,7 @@ class InProcessLoop:
         self.last_grads: torch.Tensor | None = None
         self.last_grads_step = 0
         self.recoveries: list[Recovery] = []
+        self._world_seen: tuple[int, int, int] | None = None  # the world file's (mtime, size, inode) last read
         self.out = out or sys.stdout
         self.params = [p for p in model.parameters() if p.requires_grad]
 
@@ -185,12 +186,22 @@ class InProcessLoop:
         self.completed = step + 1
 
     def _world_moved(self) -> bool:
+        """Whether the wrapper wrote a newer world. A stat per look, the file read only when it changed: every
+        rank looks at every step, and the file lies on a shared file system."""
         if not self.placement.world_file:
             return False
         try:
-            world = read_world(self.placement.world_file)
-        except (OSError, ValueError):
+            st = os.stat(self.placement.world_file)
+        except OSError:
             return False
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen == self._world_seen:
+            return False
+        try:
+            world = read_world(self.placement.world_file)
+        except (OSError, WorldFileError):
+            return False  # caught again, and said, by the recovery's own read (_wait_world)
+        self._world_seen = seen
         return world is not None and world.generation > self.generation
 
     # -- recovery ------------------------------------------------------------------------------------
@@ -227,7 +238,10 @@ class InProcessLoop:
                 if self.placement.fixed is None or self.generation >= 1:
                     raise GaveUp("a collective failed outside the in-process mode: the step restarts")
                 return self.placement.fixed
-            world = read_world(self.placement.world_file)
+            try:
+                world = read_world(self.placement.world_file)
+            except (OSError, WorldFileError) as err:
+                raise GaveUp(str(err)) from None
             if world is not None and world.generation > self.generation:
                 if self.rank >= world.world_size:
                     raise GaveUp(f"rank {self.rank} is not in generation {world.generation}'s world")

@@ -165,3 +165,49 @@ def test_a_rank_that_crashes_falls_back_to_the_relaunch_path_and_the_job_still_e
     assert len(run.named("attempt_started")) == 1 and not run.named("inprocess_replaced")
     final = digests(run.out)
     assert len(final) == 4 and set(final.values()) == {reference}, run.out
+
+
+def test_two_replacements_in_one_job_keep_the_first_survivors_and_the_weights(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """Two spares, two faults in a row: n2 is replaced by n3 (generation 2), then n3 itself by n4 (generation 3).
+    n1's ranks are the same processes throughout, each new pair gets its state from rank 0, and the weights are
+    the fault-free run's."""
+    reference = fault_free_digest(tmp_path / "reference", 4, STEPS)
+    (tmp_path / "job").mkdir()
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path / "job",
+        "--auto-resume-mode=inprocess --auto-resume-spares=2",
+        f"--ntasks-per-node=2 --overcommit python {TRAIN}",
+        nodes=4,
+        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
+    )
+
+    def in_world(generation: int) -> list[dict[str, str]]:
+        return [j for j in joined(run.out) if j["generation"] == str(generation)]
+
+    try:
+        run.wait_output("step=10 ", timeout=180)
+        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        wait_for(lambda: len(in_world(2)) == 4, "generation 2", 240)
+        resumed = int(in_world(2)[0]["step"])
+        run.wait_output(f"step={resumed + 5} ", timeout=120)
+        slurm.set_node_state(["n3"], "fail", "Action:Replace")
+        wait_for(lambda: len(in_world(3)) == 4, "generation 3", 240)
+        assert run.wait_done(240) == "0", run.out + run.err
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.cancel(run.job_id)
+        with contextlib.suppress(Exception):
+            slurm.set_node_state(["n2", "n3"], "resume")
+    out = run.out
+    pids = {g: {int(j["rank"]): j["pid"] for j in in_world(g)} for g in (1, 2, 3)}
+    assert pids[1][0] == pids[2][0] == pids[3][0] and pids[1][1] == pids[2][1] == pids[3][1], out
+    assert pids[2][2] != pids[3][2] and pids[1][2] != pids[2][2]
+    assert [j["state_from"] for j in in_world(3) if int(j["rank"]) >= 2] == ["0", "0"], out
+    assert [e["nodes"] for e in run.named("inprocess_replaced")] == ["n1,n3", "n1,n4"]
+    done = [int(s) for s in re.findall(r"^step=(\d+) ", out, re.MULTILINE)]
+    assert done == list(range(1, STEPS + 1)), done
+    assert set(digests(out).values()) == {reference} and len(digests(out)) == 4, out

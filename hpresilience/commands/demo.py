@@ -10,6 +10,7 @@ import click
 
 from hpresilience.commands.context import Ctx, pass_ctx
 from hpresilience.commands.devcluster import settings_of
+from hpresilience.testing.checkpointless import run_checkpointless
 from hpresilience.testing.demo import Story, Timeline, run_story
 from hpresilience.testing.devcluster import DevCluster
 
@@ -17,8 +18,15 @@ from hpresilience.testing.devcluster import DevCluster
 @click.command()
 @click.option("--keep", is_flag=True, help="Leave the cluster and its daemons' logs afterwards.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Give up after this many seconds.")
+@click.option(
+    "--scenario",
+    type=click.Choice(["story", "checkpointless"]),
+    default="story",
+    show_default=True,
+    help="story: a node fault end to end; checkpointless: recovery without rollback (--auto-resume-mode=inprocess).",
+)
 @pass_ctx
-def demo(c: Ctx, keep: bool, timeout: float) -> None:
+def demo(c: Ctx, keep: bool, timeout: float, scenario: str) -> None:
     """Run the whole story on a local Slurm cluster and print its timeline."""
     dev = settings_of(c)
     state_dir = os.environ.get("HPRESILIENCE_DEVCLUSTER_DIR") or dev.state_dir
@@ -35,6 +43,16 @@ def demo(c: Ctx, keep: bool, timeout: float) -> None:
     tl.say(f"all 4 nodes idle after {took:.2f} s (export SLURM_CONF={cl.conf_path})")
     work = cl.state_dir / "demo"
     work.mkdir(parents=True, exist_ok=True)
+    if scenario == "checkpointless":
+        try:
+            line = run_checkpointless(cl, work, tl.say, timeout)
+        finally:
+            if not keep:
+                cl.down()
+        click.echo(line)
+        if " ok " not in line:
+            raise SystemExit(1)
+        return
     story = Story(cl, work, tl)
     try:
         run_story(story, tl, timeout)

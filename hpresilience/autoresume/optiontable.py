@@ -108,6 +108,16 @@ SRUN_OPTIONS: tuple[SrunOption, ...] = (
         example="fail",
     ),
     SrunOption(
+        "auto-resume-mode",
+        "recovery_mode",
+        Kind.CHOICE,
+        "relaunch: a fault restarts every rank; inprocess: survivors keep running, replacements get state from a peer.",
+        Target.SETTINGS,
+        field="recovery_mode",
+        choices=("relaunch", "inprocess"),
+        example="inprocess",
+    ),
+    SrunOption(
         "auto-resume-replace-timeout",
         "replace_timeout",
         Kind.FLOAT,

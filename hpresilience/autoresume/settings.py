@@ -153,6 +153,9 @@ class AutoResumeSettings(Section):
     move_grace_s: float = Field(default=120.0, ge=0)
     # No replacement node within replace_timeout_s: requeue the whole job, or fail it.
     fallback_when_no_replacement: Literal["requeue", "fail"] = "requeue"
+    # How a node fault is recovered: relaunch every rank (from the last checkpoint), or inprocess: the survivors
+    # keep running and the replacement's ranks take their state from a peer (autoresume/inprocess.py, issue 33).
+    recovery_mode: Literal["relaunch", "inprocess"] = "relaunch"
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)
     # Where per-job state survives a requeue; must be on a shared file system.

@@ -95,12 +95,14 @@ def _exec_plain_srun(c: Ctx, args: list[str]) -> None:
 
 
 def _supervise(c: Ctx, parsed: SrunArgs, given: dict[str, Any]) -> int:
+    from hpresilience.autoresume.inprocess import MODE, InProcessSupervisor
     from hpresilience.autoresume.options import resolve
     from hpresilience.autoresume.supervisor import Supervisor
     from hpresilience.slurm.client import SlurmClient
 
     opts = resolve(c.config.autoresume, parsed, given, _real_srun(c), os.environ)
-    supervisor = Supervisor(opts, SlurmClient.from_settings(c.config.slurm))
+    kind = InProcessSupervisor if opts.watch.recovery_mode == MODE else Supervisor
+    supervisor = kind(opts, SlurmClient.from_settings(c.config.slurm))
 
     def handler(signum: int, frame: FrameType | None) -> None:
         supervisor.on_signal(signum)

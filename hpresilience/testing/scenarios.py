@@ -179,10 +179,18 @@ def run_crash_loop(sc: Scenario) -> tuple[bool, str]:
     return run(sc.cl, sc.work, sc.say, sc.timeout)
 
 
+def run_checkpointless(sc: Scenario) -> tuple[bool, str]:
+    from hpresilience.testing.checkpointless import run_checkpointless as run  # three jobs of its own
+
+    sc.work.mkdir(parents=True, exist_ok=True)
+    return run(sc.cl, sc.work, sc.say, sc.timeout)
+
+
 SCENARIOS: dict[str, Callable[[Scenario], tuple[bool, str]]] = {
     "sdc": run_sdc,
     "nan": run_nan,
     "crash-loop": run_crash_loop,
+    "checkpointless": run_checkpointless,
 }
 
 

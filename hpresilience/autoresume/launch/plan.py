@@ -41,6 +41,10 @@ RANK_VARIABLES = (
     "TORCH_NCCL_DUMP_ON_TIMEOUT",
     "TORCH_FR_DUMP_TEMP_FILE",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    # The in-process mode's (hpresilience/torch/world.py): the world file, the node's first rank, its generation.
+    "HPR_WORLD_FILE",
+    "HPR_RANK_BASE",
+    "HPR_GENERATION",
 )
 
 

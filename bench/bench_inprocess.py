@@ -1,0 +1,152 @@
+"""Fault -> every rank training again, in-process recovery against the relaunch path, in one run (issue 33).
+
+The same data-parallel job (examples/checkpointless/train.py: gloo, 2 ranks per node, 2 training nodes + 1 spare,
+no checkpoint) runs twice on a local devcluster, and each time an operator marks a training node
+`state=fail reason=Action:Replace` after step 10:
+
+1. `--auto-resume-mode=inprocess`: the survivors keep running; printed with its parts: the node watch's
+   detection, the new world written (the failed node's step cancelled, the spare taken), the survivors out of
+   their old group, and the last rank (the replacement's, which imports torch and builds the model first) in
+   the new world with its state; then the first step completed after the fault;
+2. `--auto-resume-mode=relaunch` (today's path): every rank is killed and started again, and with no checkpoint
+   training starts over from step 0 (the steps lost are printed beside it).
+
+The clock starts when the node is marked. The ranks' own lines (`hpr-inprocess joined ... at=<epoch>`) give the
+time each was training again.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_inprocess.py [--base-port 21817] [--timeout 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing.devcluster import DevCluster
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "examples" / "checkpointless" / "train.py"
+FAULT_AFTER = 10
+
+
+def wait_for(probe: Any, what: str, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := probe():
+            return value
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def events(work: Path, job: int, name: str) -> list[dict[str, Any]]:
+    p = work / "state" / f"{job}.events.jsonl"
+    return [e for e in map(json.loads, text(p).splitlines()) if e["event"] == name]
+
+
+def joined(out: str) -> list[dict[str, str]]:
+    return [
+        dict(kv.split("=", 1) for kv in ln.split()[2:])
+        for ln in out.splitlines()
+        if ln.startswith("hpr-inprocess joined")
+    ]
+
+
+def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, mode: str, timeout: float) -> dict[str, float]:
+    work.mkdir(parents=True)
+    script = work / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={work}/state --auto-resume-mode={mode} "
+        f"--auto-resume-spares=1 --auto-resume-poll-interval=0.5 --ntasks-per-node=2 --overcommit python {TRAIN}\n"
+    )
+    env = cl.env()
+    env.update({"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "TRAIN_STEPS": "100000"})
+    # No controller here: the wrapper reads the step's nodes itself, every 0.5 s (a controller's notice would
+    # reach it as fast, through its own job's record).
+    config = work / "config.yaml"
+    config.write_text("autoresume:\n  full_node_check_s: 0.5\n")
+    env.update({"STEP_SLEEP": "0.1", "HPR_WORLD_WAIT_S": "120", "HPRESILIENCE_CONFIG": str(config)})
+    job = slurm.sbatch("--nodes=3", "--no-kill", f"--output={work}/out", f"--error={work}/err", str(script), env=env)
+    out = work / "out"
+    try:
+        wait_for(lambda: f"step={FAULT_AFTER} " in text(out), f"step {FAULT_AFTER}", timeout)
+        before = len(joined(text(out)))
+        t0 = time.time()
+        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        wait_for(lambda: len(joined(text(out))) >= before + 4, "every rank in the new world", timeout)
+        lines = joined(text(out))[before:]
+        again = max(float(j["at"]) for j in lines)
+        wait_for(lambda: _steps_after(text(out), again), "a step after the recovery", timeout)
+        done_before = max(s for s, at in _steps(text(out)) if at < again)
+        first_after = _steps_after(text(out), again)[0]
+        figures = {
+            "training_again_s": again - t0,
+            "first_step_after_s": first_after[1] - t0,
+            "steps_redone": float(done_before - (first_after[0] - 1)),
+        }
+        if mode == "inprocess":
+            figures["detect_s"] = float(events(work, job, "node_fault_seen")[0]["time"]) - t0
+            figures["world_written_s"] = float(events(work, job, "inprocess_world_written")[1]["time"]) - t0
+            survivors = [j for j in lines if j["state_from"] == "-"]
+            figures["survivors_left_s"] = max(float(j["at"]) - float(j["recovery_s"]) for j in survivors) - t0
+            new = [j for j in lines if j["state_from"] != "-"]
+            figures["replacement_started_s"] = max(float(j["at"]) - float(j["recovery_s"]) for j in new) - t0
+            figures["state_transfer_s"] = max(float(j["recovery_s"]) for j in new)
+        return figures
+    finally:
+        slurm.cancel(job)
+        slurm.set_node_state(["n2"], "resume")
+
+
+def _steps(out: str) -> list[tuple[int, float]]:
+    return [(int(s), float(at)) for s, at in re.findall(r"^step=(\d+) generation=\d+ at=([\d.]+)", out, re.MULTILINE)]
+
+
+def _steps_after(out: str, t0: float) -> list[tuple[int, float]]:
+    return [(s, at) for s, at in _steps(out) if at > t0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base-port", type=int, default=21817)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-inprocess-") as tmp:
+        cl = DevCluster(Path(tmp) / "cluster", 4, args.base_port)
+        cl.up(timeout=60)
+        try:
+            slurm = cl.client()
+            results = {}
+            for mode in ("inprocess", "relaunch"):
+                wait_for(lambda: all(n.is_idle for n in slurm.nodes()), "an idle cluster", 60)
+                results[mode] = run_job(cl, slurm, Path(tmp) / mode, mode, args.timeout)
+        finally:
+            cl.down()
+    ip, rl = results["inprocess"], results["relaunch"]
+    print("fault (Action:Replace on a training node) -> every rank training again, same job, same run:")
+    print(
+        f"  in-process: {ip['training_again_s']:.2f} s  (detect {ip['detect_s']:.2f}, new world written "
+        f"{ip['world_written_s']:.2f}, survivors out of the old group {ip['survivors_left_s']:.2f}, replacement "
+        f"ready (python, torch, model) {ip['replacement_started_s']:.2f}, its join + state from a peer "
+        f"{ip['state_transfer_s']:.2f}); first step after {ip['first_step_after_s']:.2f} s; "
+        f"steps redone {ip['steps_redone']:.0f}"
+    )
+    print(
+        f"  relaunch:   {rl['training_again_s']:.2f} s; first step after {rl['first_step_after_s']:.2f} s; "
+        f"steps redone {rl['steps_redone']:.0f} (no checkpoint: from step 0)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Recovery without rollback (`srun --auto-resume=1 --auto-resume-mode=inprocess`; issue 33).
+
+The job runs one step per node (launch/pernode.py). On a node fault (the node watch's bad node: an operator's
+`Action:Replace`, the controller's mark, Slurm's DOWN/FAIL) or a node's step ending badly, only that node's step is
+cancelled; the replacement comes from the same capacity code as the relaunch path (decide/capacity.py: a hot
+spare, or a grown job), the new world is written to the world file (hpresilience/torch/world.py), and the
+replacement's step is launched into it. The survivors' processes are never touched: their library loop
+(hpresilience/torch/inprocess.py) sees the collective fail or the new generation, builds a new process group from
+the world file, agrees on the last completed step and hands its state to the new ranks.
+
+What this mode does not do (yet) falls back to the relaunch path, said in the events (`inprocess_fallback`): a
+survivor whose slot would change, a rank that exits with EXIT_INPROCESS_GAVE_UP (it could not finish its part of
+the recovery), a step that ends badly on a node that is not replaced. Log rules, hang and straggler detection are
+the relaunch path's and are not run here.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from hpresilience.autoresume.decide.capacity import BatchHostLost, NoReplacement
+from hpresilience.autoresume.decide.classify import Cause
+from hpresilience.autoresume.decide.ending import LIVENESS_PROBE_S
+from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
+from hpresilience.autoresume.launch.pernode import NodeSteps, node_step_argv, node_step_env
+from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
+from hpresilience.autoresume.supervisor import Supervisor
+from hpresilience.autoresume.watch.base import Act
+from hpresilience.autoresume.watch.nodefaults import NodeFaults
+from hpresilience.slurm.steps import nodes_answering
+from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, World, write_world
+
+POLL_S = 0.1
+MODE = "inprocess"
+
+
+class Fallback(Exception):
+    """In-process recovery cannot go on: the relaunch path takes over (why: the message)."""
+
+
+class InProcessLoop:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.opts = sup.opts
+        self.reporter = sup.reporter
+        self.steps = NodeSteps(
+            sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes
+        )
+        self.faults = NodeFaults(sup.nodewatch, sup.reporter, self.opts.poll_interval_s)
+        self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
+        self.generation = 0
+        self.plan: list[str] = []
+        self.size = 0
+        self.tasks_per_node = self.opts.srun.tasks_per_node()
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """The job step's exit code; on a fallback, the relaunch path's."""
+        try:
+            return self._run()
+        except Fallback as why:
+            self.steps.stop_all()
+            self.reporter.decision("inprocess_fallback", why=str(why), generation=self.generation)
+            self.sup.state.last_nodes = list(self.plan)
+            return Supervisor._run(self.sup)
+        except NoReplacement as err:
+            self.steps.stop_all()
+            return self.sup._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
+        finally:
+            self.steps.stop_all()
+
+    def _run(self) -> int:
+        job = self.sup.client.job(self.sup.job_id)
+        self.size = self.opts.step_size(len(job.nodes))
+        plan = plan_nodes(job.nodes, self.size, self.sup.capacity.unhealthy(job))
+        self.plan = plan if plan is not None else self.sup.capacity.recover([], [], self.size)
+        self._announce(self.plan, new_slots=list(range(len(self.plan))), first=True)
+        finished: set[str] = set()
+        while True:
+            if self.sup.stop_request.signum:
+                sig = self.sup.stop_request.signum
+                self.reporter.decision("supervisor_stopped", signal=signal.Signals(sig).name, mode=MODE)
+                return 128 + sig
+            failed: dict[str, str] = {}
+            ended: dict[str, int] = {}
+            for node, rc in self.steps.ended().items():
+                if rc == 0:
+                    finished.add(node)
+                elif rc == EXIT_INPROCESS_GAVE_UP:
+                    raise Fallback(f"a rank on {node} could not finish the in-process recovery")
+                else:
+                    ended[node] = rc
+            if not ended and not self.steps.running and finished >= set(self.plan):
+                self.sup.state.finished, self.sup.state.exit_code = True, 0
+                self.reporter.decision("job_step_succeeded", mode=MODE, generation=self.generation)
+                return 0
+            verdict = self.faults.poll(time.monotonic(), self._view())
+            if verdict is not None and verdict.act is Act.STOP_NOW:
+                for node in verdict.nodes:
+                    failed.setdefault(node, verdict.why)
+            if ended:
+                failed.update(self._dead(ended))
+            if failed:
+                self._replace(failed, finished)
+            time.sleep(POLL_S)
+
+    def _dead(self, ended: dict[str, int]) -> dict[str, str]:
+        """A node whose step ended badly: replaced when it runs no task (a dead node: its slurmd is gone long
+        before Slurm's SlurmdTimeout says so; left in the job for Slurm to excise, capacity.mark_unanswering);
+        a node that answers had an application error, which is the relaunch path's to weigh."""
+        started = time.monotonic()
+        nodes = sorted(ended)
+        answers = nodes_answering(self.sup.client, self.sup.job_id, nodes, self.sup.env, LIVENESS_PROBE_S)
+        dead = [n for n in nodes if not answers.get(n, False)]
+        self.reporter.decision(
+            "nodes_probed",
+            nodes=",".join(nodes),
+            unanswering=",".join(dead) or None,
+            mode=MODE,
+            took_s=round(time.monotonic() - started, 3),
+        )
+        alive = [n for n in nodes if n not in dead]
+        if alive:
+            codes = ",".join(f"{n}:{ended[n]}" for n in alive)
+            raise Fallback(f"step(s) ended badly on node(s) that answer ({codes}): an application error")
+        self.sup.capacity.mark_unanswering(dead)
+        return {n: f"its step ended with exit status {ended[n]} and it runs no task" for n in dead}
+
+    def _replace(self, failed: dict[str, str], finished: set[str]) -> None:
+        """Replace the failed nodes' steps in the running world (Fallback when that cannot be done)."""
+        started = time.monotonic()
+        self.reporter.decision(
+            "fault_seen",
+            cause=Cause.HARDWARE.value,
+            mode=MODE,
+            nodes=",".join(sorted(failed)),
+            detail="; ".join(f"{n}: {why}" for n, why in sorted(failed.items()))[:300],
+        )
+        stopped = {node: self.steps.stop(node) for node in failed}
+        decision = self.sup.policy.decide(KIND_OF[Cause.HARDWARE], 1)
+        self.reporter.decision("policy_decided", action=decision.choice.value, reason=decision.reason, mode=MODE)
+        if OUTCOME_OF[decision.choice] is not Outcome.RELAUNCH:
+            raise Fallback(f"the restart policy says {decision.choice.value}: {decision.detail}")
+        if finished:
+            raise Fallback(f"node(s) {','.join(sorted(finished))} already finished the step")
+        plan = self.sup.capacity.recover(sorted(failed), self.plan, self.size)
+        if len(plan) != len(self.plan):  # running short (min_nodes): the world's size would change
+            self.plan = plan
+            raise Fallback(f"the step would run on {len(plan)} node(s), not {len(self.plan)}")
+        moved = [n for slot, n in enumerate(self.plan) if n not in failed and plan[slot] != n]
+        if moved:
+            self.plan = plan
+            raise Fallback(f"survivor(s) {','.join(moved)} would change slots in {','.join(plan)}")
+        new_slots = [slot for slot, n in enumerate(plan) if n != self.plan[slot]]
+        self.sup.state.count_restart(Cause.HARDWARE.value)
+        self.sup.reporter.count_restart(Cause.HARDWARE.value)
+        self.plan = plan
+        self._announce(plan, new_slots)
+        self.reporter.decision(
+            "inprocess_replaced",
+            generation=self.generation,
+            replaced=",".join(sorted(failed)),
+            nodes=",".join(plan),
+            steps_cancelled=",".join(s for _, ids in stopped.values() for s in ids) or None,
+            took_s=round(time.monotonic() - started, 3),
+        )
+
+    # -- worlds --------------------------------------------------------------------------------------
+    def _announce(self, plan: list[str], new_slots: list[int], first: bool = False) -> None:
+        """Write generation+1's world, then launch the new slots' steps into it (they read it at start)."""
+        self.generation += 1
+        launch = self._launch(plan)
+        tpn = self.tasks_per_node
+        new_ranks = () if first else tuple(r for slot in new_slots for r in range(slot * tpn, (slot + 1) * tpn))
+        world = World(self.generation, tuple(plan), launch.master_addr, launch.master_port, tpn, new_ranks)
+        write_world(self.world_file, world)
+        self.sup.state.attempts += 1
+        self.sup.state.last_nodes = list(plan)
+        self.sup.reporter.set_attempts(self.sup.state.attempts)
+        self.reporter.decision(
+            "inprocess_world_written",
+            generation=self.generation,
+            nodes=",".join(plan),
+            master_addr=world.master_addr,
+            master_port=world.master_port,
+            world_size=world.world_size,
+            new_ranks=",".join(map(str, new_ranks)) or None,
+            path=self.world_file,
+        )
+        base = launch.environment(self.sup.env, self.sup.state.restarts)
+        for slot in new_slots:
+            node = plan[slot]
+            name = f"hpr-inprocess-{self.sup.job_id}-g{self.generation}-{node}"
+            argv = node_step_argv(
+                self.opts.srun_bin,
+                self.sup.job_id,
+                node,
+                tpn,
+                name,
+                self.opts.srun.passthrough,
+                self.opts.srun.command,
+            )
+            self.steps.start(node, name, argv, node_step_env(base, self.world_file, slot, tpn, self.generation))
+        self.sup._save()
+
+    def _launch(self, plan: list[str]) -> AttemptLaunch:
+        first = self.sup.client.node(plan[0])
+        return AttemptLaunch(
+            attempt=self.generation,
+            nodes=tuple(plan),
+            allocation=tuple(self.sup.client.job(self.sup.job_id).nodes),
+            master_addr=first.address or first.name,
+            master_port=master_port(
+                self.opts.master_port_base, self.opts.master_port_span, self.sup.job_id, self.sup.state.attempts + 1
+            ),
+            tasks_per_node=self.tasks_per_node,
+            job_marker=str(self.sup.job_id),
+            requested=self.size,
+        )
+
+    def _view(self) -> AttemptLaunch:
+        """What the node detector needs of the running world (its nodes)."""
+        return AttemptLaunch(
+            attempt=self.generation,
+            nodes=tuple(self.plan),
+            allocation=tuple(self.plan),
+            master_addr="",
+            master_port=0,
+            tasks_per_node=self.tasks_per_node,
+            requested=self.size,
+        )
+
+
+class InProcessSupervisor(Supervisor):
+    """The supervisor with the in-process loop in place of the relaunch loop (which stays its fallback)."""
+
+    def _run(self) -> int:
+        return InProcessLoop(self).run()

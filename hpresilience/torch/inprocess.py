@@ -1,0 +1,310 @@
+"""A data-parallel step loop that survives the loss of a node without restarting (issue 33; gloo, CPU).
+
+Run under `srun --auto-resume=1 --auto-resume-mode=inprocess`: the wrapper runs a step per node and, when a node
+is lost, writes the new world to HPR_WORLD_FILE (hpresilience/torch/world.py) and starts the replacement's ranks.
+
+    loop = InProcessLoop(model, optimizer)
+    def compute(step):                      # forward + backward on this rank's data for `step`; no collective
+        loss_fn(model(inputs(step, loop.rank))).backward()
+    loop.run(compute, steps=1000)           # averages the gradients (one all-reduce a step) and applies them
+
+The loop owns the one collective of a step (the gradient all-reduce) and the optimizer's step, which is what lets it
+keep the replicas equal through a fault:
+
+- A survivor whose all-reduce fails (gloo raises when a peer's connection closes), or which finds a newer world at
+  the start of a step, abandons the step in flight, destroys the process group, keeps model and optimizer in
+  memory, waits for the new world (bounded: world_wait_s) and joins it (a new TCPStore on the new port).
+- The ranks agree on the last completed step: the highest any rank reached. A rank's all-reduce can complete while
+  another's fails (ring all-reduce: the dead peer's data had already arrived at one and not the other), so ranks
+  differ by at most one step. A rank one step behind receives the averaged gradients of that step from a rank
+  that completed it (every rank keeps the last step's averaged gradients) and applies them: the same update on the
+  same state, so the replicas stay equal bit for bit and no step is computed twice.
+- The replacement's ranks start with no state: they receive model and optimizer state from the lowest-ranked
+  survivor over the new group (a broadcast), and report which rank it came from.
+
+A rank that cannot finish its part (no world within the bound, a world without its rank) exits with
+EXIT_INPROCESS_GAVE_UP: the wrapper then falls back to the relaunch path. Each rank prints one line per world it
+joins (`hpr-inprocess joined ...`): the recovery's figures, read by the tests and the bench.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
+
+NEW = -1  # the completed-step count a rank with no state reports
+WORLD_POLL_S = 0.05
+WAIT_VAR = "HPR_WORLD_WAIT_S"
+SPIN_S = 0.0005  # the wait between looks at a running all-reduce: what a step pays for being watched
+
+
+class WorldMoved(Exception):
+    """A newer world was announced while this rank was in a collective."""
+
+
+class GaveUp(Exception):
+    """This rank cannot finish the in-process recovery."""
+
+
+@dataclass
+class Recovery:
+    """One world joined: when, why, and what it cost (seconds, wall clock)."""
+
+    generation: int
+    cause: str
+    step: int
+    state_from: int | None = None  # the rank this one's state came from (a new rank)
+    grads_from: int | None = None  # the rank whose averaged gradients this one applied (one step behind)
+    started_at: float = field(default_factory=time.time)
+    joined_at: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.joined_at - self.started_at
+
+
+class InProcessLoop:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        world_wait_s: float | None = None,
+        collective_timeout_s: float = 60.0,
+        placement: Placement | None = None,
+        out: Any = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        # How long a survivor waits for the wrapper's new world (a replacement may have to be grown into the job).
+        self.world_wait_s = world_wait_s if world_wait_s is not None else float(os.environ.get(WAIT_VAR, "300"))
+        self.collective_timeout = datetime.timedelta(seconds=collective_timeout_s)
+        self.placement = placement or Placement.from_env()
+        self.rank = self.placement.rank
+        # A rank of the first world starts from the same seeded state as its peers; a later one has no state.
+        self.completed = 0 if self.placement.generation == 1 else NEW
+        self.generation = self.placement.generation - 1  # the world to join is at least the one we were born in
+        self.world: World | None = None
+        self.last_grads: torch.Tensor | None = None
+        self.last_grads_step = 0
+        self.recoveries: list[Recovery] = []
+        self._world_seen: tuple[int, int, int] | None = None  # the world file's (mtime, size, inode) last read
+        self.out = out or sys.stdout
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    # -- the step loop -------------------------------------------------------------------------------
+    def run(self, compute: Callable[[int], None], steps: int, on_step: Callable[[int], None] | None = None) -> int:
+        """Train until `steps` steps are completed; the steps completed (== steps). Exits the process with
+        EXIT_INPROCESS_GAVE_UP when the recovery cannot finish."""
+        try:
+            if self.world is None:
+                self._recover("start")
+            while self.completed < steps:
+                if self._world_moved():
+                    self._recover("new_world")
+                    continue
+                step = self.completed
+                self.optimizer.zero_grad(set_to_none=False)
+                compute(step)
+                flat = torch.cat([_grad(p).reshape(-1) for p in self.params])
+                failure = ""
+                try:
+                    self._all_reduce(flat)
+                except WorldMoved:
+                    failure = "new_world"
+                except (RuntimeError, TimeoutError) as err:  # gloo: a peer closed, reset, or timed out
+                    failure = f"collective_failed: {str(err)[:120]}"
+                if failure:
+                    # Outside the handler: the exception's frames hold the old group, whose connections stay
+                    # open while anything refers to it, and a peer that enters the collective late would wait on
+                    # them for the whole collective timeout instead of failing at once.
+                    self._recover(failure)
+                    continue
+                flat /= self.world_size
+                self._apply(flat, step)
+                if on_step is not None:
+                    on_step(self.completed)
+            return self.completed
+        except GaveUp as why:
+            self._say(f"hpr-inprocess gave_up rank={self.rank} why={str(why)!r}")
+            self.close()
+            sys.exit(EXIT_INPROCESS_GAVE_UP)
+
+    @property
+    def world_size(self) -> int:
+        return self.world.world_size if self.world is not None else 1
+
+    def close(self) -> None:
+        """Leave the process group, and let go of it at once (gc): its connections close only when the group
+        is gone, and that is what makes a peer still in a collective on it fail rather than wait."""
+        if not dist.is_initialized():
+            return
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        try:
+            if abort is not None:
+                abort()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except (RuntimeError, ValueError, AssertionError):
+            pass
+        gc.collect()
+
+    def _all_reduce(self, flat: torch.Tensor) -> None:
+        """The step's all-reduce, watching the world file while it runs: a peer that is gone does not always
+        make gloo fail at once (a rank waiting on a live peer that itself waits), and the wrapper's new world
+        says so sooner than the collective timeout."""
+        work = dist.all_reduce(flat, async_op=True)
+        next_look = time.monotonic() + WORLD_POLL_S
+        while not work.is_completed():
+            time.sleep(SPIN_S)
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + WORLD_POLL_S
+                if self._world_moved():
+                    raise WorldMoved()
+        work.wait()
+
+    def _apply(self, flat: torch.Tensor, step: int) -> None:
+        """The averaged gradients of `step` into the parameters' grads, then the optimizer's step."""
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            _grad(p).copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+        self.optimizer.step()
+        self.last_grads, self.last_grads_step = flat, step + 1
+        self.completed = step + 1
+
+    def _world_moved(self) -> bool:
+        """Whether the wrapper wrote a newer world. A stat per look, the file read only when it changed: every
+        rank looks at every step, and the file lies on a shared file system."""
+        if not self.placement.world_file:
+            return False
+        try:
+            st = os.stat(self.placement.world_file)
+        except OSError:
+            return False
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen == self._world_seen:
+            return False
+        try:
+            world = read_world(self.placement.world_file)
+        except (OSError, WorldFileError):
+            return False  # caught again, and said, by the recovery's own read (_wait_world)
+        self._world_seen = seen
+        return world is not None and world.generation > self.generation
+
+    # -- recovery ------------------------------------------------------------------------------------
+    def _recover(self, cause: str) -> None:
+        """Leave the old group, join the newest world, agree on the step, pass state on; one Recovery."""
+        record = Recovery(self.generation, cause, self.completed)
+        self.close()
+        deadline = time.monotonic() + self.world_wait_s
+        while True:
+            world = self._wait_world(deadline)
+            try:
+                self._join(world)
+                self._agree(record)
+                break
+            except (RuntimeError, TimeoutError) as err:
+                # A second fault while joining: the wrapper writes a newer world; join that one.
+                self._say(f"hpr-inprocess join_failed rank={self.rank} generation={world.generation} err={err!s:.120}")
+                self.close()
+                if time.monotonic() > deadline:
+                    raise GaveUp(f"no world could be joined within {self.world_wait_s:g} s") from None
+        record.generation, record.step, record.joined_at = self.generation, self.completed, time.time()
+        self.recoveries.append(record)
+        self._say(
+            f"hpr-inprocess joined rank={self.rank} pid={os.getpid()} generation={self.generation} "
+            f"world_size={self.world_size} step={self.completed} cause={cause.split(':')[0]} "
+            f"state_from={_show(record.state_from)} grads_from={_show(record.grads_from)} "
+            f"recovery_s={record.seconds:.3f} at={record.joined_at:.3f}"
+        )
+
+    def _wait_world(self, deadline: float) -> World:
+        """The first world newer than the one this rank was in, that has this rank."""
+        while True:
+            if not self.placement.world_file:  # the relaunch path: one world; a failure ends the step
+                if self.placement.fixed is None or self.generation >= 1:
+                    raise GaveUp("a collective failed outside the in-process mode: the step restarts")
+                return self.placement.fixed
+            try:
+                world = read_world(self.placement.world_file)
+            except (OSError, WorldFileError) as err:
+                raise GaveUp(str(err)) from None
+            if world is not None and world.generation > self.generation:
+                if self.rank >= world.world_size:
+                    raise GaveUp(f"rank {self.rank} is not in generation {world.generation}'s world")
+                return world
+            if time.monotonic() > deadline:
+                raise GaveUp(f"no new world within {self.world_wait_s:g} s")
+            time.sleep(WORLD_POLL_S)
+
+    def _join(self, world: World) -> None:
+        self.generation, self.world = world.generation, world
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{world.master_addr}:{world.master_port}",
+            rank=self.rank,
+            world_size=world.world_size,
+            timeout=self.collective_timeout,
+        )
+
+    def _agree(self, record: Recovery) -> None:
+        """Bring every rank to the highest completed step (see the module's docstring)."""
+        mine = self.completed
+        span = torch.tensor([mine, -mine], dtype=torch.int64)
+        dist.all_reduce(span, op=dist.ReduceOp.MAX)
+        top, bottom = int(span[0]), -int(span[1])
+        if top == bottom:
+            return
+        source_t = torch.tensor([self.rank if mine == top else self.world_size], dtype=torch.int64)
+        dist.all_reduce(source_t, op=dist.ReduceOp.MIN)
+        source = int(source_t[0])
+        behind_t = torch.tensor([1 if mine == top - 1 else 0], dtype=torch.int64)
+        dist.all_reduce(behind_t, op=dist.ReduceOp.MAX)
+        if int(behind_t[0]) and top > 0:
+            if self.rank == source and (self.last_grads is None or self.last_grads_step != top):
+                raise GaveUp(f"rank {self.rank} lacks step {top}'s gradients for the ranks one step behind")
+            flat = self.last_grads if self.rank == source and self.last_grads is not None else self._empty_flat()
+            dist.broadcast(flat, src=source)
+            if mine == top - 1:
+                self._apply(flat, mine)
+                record.grads_from = source
+        if bottom < top - 1 or bottom == NEW:
+            box: list[Any] = [None]
+            if self.rank == source:
+                box = [{"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": top}]
+            dist.broadcast_object_list(box, src=source)
+            if self.completed != top:  # no state (NEW), or more than a step behind
+                self.model.load_state_dict(box[0]["model"])
+                self.optimizer.load_state_dict(box[0]["optimizer"])
+                self.completed = int(box[0]["step"])
+                self.last_grads = None
+                record.state_from = source
+
+    def _empty_flat(self) -> torch.Tensor:
+        return torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    return p.grad
+
+
+def _show(rank: int | None) -> str:
+    return "-" if rank is None else str(rank)

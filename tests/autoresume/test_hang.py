@@ -105,6 +105,26 @@ def test_a_node_that_did_not_answer_and_a_vanished_rank_are_named() -> None:
     assert gone.ranks == [5] and "gone" in gone.suspects[0].why
 
 
+def test_a_stopped_task_without_rank_in_its_environment_is_named_by_its_heartbeats_pid() -> None:
+    """srun's own tasks (no torchrun) have SLURM_PROCID, not RANK: the heartbeat's pid names the rank, and the
+    rank is not also reported gone (seen on the netns cluster: both ranks "gone", the hang ambiguous)."""
+    n1 = parse_probe_lines(PROBE_N1.replace(" S 0 ", " S - "))[0]
+    n2 = parse_probe_lines(PROBE_N2.replace(" T 1 ", " T - "))[0]
+    ranks = {0: RankInfo("n1", 0.0, 3, pid=101), 1: RankInfo("n2", 0.0, 3, pid=201)}
+    v = attribute(["n1", "n2"], {"n1": n1, "n2": n2}, {101: True}, ranks)
+    assert v.unambiguous and v.nodes == ["n2"] and v.ranks == [1], v.suspects
+    assert "rank 1 (pid 201) is stopped" in v.suspects[0].why and len(v.suspects) == 1
+
+
+def test_a_stopped_process_of_the_job_with_no_rank_known_still_names_its_node() -> None:
+    n1 = parse_probe_lines(PROBE_N1.replace(" S 0 ", " S - "))[0]
+    n2 = parse_probe_lines(PROBE_N2.replace(" T 1 ", " T - "))[0]
+    v = attribute(["n1", "n2"], {"n1": n1, "n2": n2}, {}, {})
+    assert v.unambiguous and v.nodes == ["n2"] and v.ranks == [] and "no rank known" in v.suspects[0].why
+    zombie = parse_probe_lines(PROBE_N2.replace(" T 1 ", " Z - "))[0]
+    assert attribute(["n1", "n2"], {"n1": n1, "n2": zombie}, {}, {}).suspects == []
+
+
 def test_probe_output_with_hostile_lines_is_skipped() -> None:
     procs, done = parse_probe_lines("hpr-proc\nhpr-proc n1 x S 0\nhpr-proc n1 5 S 99999999999 w c\nnoise\nhpr-probed")
     assert [p.pid for p in procs] == [5] and procs[0].rank is None and done == set()

@@ -9,7 +9,8 @@ is a hang only while the step still has tasks: the supervisor counts them first 
 step_task_counts), and a step whose tasks have all ended (srun waits on a process that escaped the step and
 holds its output) is ended instead, `dismiss` starting the clock again.
 
-`attribute` is pure: from the processes the probe saw on each node (state, RANK), the stacks each rank
+`attribute` is pure: from the processes the probe saw on each node (state, RANK, else the rank whose heartbeat
+came from that pid), the stacks each rank
 wrote on request, and the ranks the stream knows, it names the suspects. Strong evidence of a culprit:
 a node that did not answer the probe; a rank stopped (T), in uninterruptible sleep (D) or a zombie (Z);
 a rank that announced a stack signal and wrote no stack (it runs no Python, or is stopped); a rank the
@@ -142,6 +143,9 @@ def attribute(
     whether the pid wrote a stack after being asked (only pids that were asked). `ranks`: the stream's."""
     out = Attribution()
     seen_ranks: set[int] = set()
+    # Tasks started by srun itself (no torchrun) have no RANK in their environment: the heartbeat's pid, which
+    # is the pid the probe sees on that node (same PID namespace), names their rank.
+    by_pid = {(info.node, info.pid): rank for rank, info in ranks.items() if info.pid}
     for node in step_nodes:
         procs = reports.get(node)
         if procs is None:
@@ -150,22 +154,26 @@ def attribute(
             continue
         out.answered.append(node)
         for p in procs:
-            if p.rank is None:
+            rank = p.rank if p.rank is not None else by_pid.get((node, p.pid))
+            if rank is None:
+                # A process of the job stopped or stuck in the kernel is evidence even when its rank is unknown
+                # (no heartbeats); a zombie without a rank is more likely a helper not yet reaped.
+                if p.state in BAD_STATES and p.state != "Z":
+                    why = f"a process of the job (pid {p.pid}, no rank known) is {BAD_STATES[p.state]}, wchan {p.wchan}"
+                    out.suspects.append(Suspect(node, None, p.pid, why))
                 continue
-            seen_ranks.add(p.rank)
+            seen_ranks.add(rank)
             if p.state in BAD_STATES:
                 out.suspects.append(
-                    Suspect(
-                        node, p.rank, p.pid, f"rank {p.rank} (pid {p.pid}) is {BAD_STATES[p.state]}, wchan {p.wchan}"
-                    )
+                    Suspect(node, rank, p.pid, f"rank {rank} (pid {p.pid}) is {BAD_STATES[p.state]}, wchan {p.wchan}")
                 )
             elif stacks.get(p.pid) is False:
                 out.suspects.append(
                     Suspect(
                         node,
-                        p.rank,
+                        rank,
                         p.pid,
-                        f"rank {p.rank} (pid {p.pid}) wrote no Python stack when asked (state {p.state})",
+                        f"rank {rank} (pid {p.pid}) wrote no Python stack when asked (state {p.state})",
                     )
                 )
     for rank, info in sorted(ranks.items()):

@@ -128,6 +128,7 @@ class Supervisor:
             labels_ours=labels_ours,
             unhealthy=self.capacity.unhealthy,
             back_in_service=self.capacity.back_in_service,
+            state=self.state,
         )
         self.steps = StepRunner(
             opts,
@@ -155,8 +156,7 @@ class Supervisor:
         )
         self.crashes = CrashWatch(opts.watch, self.state, self.reporter, self.progress, self.feed)
         self.preflight = Preflight(client, self.job_id, opts, self.reporter, self.ops.env, self.capacity.recover)
-        self.exclude: set[str] = set()  # stragglers to leave out at the next relaunch (exclude_stragglers)
-        self.size = 0
+        self.exclude, self.size = set[str](), 0  # exclude: stragglers out at the next relaunch (exclude_stragglers)
 
     # -- state across requeues -----------------------------------------------------------------------
     def _load_policy(self) -> RestartPolicy:

@@ -1,0 +1,76 @@
+"""Preflight on a new node set (decide/preflight.py), on `devcluster up --isolation netns`: a job of 3 nodes (2 in
+the step, 1 hot spare) whose spare's link is capped (tbf, 4 Mbit/s each way: it passes every health check, and
+Slurm's own messages get through); a training node marked `Action:Replace`. The relaunch would go onto the spare:
+the preflight times its transfer, keeps it out with the evidence, and the step takes the cluster's idle 4th node
+instead (the job grows), which passes. The healthy relaunch costs the check's time once, and a step relaunched on
+the same nodes none."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpresilience.testing.devcluster import DevCluster
+from hpresilience.testing.netns import Isolation
+from tests.autoresume.test_partition_integration import ended, sync_job, wait_idle
+from tests.autoresume.test_recipe_integration import job_notices
+from tests.conftest import TEST_BASE_PORT, require_slurm
+from tests.testing.test_netns_integration import need_netns
+
+pytestmark = pytest.mark.integration
+PORT = TEST_BASE_PORT + 550  # between the +500 and +600 modules' clusters
+CAP_BPS = 4_000_000  # 0.5 MB/s: a 4 MB transfer takes 8 s, under the 2 MB/s floor
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    require_slurm()
+    need_netns()
+    cl = DevCluster(
+        state_dir=tmp_path_factory.mktemp("preflight") / "cluster", nodes=4, base_port=PORT, isolation=Isolation.NETNS
+    )
+    cl.up(timeout=60)
+    yield cl
+    cl.down()
+
+
+def test_a_spare_with_a_capped_link_is_kept_out_by_the_preflight_and_the_step_takes_another_node(
+    hosts: DevCluster, tmp_path: Path
+) -> None:
+    slurm = hosts.client()
+    wait_idle(hosts, slurm)
+    job = sync_job(hosts, tmp_path, STEP_SLEEP="0.3")
+    with ended(slurm, job):
+        job.wait(lambda: 3 in job.steps(), "step 3", 120)
+        alloc = slurm.job(job.job_id)
+        first = job.named("attempt_started")[0]["nodes"].split(",")
+        spare = next(n for n in alloc.nodes if n not in first)
+        victim = next(n for n in first if n != alloc.batch_host)
+        idle = next(n for n in hosts.names() if n not in alloc.nodes)
+        hosts.slow(spare, bps=CAP_BPS)
+        try:
+            marked_at = job.named("attempt_started")[0]["time"]
+            with job_notices(slurm):  # the controller's part: tell the job of its failed node
+                slurm.set_node_state([victim], "fail", "Action:Replace")
+                kept = job.wait(lambda: job.named("preflight_node_kept_out"), "the spare kept out", 90)[0]
+                passed = job.wait(lambda: job.named("preflight_passed"), "the preflight on the grown node", 120)[0]
+                job.wait(lambda: re.search(r"^resumed from step \d+$", job.out, re.MULTILINE), "the resume", 120)
+        finally:
+            hosts.slow(spare, bps=0)
+        assert kept["node"] == spare and kept["hub"] != spare, kept
+        assert "MB/s" in kept["why"] or "did not finish" in kept["why"], kept
+        assert passed["new"] == idle and idle in passed["transfer_s"], passed
+        second = job.named("attempt_started")[1]["nodes"].split(",")
+        assert spare not in second and victim not in second and idle in second
+        assert not job.named("preflight_inconclusive")
+        checks = job.named("preflight_node_kept_out") + job.named("preflight_passed")
+        assert len(checks) == 2  # the first attempt (no node known good) ran none
+        marked = [e for e in job.named("node_fault_seen")] or [{"time": marked_at}]
+        print(
+            f"capped spare kept out {kept['time'] - marked[0]['time']:.1f} s after the fault was seen "
+            f"(check {kept['took_s']:.1f} s); healthy 2-node check {passed['took_s']:.1f} s "
+            f"(transfer {passed['transfer_s']}, joins {passed['joined_s']})"
+        )

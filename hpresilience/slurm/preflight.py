@@ -92,8 +92,10 @@ def run_preflight(
     bound_s: float,
     mb: float,
     env: dict[str, str],
+    give_up_s: float = 0.0,
 ) -> PreflightReport:
-    """Run the check across `nodes` (the hub first), bounded by bound_s + STEP_SLACK_S in all."""
+    """Run the check across `nodes` (the hub first), bounded by bound_s + STEP_SLACK_S in all; a transfer not
+    acknowledged give_up_s after it began is reported slow at once (0: wait up to the bound)."""
     run_env = {
         **env,
         "HPR_PREFLIGHT_NODES": ",".join(nodes),
@@ -101,6 +103,7 @@ def run_preflight(
         "HPR_PREFLIGHT_PORT": str(port),
         "HPR_PREFLIGHT_BOUND_S": str(bound_s),
         "HPR_PREFLIGHT_MB": str(mb),
+        "HPR_PREFLIGHT_GIVE_UP_S": str(give_up_s),
     }
     argv = preflight_argv(job_id, nodes)
     argv[0] = client.runner.path_of("srun")

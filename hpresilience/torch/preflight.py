@@ -8,7 +8,8 @@ transfer|slow|done ...`), flushed as it goes, so that whatever it printed before
 task ends by itself at the bound (os._exit: a gloo peer that never answers would block a clean shutdown).
 
 Environment: HPR_PREFLIGHT_NODES (the node names, hub first), HPR_PREFLIGHT_ADDR / _PORT (the hub's store),
-HPR_PREFLIGHT_BOUND_S, HPR_PREFLIGHT_MB; the node's own name is Slurm's SLURMD_NODENAME.
+HPR_PREFLIGHT_BOUND_S, HPR_PREFLIGHT_MB, HPR_PREFLIGHT_GIVE_UP_S (a transfer not acknowledged by then is
+already slower than the wrapper accepts: no need to wait for the bound); the node's own name is Slurm's SLURMD_NODENAME.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _wait_all(works: Mapping[int, object], deadline: float, started: float) -> d
     return dict(done)
 
 
-def hub(nodes: list[str], addr: str, port: int, bound_s: float, mb: float) -> None:
+def hub(nodes: list[str], addr: str, port: int, bound_s: float, mb: float, give_up_s: float) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
@@ -80,7 +81,7 @@ def hub(nodes: list[str], addr: str, port: int, bound_s: float, mb: float) -> No
     acks = {r: torch.zeros(1) for r in range(1, len(nodes))}
     t = time.monotonic()
     sends = [dist.isend(buf, r) for r in acks]
-    done = _wait_all({r: dist.irecv(a, r) for r, a in acks.items()}, deadline, t)
+    done = _wait_all({r: dist.irecv(a, r) for r, a in acks.items()}, min(deadline, t + give_up_s), t)
     for r in acks:
         if r in done:
             say("transfer", node=nodes[r], mb=f"{buf.numel() * 4 / 1e6:.3f}", s=f"{done[r]:.3f}")
@@ -90,7 +91,7 @@ def hub(nodes: list[str], addr: str, port: int, bound_s: float, mb: float) -> No
     say("done", s=f"{time.monotonic() - started:.3f}")
 
 
-def peer(rank: int, nodes: list[str], addr: str, port: int, bound_s: float, mb: float) -> None:
+def peer(rank: int, nodes: list[str], addr: str, port: int, bound_s: float, mb: float, give_up_s: float) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
@@ -105,7 +106,9 @@ def peer(rank: int, nodes: list[str], addr: str, port: int, bound_s: float, mb: 
     dist.init_process_group("gloo", store=PrefixStore("pg", store), rank=rank, world_size=len(nodes))
     dist.all_reduce(torch.ones(1))
     buf = torch.zeros(max(1, int(mb * 1e6) // 4), dtype=torch.float32)
-    if _wait_all({0: dist.irecv(buf, 0)}, deadline, started):
+    # The hub stops waiting give_up_s into the transfer; so does this side (a second later), or srun would wait
+    # for the slow node's task until the bound.
+    if _wait_all({0: dist.irecv(buf, 0)}, min(deadline, time.monotonic() + give_up_s + 1.0), started):
         dist.send(torch.ones(1), 0)
 
 
@@ -118,11 +121,12 @@ def main(env: Mapping[str, str]) -> int:
     rank = nodes.index(me)
     addr, port = env.get("HPR_PREFLIGHT_ADDR", ""), int(env.get("HPR_PREFLIGHT_PORT", "0"))
     bound_s, mb = float(env.get("HPR_PREFLIGHT_BOUND_S", "20")), float(env.get("HPR_PREFLIGHT_MB", "4"))
+    give_up_s = min(bound_s, float(env.get("HPR_PREFLIGHT_GIVE_UP_S", "0")) or bound_s)
     try:
         if rank == 0:
-            hub(nodes, addr, port, bound_s, mb)
+            hub(nodes, addr, port, bound_s, mb, give_up_s)
         else:
-            peer(rank, nodes, addr, port, bound_s, mb)
+            peer(rank, nodes, addr, port, bound_s, mb, give_up_s)
     except Exception as err:  # noqa: BLE001 - any failure is this node's evidence; the hub's lines are the verdict's input
         say("error", node=me, why=type(err).__name__, detail=str(err).replace(" ", "_")[:200])
     return 0

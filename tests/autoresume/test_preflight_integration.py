@@ -7,15 +7,20 @@ the same nodes none."""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hpresilience.autoresume.decide.preflight import judge
+from hpresilience.autoresume.settings import AutoResumeSettings
+from hpresilience.slurm.preflight import run_preflight
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.netns import Isolation
-from tests.autoresume.test_partition_integration import ended, sync_job, wait_idle
+from tests.autoresume.test_partition_integration import Job, ended, sync_job, wait_idle
 from tests.autoresume.test_recipe_integration import job_notices
 from tests.conftest import TEST_BASE_PORT, require_slurm
 from tests.testing.test_netns_integration import need_netns
@@ -60,8 +65,10 @@ def test_a_spare_with_a_capped_link_is_kept_out_by_the_preflight_and_the_step_ta
                 job.wait(lambda: re.search(r"^resumed from step \d+$", job.out, re.MULTILINE), "the resume", 120)
         finally:
             hosts.slow(spare, bps=0)
+            slurm.set_node_state([victim], "resume")  # the next test wants every node idle
         assert kept["node"] == spare and kept["hub"] != spare, kept
         assert "MB/s" in kept["why"] or "did not finish" in kept["why"], kept
+        assert kept["took_s"] < 20.0, kept  # the hub gives up once the transfer is already too slow, not at the bound
         assert passed["new"] == idle and idle in passed["transfer_s"], passed
         second = job.named("attempt_started")[1]["nodes"].split(",")
         assert spare not in second and victim not in second and idle in second
@@ -74,3 +81,19 @@ def test_a_spare_with_a_capped_link_is_kept_out_by_the_preflight_and_the_step_ta
             f"(check {kept['took_s']:.1f} s); healthy 2-node check {passed['took_s']:.1f} s "
             f"(transfer {passed['transfer_s']}, joins {passed['joined_s']})"
         )
+
+
+def test_a_healthy_three_node_set_passes_the_check_in_seconds(hosts: DevCluster, tmp_path: Path) -> None:
+    slurm = hosts.client()
+    wait_idle(hosts, slurm)
+    job = Job(hosts, tmp_path, "#!/bin/bash\nsleep 300\n", {}, "-N3")
+    with ended(slurm, job):
+        nodes = list(job.wait(lambda: (j := slurm.job(job.job_id)).state == "RUNNING" and j.nodes, "the job", 60))
+        hub = slurm.node(nodes[0])
+        started = time.monotonic()
+        rep = run_preflight(slurm, job.job_id, nodes, hub.address, PORT + 90, 20.0, 4.0, {**os.environ, **job.env})
+        took = time.monotonic() - started
+    verdict = judge(rep, nodes, nodes[1:], AutoResumeSettings())
+    assert verdict.conclusive and verdict.kept_out == {}, rep
+    assert set(rep.joined) == set(nodes) and set(rep.transfer_s) == set(nodes[1:]) and rep.done
+    print(f"healthy 3-node check {took:.1f} s (transfer {rep.transfer_s}, joins {rep.joined})")

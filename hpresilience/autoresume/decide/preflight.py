@@ -100,6 +100,13 @@ class Preflight:
             plan = self.recover(sorted(kept), plan, size)
         return plan
 
+    def give_up_s(self) -> float:
+        """How long a transfer may take before it is under preflight_min_mb_per_s already (never under the noise
+        floor): past that the hub stops waiting, and a capped link costs seconds, not the whole bound."""
+        if self.s.preflight_min_mb_per_s <= 0:
+            return 0.0
+        return max(NOISE_FLOOR_S, self.s.preflight_mb / self.s.preflight_min_mb_per_s)
+
     def _check(self, nodes: list[str], new: list[str]) -> list[str]:
         started = time.monotonic()
         self.checks += 1
@@ -115,6 +122,7 @@ class Preflight:
                 self.s.preflight_timeout_s,
                 self.s.preflight_mb,
                 self.env,
+                give_up_s=self.give_up_s(),
             )
         except HPResilienceError as err:
             self.reporter.decision("preflight_inconclusive", nodes=",".join(nodes), error=str(err)[:300])

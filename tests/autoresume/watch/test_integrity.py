@@ -219,7 +219,7 @@ def test_replica_namings_the_restore_bound_skips_and_rollbacks_survive_a_requeue
     store = WrapperStateStore(tmp_path, JOB)
     state = store.load()
     progress = ProgressStream()
-    settings = {"loss_policy": "rollback", "loss_rollbacks": 1}
+    settings: dict[str, Any] = {"loss_policy": "rollback", "loss_rollbacks": 1}
     watch = Integrity(AutoResumeSettings(**settings), progress, Reporter(store, JOB, None), state)
     progress.reset(["n1", "n1", "n2", "n2"])
     watch.start(Step())

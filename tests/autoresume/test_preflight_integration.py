@@ -3,10 +3,12 @@ the step, 1 hot spare) whose spare's link is capped (tbf, 4 Mbit/s each way: it 
 Slurm's own messages get through); a training node marked `Action:Replace`. The relaunch would go onto the spare:
 the preflight times its transfer, keeps it out with the evidence, and the step takes the cluster's idle 4th node
 instead (the job grows), which passes. The healthy relaunch costs the check's time once, and a step relaunched on
-the same nodes none."""
+the same nodes none. A spare whose link is cut instead (partitioned) is kept out the same way: srun cannot start
+its task there."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -17,6 +19,7 @@ import pytest
 
 from hpresilience.autoresume.decide.preflight import judge
 from hpresilience.autoresume.settings import AutoResumeSettings
+from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.preflight import run_preflight
 from hpresilience.testing.devcluster import DevCluster
 from hpresilience.testing.netns import Isolation
@@ -42,8 +45,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     cl.down()
 
 
-def test_a_spare_with_a_capped_link_is_kept_out_by_the_preflight_and_the_step_takes_another_node(
-    hosts: DevCluster, tmp_path: Path
+@pytest.mark.parametrize("fault", ["capped", "partitioned"])
+def test_a_spare_with_a_capped_or_cut_link_is_kept_out_by_the_preflight_and_the_step_takes_another_node(
+    hosts: DevCluster, tmp_path: Path, fault: str
 ) -> None:
     slurm = hosts.client()
     wait_idle(hosts, slurm)
@@ -55,7 +59,10 @@ def test_a_spare_with_a_capped_link_is_kept_out_by_the_preflight_and_the_step_ta
         spare = next(n for n in alloc.nodes if n not in first)
         victim = next(n for n in first if n != alloc.batch_host)
         idle = next(n for n in hosts.names() if n not in alloc.nodes)
-        hosts.slow(spare, bps=CAP_BPS)
+        if fault == "capped":
+            hosts.slow(spare, bps=CAP_BPS)
+        else:
+            hosts.partition(spare)
         try:
             marked_at = job.named("attempt_started")[0]["time"]
             with job_notices(slurm):  # the controller's part: tell the job of its failed node
@@ -64,10 +71,16 @@ def test_a_spare_with_a_capped_link_is_kept_out_by_the_preflight_and_the_step_ta
                 passed = job.wait(lambda: job.named("preflight_passed"), "the preflight on the grown node", 120)[0]
                 job.wait(lambda: re.search(r"^resumed from step \d+$", job.out, re.MULTILINE), "the resume", 120)
         finally:
-            hosts.slow(spare, bps=0)
-            slurm.set_node_state([victim], "resume")  # the next test wants every node idle
+            if fault == "capped":
+                hosts.slow(spare, bps=0)
+            else:
+                hosts.heal(spare)
+            for node in (victim, spare):  # the next test wants every node idle (a cut node may be DOWN by now)
+                with contextlib.suppress(HPResilienceError):
+                    slurm.set_node_state([node], "resume")
         assert kept["node"] == spare and kept["hub"] != spare, kept
-        assert "MB/s" in kept["why"] or "did not finish" in kept["why"], kept
+        words = ("MB/s", "did not finish") if fault == "capped" else ("could not start", "did not join")
+        assert any(w in kept["why"] for w in words), kept
         assert kept["took_s"] < 20.0, kept  # the hub gives up once the transfer is already too slow, not at the bound
         assert passed["new"] == idle and idle in passed["transfer_s"], passed
         second = job.named("attempt_started")[1]["nodes"].split(",")
@@ -77,7 +90,7 @@ def test_a_spare_with_a_capped_link_is_kept_out_by_the_preflight_and_the_step_ta
         assert len(checks) == 2  # the first attempt (no node known good) ran none
         marked = [e for e in job.named("node_fault_seen")] or [{"time": marked_at}]
         print(
-            f"capped spare kept out {kept['time'] - marked[0]['time']:.1f} s after the fault was seen "
+            f"{fault} spare kept out {kept['time'] - marked[0]['time']:.1f} s after the fault was seen "
             f"(check {kept['took_s']:.1f} s); healthy 2-node check {passed['took_s']:.1f} s "
             f"(transfer {passed['transfer_s']}, joins {passed['joined_s']})"
         )

@@ -132,3 +132,66 @@ def test_no_check_runs_when_nothing_calls_for_one(
     assert pf.vet(plan, previous, 2) == plan
     assert pf.checks == 0
     assert not events.exists() or not [json.loads(x) for x in events.read_text().splitlines()]
+
+
+class OneNode:
+    """A client that answers the hub's address, and nothing else."""
+
+    def node(self, name: str) -> Any:
+        return type("N", (), {"name": name, "address": f"10.0.0.{name[-1]}"})()
+
+
+def test_a_node_kept_out_is_replaced_through_recover_and_the_new_set_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reports = {
+        "n1,n3": report(transfer_s={"n3": 6.0}),  # 0.7 MB/s: kept out
+        "n1,n4": report(transfer_s={"n4": 0.03}),
+    }
+    seen: list[str] = []
+
+    def fake_run(client: Any, job_id: int, nodes: list[str], *args: Any, **kw: Any) -> PreflightReport:
+        seen.append(",".join(nodes))
+        return reports[",".join(nodes)]
+
+    monkeypatch.setattr("hpresilience.autoresume.decide.preflight.run_preflight", fake_run)
+    pf, events = preflight(tmp_path)
+    recovered: list[list[str]] = []
+
+    def recover(bad: Sequence[str], plan: Sequence[str], size: int) -> list[str]:
+        recovered.append(list(bad))
+        return ["n1", "n4"]
+
+    pf.client, pf.recover = OneNode(), recover  # type: ignore[assignment]
+    assert pf.vet(["n1", "n3"], ["n1", "n2"], 2) == ["n1", "n4"]
+    assert seen == ["n1,n3", "n1,n4"] and recovered == [["n3"]]
+    names = [json.loads(x)["event"] for x in events.read_text().splitlines()]
+    assert names == ["preflight_node_kept_out", "preflight_passed"]
+    kept = json.loads(events.read_text().splitlines()[0])
+    assert kept["node"] == "n3" and kept["hub"] == "n1" and kept["transfer_s"] == {"n3": 6.0}
+
+
+def test_the_rounds_are_bounded_and_a_silent_hub_lets_the_step_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def always_slow(client: Any, job_id: int, nodes: list[str], *args: Any, **kw: Any) -> PreflightReport:
+        calls.append(",".join(nodes))
+        return report(transfer_s={nodes[1]: 9.0})
+
+    monkeypatch.setattr("hpresilience.autoresume.decide.preflight.run_preflight", always_slow)
+    pf, _ = preflight(tmp_path, preflight_rounds=2)
+    spares = iter(["n4", "n5", "n6"])
+    pf.client = OneNode()  # type: ignore[assignment]
+    pf.recover = lambda bad, plan, size: ["n1", next(spares)]
+    assert pf.vet(["n1", "n3"], ["n1", "n2"], 2) == ["n1", "n5"]  # checked twice, then launched as it stands
+    assert calls == ["n1,n3", "n1,n4"]
+    assert json.loads(pf.reporter.store.events_path.read_text().splitlines()[-1])["event"] == "preflight_rounds_spent"
+    monkeypatch.setattr(
+        "hpresilience.autoresume.decide.preflight.run_preflight", lambda *a, **k: PreflightReport(timed_out=True)
+    )
+    pf2, events = preflight(tmp_path / "2")
+    pf2.client = OneNode()  # type: ignore[assignment]
+    assert pf2.vet(["n1", "n3"], ["n1", "n2"], 2) == ["n1", "n3"]
+    assert [json.loads(x)["event"] for x in events.read_text().splitlines()] == ["preflight_inconclusive"]

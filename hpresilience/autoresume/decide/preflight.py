@@ -98,6 +98,8 @@ class Preflight:
             if not kept:
                 return plan
             plan = self.recover(sorted(kept), plan, size)
+        # Each round found a bad node and took another: the last replacement launches unchecked (said, not hidden).
+        self.reporter.decision("preflight_rounds_spent", nodes=",".join(plan), rounds=self.s.preflight_rounds)
         return plan
 
     def give_up_s(self) -> float:

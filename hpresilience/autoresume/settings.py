@@ -250,6 +250,19 @@ class AutoResumeSettings(Section):
     restore_loss_steps: int = Field(default=5, ge=0)
     restore_loss_tolerance: float = Field(default=1e-3, ge=0)
     rerun_exit_codes: list[int] = Field(default_factory=lambda: [16])
+    # Preflight on a new node set (decide/preflight.py, docs/crash-loops.md): before a relaunch onto nodes that did
+    # not run the previous attempt, one gloo all-reduce and a preflight_mb transfer from a node of that attempt to
+    # every node, all within preflight_timeout_s; a new node that does not join, fails, or transfers under
+    # preflight_min_mb_per_s or slower than preflight_slow_factor x the others' median is kept out of the step.
+    # Off by default: it adds ~2 s (Python and torch started on every node) to each relaunch onto a spare or a
+    # grown node, the path that must stay the fast one; a site whose nodes fail on the wire more than in the box
+    # turns it on.
+    preflight: bool = False
+    preflight_timeout_s: float = Field(default=20.0, gt=0, le=300)
+    preflight_mb: float = Field(default=4.0, gt=0, le=256)
+    preflight_min_mb_per_s: float = Field(default=2.0, ge=0)
+    preflight_slow_factor: float = Field(default=5.0, gt=1)
+    preflight_rounds: int = Field(default=2, ge=1, le=10)
 
     @field_validator("stop_exit_codes", "rerun_exit_codes")
     @classmethod

@@ -56,6 +56,7 @@ class WrapperState:
     last_nodes: list[str] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=dict)  # the restart policy's own serialized windows
     crashes: list[dict[str, Any]] = field(default_factory=list)  # failed attempts' records (decide/crashloop.py)
+    integrity: dict[str, Any] = field(default_factory=dict)  # the integrity watch's memory (watch/integrity.py)
     finished: bool = False
     exit_code: int | None = None
 

@@ -20,6 +20,7 @@ from hpresilience.autoresume.decide.classify import Cause, Diagnosis
 from hpresilience.autoresume.decide.crashloop import CrashWatch, elsewhere
 from hpresilience.autoresume.decide.ending import Ending
 from hpresilience.autoresume.decide.policy import PolicyChoice, RestartPolicy
+from hpresilience.autoresume.decide.preflight import Preflight
 from hpresilience.autoresume.decide.requeue import choose_requeue_path, clear_requeue_marker, prepare_requeue
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome, after_diagnosis, is_move
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
@@ -127,6 +128,7 @@ class Supervisor:
             labels_ours=labels_ours,
             unhealthy=self.capacity.unhealthy,
             back_in_service=self.capacity.back_in_service,
+            state=self.state,
         )
         self.steps = StepRunner(
             opts,
@@ -153,8 +155,8 @@ class Supervisor:
             self.stop_request,
         )
         self.crashes = CrashWatch(opts.watch, self.state, self.reporter, self.progress, self.feed)
-        self.exclude: set[str] = set()  # stragglers to leave out at the next relaunch (exclude_stragglers)
-        self.size = 0
+        self.preflight = Preflight(client, self.job_id, opts, self.reporter, self.ops.env, self.capacity.recover)
+        self.exclude, self.size = set[str](), 0  # exclude: stragglers out at the next relaunch (exclude_stragglers)
 
     # -- state across requeues -----------------------------------------------------------------------
     def _load_policy(self) -> RestartPolicy:
@@ -227,13 +229,11 @@ class Supervisor:
             job = self.client.job(self.job_id)
             size = self.size or self.opts.step_size(len(job.nodes))
             self.size = size
-            if plan is None:
-                plan = plan_nodes(job.nodes, size, self.capacity.unhealthy(job), previous)
-            if plan is None:
-                try:
-                    plan = self.capacity.recover([], previous or [], size)
-                except NoReplacement as err:
-                    return self._no_replacement(str(err))
+            plan = plan or plan_nodes(job.nodes, size, self.capacity.unhealthy(job), previous)
+            try:  # a new node set is checked first (decide/preflight.py): nothing is run for the same nodes
+                plan = self.preflight.vet(plan or self.capacity.recover([], previous or [], size), previous, size)
+            except NoReplacement as err:
+                return self._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
             launch = self._launch_for(plan, job.nodes, size)
             self.state.attempts += 1
             self.state.last_nodes = list(plan)

@@ -14,6 +14,8 @@ Two kinds of report reach it through the progress stream (losses.py has the valu
   the newest checkpoint before the step and tells the ranks to skip the steps that produced it (HPR_SKIP_STEPS,
   read by torch/integrity.skip_steps), at most loss_rollbacks times, then stops.
 
+What it learns (the nodes named and how often, the newest step that passed, the restore bound, the steps to skip,
+the rollbacks spent) lives in the wrapper's state file (WrapperState.integrity) and is read back by a requeued run.
 The restore bound holds until a later attempt passes the highest step the failed one reached (by then the
 checkpoints it may have tainted are saved again). A report names only a node of the step it came from: a
 line forged in the job's own output can stop its own job, not mark a node it does not run on.
@@ -23,16 +25,23 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Any
 
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.settings import AutoResumeSettings
+from hpresilience.autoresume.state import WrapperState
 from hpresilience.autoresume.watch.base import Act, MarkRequest, StepView, Verdict
 from hpresilience.autoresume.watch.losses import LossSample, SpikeWatch, ranges_text
 from hpresilience.autoresume.watch.rules import LogState, RuleTripped
 from hpresilience.autoresume.watch.table import WatchContext
 from hpresilience.reasons import Action
 
+# What the state file keeps (it is read back by every requeued run): bounded, whatever a job does.
+MAX_NAMED = 64
+MAX_SKIPS = 64
+MAX_NAME = 200
+MAX_STEP = 10**15
 ROLLBACK_RULE = "integrity_rollback"
 STOP_RULE = "integrity_stop"
 
@@ -40,10 +49,17 @@ STOP_RULE = "integrity_stop"
 class Integrity:
     name = "integrity"
 
-    def __init__(self, settings: AutoResumeSettings, progress: ProgressStream, reporter: Reporter) -> None:
+    def __init__(
+        self,
+        settings: AutoResumeSettings,
+        progress: ProgressStream,
+        reporter: Reporter,
+        state: WrapperState | None = None,
+    ) -> None:
         self.w = settings
         self.progress = progress
         self.reporter = reporter
+        self.state = state  # where the memory below outlives a requeue (the wrapper saves it before each attempt)
         self.named: dict[str, int] = {}  # node -> times the replica check named it (the job's life)
         self.last_ok: int | None = None  # the newest step the replica check passed at
         self.restore_max: int | None = None  # HPR_RESTORE_MAX_STEP for the next attempts, until tainted_to passed
@@ -52,6 +68,51 @@ class Integrity:
         self.rollbacks = 0
         self.spikes: dict[str, SpikeWatch] = {}
         self.beat_losses = False
+        if state is not None and state.integrity:
+            self._restore(state.integrity)
+
+    # -- memory across a requeue (WrapperState.integrity) ----------------------------------------------------------
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "named": dict(sorted(self.named.items(), key=lambda kv: -kv[1])[:MAX_NAMED]),
+            "last_ok": self.last_ok,
+            "restore_max": self.restore_max,
+            "tainted_to": self.tainted_to,
+            "skips": [list(r) for r in self.skips[-MAX_SKIPS:]],
+            "rollbacks": self.rollbacks,
+        }
+
+    def _restore(self, rec: object) -> None:
+        """Back from the state file; anything that is not what to_record writes is dropped, field by field (the
+        file is the job user's to edit: a bad field costs its memory, never the wrapper)."""
+        if not isinstance(rec, dict):
+            return
+        named = rec.get("named")
+        if isinstance(named, dict):
+            self.named = {str(n)[:MAX_NAME]: c for n, c in list(named.items())[:MAX_NAMED] if _count(c) is not None}
+        self.last_ok, self.restore_max = _count(rec.get("last_ok")), _count(rec.get("restore_max"))
+        tainted = _count(rec.get("tainted_to"))
+        self.tainted_to = tainted if tainted is not None else -1
+        skips = rec.get("skips")
+        if isinstance(skips, list):
+            pairs = [r for r in skips[-MAX_SKIPS:] if isinstance(r, list) and len(r) == 2]
+            self.skips = [
+                (a, b)
+                for a, b in ((_count(x), _count(y)) for x, y in pairs)
+                if a is not None and b is not None and a <= b
+            ]
+        self.rollbacks = _count(rec.get("rollbacks")) or 0
+        self.reporter.decision(
+            "integrity_state_restored",
+            named=",".join(f"{n}:{c}" for n, c in self.named.items()) or None,
+            restore_max_step=self.restore_max,
+            skip=ranges_text(self.skips) or None,
+            rollbacks=self.rollbacks,
+        )
+
+    def _keep(self) -> None:
+        if self.state is not None:
+            self.state.integrity = self.to_record()
 
     def start(self, step: StepView) -> None:
         self.spikes, self.beat_losses = {}, False
@@ -75,6 +136,7 @@ class Integrity:
         if self.restore_max is not None and seen is not None and seen[1] > self.tainted_to:
             self.reporter.decision("restore_bound_lifted", restore_max_step=self.restore_max, passed=seen[1])
             self.restore_max = None
+            self._keep()
         for s in items:
             verdict = self._judge(s, now, step)
             if verdict is not None:
@@ -85,6 +147,7 @@ class Integrity:
         replica = s.value("replica")
         if replica == "ok":
             self.last_ok = s.step
+            self._keep()
         elif replica in ("bad", "undecided"):
             return self._disagreement(s, now, step)
         if self.w.loss_policy == "off":
@@ -140,6 +203,7 @@ class Integrity:
             last_ok_step=self.last_ok,
             restore_max_step=self.restore_max,
         )
+        self._keep()
         trip = RuleTripped(ROLLBACK_RULE, LogState.FAULTED, why, now)
         if decided and count >= self.w.replica_mark_after:
             # The node leaves the step; decide/marking.py marks it, with the replica_disagreement events as evidence.
@@ -165,6 +229,7 @@ class Integrity:
                 rollbacks=self.rollbacks,
                 budget=self.w.loss_rollbacks,
             )
+            self._keep()
             return Verdict(self.name, Act.STOP_NOW, why, trip=RuleTripped(ROLLBACK_RULE, LogState.FAULTED, why, now))
         spent = self.w.loss_policy == "rollback"
         line = f"training stopped: {why}" + (f"; {self.rollbacks} rollbacks spent" if spent else "; loss_policy stop")
@@ -177,5 +242,10 @@ class Integrity:
         return Verdict(self.name, Act.STOP_NOW, line, trip=RuleTripped(STOP_RULE, LogState.FAULTED, line, now))
 
 
+def _count(v: object) -> int | None:
+    """A step or a count as the state file holds it: a whole number from 0 to MAX_STEP, else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP else None
+
+
 def detector(ctx: WatchContext) -> Integrity:
-    return Integrity(ctx.opts.watch, ctx.progress, ctx.reporter)
+    return Integrity(ctx.opts.watch, ctx.progress, ctx.reporter, ctx.state)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from hpresilience.autoresume.options import WrapperOptions
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
+from hpresilience.autoresume.state import WrapperState
 from hpresilience.autoresume.watch.base import Detector
 from hpresilience.autoresume.watch.evidence import HangInvestigator
 from hpresilience.autoresume.watch.feed import RuleFeed
@@ -52,6 +53,7 @@ class WatchContext:
     labels_ours: bool  # the wrapper's own task labels name each output line's node
     unhealthy: Callable[[Job], set[str]]  # the job's nodes no step may use (decide/capacity.py)
     back_in_service: Callable[[int, Sequence[str]], list[str] | None]  # a full-size plan, if nodes came back
+    state: WrapperState | None = None  # the wrapper's state file: what a detector keeps across a requeue
 
 
 DetectorFactory = Callable[[WatchContext], "Detector | None"]

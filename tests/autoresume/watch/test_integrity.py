@@ -4,6 +4,7 @@ skip window, within a budget) and a stop."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -201,3 +202,63 @@ def test_unknown_integrity_keys_are_named() -> None:
         AutoResumeSettings.model_validate({"loss_polcy": "stop"})
     with pytest.raises(ValueError, match="loss_policy"):
         AutoResumeSettings.model_validate({"loss_policy": "ignore"})
+
+
+def _requeued(tmp_path: Path, **settings: Any) -> tuple[Integrity, ProgressStream, Reporter]:
+    """A wrapper started again by a requeue: the state file read back, the watch built on it."""
+    store = WrapperStateStore(tmp_path, JOB)
+    state = store.load()
+    progress, reporter = ProgressStream(), Reporter(store, JOB, None)
+    watch = Integrity(AutoResumeSettings(**settings), progress, reporter, state)
+    progress.reset(["n1", "n1", "n2", "n2"])
+    watch.start(Step())
+    return watch, progress, reporter
+
+
+def test_replica_namings_the_restore_bound_skips_and_rollbacks_survive_a_requeue(tmp_path: Path) -> None:
+    store = WrapperStateStore(tmp_path, JOB)
+    state = store.load()
+    progress = ProgressStream()
+    settings: dict[str, Any] = {"loss_policy": "rollback", "loss_rollbacks": 1}
+    watch = Integrity(AutoResumeSettings(**settings), progress, Reporter(store, JOB, None), state)
+    progress.reset(["n1", "n1", "n2", "n2"])
+    watch.start(Step())
+    _beat(progress, 10, "replica=ok")
+    _beat(progress, 20, "replica=bad bad_rank=3 bad_node=n2")
+    assert watch.poll(1.0, Step()) is not None
+    progress.reset(["n1", "n1", "n2", "n2"])
+    watch.start(Step())
+    _beat(progress, 8, "loss=nan")
+    assert watch.poll(2.0, Step()) is not None
+    store.save(state)  # what the supervisor does before each attempt and before a requeue
+    again, progress, _ = _requeued(tmp_path, **settings)
+    assert again.named == {"n2": 1} and again.last_ok == 10 and again.rollbacks == 1
+    assert again.step_env() == {"HPR_RESTORE_MAX_STEP": "7", "HPR_SKIP_STEPS": "8-8"}
+    restored = [e for e in map(json.loads, store.events_path.read_text().splitlines()) if "restored" in e["event"]]
+    assert restored[-1]["named"] == "n2:1" and restored[-1]["skip"] == "8-8"
+    _beat(progress, 21, "replica=bad bad_rank=3 bad_node=n2")  # named a second time, across the requeue
+    v = again.poll(3.0, Step())
+    assert v is not None and v.nodes == ("n2",) and v.mark is not None
+    _beat(progress, 30, "loss=inf")  # the rollback budget was spent before the requeue
+    stop = again.poll(4.0, Step())
+    assert stop is not None and stop.trip is not None and stop.trip.rule == STOP_RULE
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        "not a mapping",
+        {"named": ["n2"], "last_ok": "10", "restore_max": -5, "skips": [[9, 3], ["a", 1], [1]], "rollbacks": True},
+        {"named": {f"n{i}": 1 for i in range(1000)}, "skips": [[i, i] for i in range(1000)], "tainted_to": 1e300},
+    ],
+)
+def test_junk_in_the_state_files_integrity_record_is_dropped_and_bounded(tmp_path: Path, junk: Any) -> None:
+    store = WrapperStateStore(tmp_path, JOB)
+    state = store.load()
+    state.integrity = junk
+    store.save(state)
+    watch, _, _ = _requeued(tmp_path)
+    assert len(watch.named) <= 64 and len(watch.skips) <= 64
+    assert watch.last_ok is None and watch.restore_max is None and watch.rollbacks == 0
+    assert watch.tainted_to == -1 and all(a <= b for a, b in watch.skips)
+    assert len(json.dumps(watch.to_record())) < 10_000

@@ -107,7 +107,8 @@ class InProcessLoop:
 
     def _dead(self, ended: dict[str, int]) -> dict[str, str]:
         """A node whose step ended badly: replaced when it runs no task (a dead node: its slurmd is gone long
-        before Slurm's SlurmdTimeout says so; left in the job for Slurm to excise, capacity.mark_unanswering);
+        before Slurm's SlurmdTimeout says so; released from the job while Slurm still calls it responding, as any
+        unanswering node is: capacity.mark_unanswering);
         a node that answers had an application error, which is the relaunch path's to weigh."""
         started = time.monotonic()
         nodes = sorted(ended)

@@ -122,7 +122,9 @@ def test_a_node_that_dies_outright_is_replaced_in_process_long_before_slurmd_tim
         cluster.start_node("n2")
     probed = run.named("nodes_probed")
     assert probed[0]["unanswering"] == "n2", probed
-    assert not run.named("allocation_shrunk")  # a node that does not answer is Slurm's to excise
+    # A node that does not answer while Slurm still calls it responding leaves the job at once (issue 36), so its
+    # DOWN, SlurmdTimeout later, cannot end the job.
+    assert [s["released"] for s in run.named("allocation_shrunk")] == ["n2"]
     print(f"in-process recovery (dead node): fault -> every rank training again {took:.2f} s")
 
 

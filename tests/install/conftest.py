@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,26 +41,24 @@ def hpr_install(*args: str, cwd: Path | None = None) -> subprocess.CompletedProc
     )
 
 
+PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(out),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    # Each xdist worker has its own session, and setuptools builds in the tree (build/, *.egg-info): two workers
+    # building at once broke one build in CI. One build at a time per checkout.
+    lock = Path(tempfile.gettempdir()) / f"hpr-wheel-{hashlib.sha256(str(REPO).encode()).hexdigest()[:12]}.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        res = subprocess.run(
+            [*PIP_WHEEL, "-w", str(out), str(REPO)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     (whl,) = out.glob("hpresilience-*.whl")
     return whl
 

@@ -2,7 +2,7 @@
 # Set-up and run, on a fresh Debian 12 machine as root (idempotent; fast when already set up).
 #   bash scripts/dev.sh demo   install, then run the main job on the embedded local Slurm cluster
 #   bash scripts/dev.sh test   install, then run the whole test suite (ruff check and format, mypy strict, pytest on
-#                              HPRESILIENCE_TEST_WORKERS (3) workers), and beside it the Slurm-facing integration tests
+#                              HPRESILIENCE_TEST_WORKERS (4) workers), and beside it the Slurm-facing integration tests
 #                              again on Slurm 24.11 and 26.05, each inside its Debian root (built on first use with
 #                              debootstrap, cached in /var/cache/hpresilience/roots); prints the time of each phase.
 #                              HPRESILIENCE_TEST_RELEASES="24.11" picks the releases, "" runs only the host's 22.05
@@ -16,7 +16,7 @@ APT_PACKAGES="slurm-wlm slurmdbd mariadb-server stress-ng python3-venv prometheu
 RELEASES=${HPRESILIENCE_TEST_RELEASES-24.11 26.05}
 # pytest-xdist workers for the 22.05 suite: the tests mostly wait on Slurm, so more workers than cores pay. Each worker
 # runs its own devcluster on its own block of 1000 ports above the base (tests/conftest.py).
-WORKERS=${HPRESILIENCE_TEST_WORKERS-3}
+WORKERS=${HPRESILIENCE_TEST_WORKERS-4}
 # The releases' runs take the blocks above the workers' (the default base 18817 plus 1000 per worker).
 RELEASE_BASE_PORT=$((${HPRESILIENCE_TEST_BASE_PORT-18817} + 1000 * WORKERS))
 # What the newer releases run: the integration tests whose outcome depends on how Slurm answers (the client's

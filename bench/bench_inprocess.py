@@ -20,38 +20,21 @@ time each was training again.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_restart import events, text, wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "checkpointless" / "train.py"
 FAULT_AFTER = 10
-
-
-def wait_for(probe: Any, what: str, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := probe():
-            return value
-        time.sleep(0.05)
-    raise SystemExit(f"timed out waiting for {what}")
-
-
-def text(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def events(work: Path, job: int, name: str) -> list[dict[str, Any]]:
-    p = work / "state" / f"{job}.events.jsonl"
-    return [e for e in map(json.loads, text(p).splitlines()) if e["event"] == name]
 
 
 def joined(out: str) -> list[dict[str, str]]:

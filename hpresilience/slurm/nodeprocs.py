@@ -6,6 +6,7 @@ tasks, and probe a hung step for evidence. The scripts and the readers of their 
 from __future__ import annotations
 
 from hpresilience.errors import SlurmTimeout
+from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.nodescripts import (
     LIVE_SCRIPT,
@@ -19,6 +20,8 @@ from hpresilience.slurm.nodescripts import (
 )
 from hpresilience.slurm.runner import Result
 from hpresilience.slurm.steps import overlap_srun
+
+log = get_logger("hpresilience.slurm")
 
 
 def reap_marked_processes(
@@ -41,7 +44,10 @@ def reap_marked_processes(
         res = client.runner.run(*args, timeout=timeout, check=False, retry=False, env=env)
     except SlurmTimeout:
         return [], list(nodes)
-    return parse_stale_lines(res.stdout, nodes)
+    killed, unchecked = parse_stale_lines(res.stdout, nodes)
+    if unchecked:
+        log.warning("reap_unanswered", nodes=",".join(unchecked), rc=res.returncode, stderr=res.stderr[-300:])
+    return killed, unchecked
 
 
 def lingering_steps(

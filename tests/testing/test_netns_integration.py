@@ -316,7 +316,9 @@ def test_the_reap_runs_only_on_healthy_nodes_and_an_orphan_on_the_failed_node_ou
                     p.kill()
         assert run.wait_done(60) == "0", run.err
         killed = [k for k in run.named("stale_task_killed") if f"orphan-{token}" in k["command"]]
-        assert [k["node"] for k in killed] == [survivor]  # the healthy node's own orphan, nobody else's
+        seen = [e for e in run.events() if e["event"] in ("fault_seen", "old_tasks_checked", "step_relaunching")]
+        # the healthy node's own orphan, nobody else's
+        assert [k["node"] for k in killed] == [survivor], (seen, run.err[-2000:])
         assert not orphans[survivor].is_running() or orphans[survivor].status() == psutil.STATUS_ZOMBIE
         assert orphans[victim].is_running(), "the failed node's orphan was killed: by whom?"
     finally:

@@ -21,11 +21,14 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.log import get_logger
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.nodeprocs import lingering_steps, reap_escaped_processes, reap_marked_processes
+from hpresilience.slurm.nodescripts import StaleTask
 from hpresilience.slurm.srun import StepProcess
 from hpresilience.slurm.steps import named_steps, run_on_nodes, signal_step, write_move_notice
 
 log = get_logger("hpresilience.autoresume")
 REAP_TIMEOUT_S = 15.0
+REAP_TRIES = 3
+REAP_RETRY_PAUSE_S = 0.5
 # Longest wait for a node back in the job to finish ending the job's old step there (settle()).
 SETTLE_S = 10.0
 # Every task of an attempt carries this in its environment (value: the job id): `reap` finds them by it.
@@ -69,13 +72,26 @@ class StepOps:
             return
         started = time.monotonic()
         reaper = reap_escaped_processes if escaped_only else reap_marked_processes
-        try:
-            killed, unchecked = reaper(
-                self.client, self.job_id, nodes, f"{TASK_MARKER}={self.job_id}", self.env, REAP_TIMEOUT_S
-            )
-        except HPResilienceError as err:
-            killed, unchecked = [], list(nodes)
-            log.warning("stale_task_check_failed", error=str(err)[:300])
+        killed: list[StaleTask] = []
+        unchecked = list(nodes)
+        # A node that did not report back is asked again while the bound lasts: under a loaded slurmctld one
+        # srun --overlap can fail at once (step creation refused while the job's step ends) and the orphan it
+        # should have killed would train on beside the next attempt.
+        for tries in range(1, REAP_TRIES + 1):
+            left = REAP_TIMEOUT_S - (time.monotonic() - started)
+            if left < 1.0:
+                break
+            try:
+                found, unchecked = reaper(
+                    self.client, self.job_id, unchecked, f"{TASK_MARKER}={self.job_id}", self.env, left
+                )
+            except HPResilienceError as err:
+                found = []
+                log.warning("stale_task_check_failed", error=str(err)[:300], tries=tries)
+            killed.extend(found)
+            if not unchecked or tries == REAP_TRIES:
+                break
+            time.sleep(min(REAP_RETRY_PAUSE_S, max(0.0, REAP_TIMEOUT_S - (time.monotonic() - started))))
         for k in killed:
             self.reporter.decision("stale_task_killed", node=k.node, pid=k.pid, command=k.command)
         self.reporter.decision(

@@ -196,6 +196,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests import fuzz
 
+    # xdist's loadfile hands out files in collection order, one at a time per free worker: the files that wait
+    # on a real cluster (integration), and the install tests (their fixtures build a wheel and install venvs from
+    # it: minutes under CI's load), go first, so the last files handed out are short ones and no worker ends the
+    # run alone on a long one (the demos, collected late, kept one worker busy ~3 min after the others had ended).
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None and "wheel" not in item.fixturenames)
+
     if fuzz.examples() > fuzz.SHORT_EXAMPLES:  # a long fuzz run outlasts the suite's per-test timeout by design
         for item in items:
             module = getattr(item, "module", None)

@@ -200,7 +200,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # on a real cluster (integration), and the install tests (their fixtures build a wheel and install venvs from
     # it: minutes under CI's load), go first, so the last files handed out are short ones and no worker ends the
     # run alone on a long one (the demos, collected late, kept one worker busy ~3 min after the others had ended).
-    items.sort(key=lambda item: item.get_closest_marker("integration") is None and "wheel" not in item.fixturenames)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("integration") is None and "wheel" not in getattr(item, "fixturenames", ())
+        )
+    )
 
     if fuzz.examples() > fuzz.SHORT_EXAMPLES:  # a long fuzz run outlasts the suite's per-test timeout by design
         for item in items:

@@ -196,15 +196,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests import fuzz
 
-    # xdist's loadfile hands out files in collection order, one at a time per free worker: the files that wait
-    # on a real cluster (integration), and the install tests (their fixtures build a wheel and install venvs from
-    # it: minutes under CI's load), go first, so the last files handed out are short ones and no worker ends the
-    # run alone on a long one (the demos, collected late, kept one worker busy ~3 min after the others had ended).
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker("integration") is None and "wheel" not in getattr(item, "fixturenames", ())
-        )
-    )
+    # xdist's loadfile (with --no-loadscope-reorder, as scripts/dev.sh runs it) hands out files in collection
+    # order, two at first and then one at a time per free worker. The files that wait on a real cluster
+    # (integration) or start several processes (slow), and the install tests (their fixtures build a wheel and
+    # install venvs from it: minutes under CI's load), go first, the files with more such tests before the others:
+    # the last files handed out are short ones, so no worker ends the run alone on a long one (the demos, handed
+    # out last, kept one worker busy ~3 min after the others had ended).
+    def long(item: pytest.Item) -> bool:
+        marked = item.get_closest_marker("integration") or item.get_closest_marker("slow")
+        return marked is not None or "wheel" in getattr(item, "fixturenames", ())
+
+    per_file: dict[str, int] = {}
+    for item in items:
+        if long(item):
+            per_file[item.nodeid.split("::")[0]] = per_file.get(item.nodeid.split("::")[0], 0) + 1
+    items.sort(key=lambda item: (not long(item), -per_file.get(item.nodeid.split("::")[0], 0)))
 
     if fuzz.examples() > fuzz.SHORT_EXAMPLES:  # a long fuzz run outlasts the suite's per-test timeout by design
         for item in items:

@@ -77,6 +77,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     return fault_free_digest(tmp_path_factory.mktemp("reference"), 4, STEPS)
 
 
+@pytest.mark.slow  # several ranks, each importing torch
 def test_a_lost_rank_is_replaced_in_process_and_the_final_weights_equal_the_fault_free_runs(
     tmp_path: Path, reference: str
 ) -> None:
@@ -100,6 +101,7 @@ def test_a_lost_rank_is_replaced_in_process_and_the_final_weights_equal_the_faul
     assert done == list(range(1, STEPS + 1)), done
 
 
+@pytest.mark.slow  # several ranks, each importing torch
 def test_a_rank_one_step_behind_applies_the_averaged_gradients_of_a_rank_that_completed_it(tmp_path: Path) -> None:
     """The step agreement alone: rank 1 is held back one step (its all-reduce 'failed' after the others'
     completed, as a ring all-reduce can end), rank 2 is new. After the new world all three hold the same
@@ -120,6 +122,7 @@ def test_a_rank_one_step_behind_applies_the_averaged_gradients_of_a_rank_that_co
 LAGGARD = Path(__file__).with_name("inprocess_laggard.py")
 
 
+@pytest.mark.slow  # several ranks, each importing torch
 def test_a_rank_that_sees_no_new_world_within_the_bound_gives_up_with_the_fallback_code(tmp_path: Path) -> None:
     world = LocalWorld(tmp_path, 2, {"TRAIN_STEPS": "50", "STEP_SLEEP": "0.05", "HPR_WORLD_WAIT_S": "3"})
     first = {rank: world.start(rank, {"DIE_RANK": "1", "DIE_STEP": "3"}) for rank in range(2)}

@@ -107,6 +107,7 @@ def _replica_rank(rank: int, world: int, port: int, out: Any) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # several ranks, each importing torch
 def test_three_ranks_name_the_one_whose_weights_flipped_at_the_next_check_with_its_node() -> None:
     import torch.multiprocessing as mp
 

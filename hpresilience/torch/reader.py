@@ -1,6 +1,10 @@
 """torch.distributed.checkpoint StorageReader over the node memory tier (see storage.py for the layout).
 
-Checksums are verified as the bytes land in their targets, hashing in a second thread beside the reads.
+CPU tensors are read straight into the caller's tensors (no intermediate copy of the bytes), by several
+threads at once (largest items first), each reading an item 1 MiB at a time and hashing each piece while it
+is still in the CPU's cache: the checksum costs no second pass over memory. One thread reading while another
+hashed ran at 34-67 % of torch's (multi-threaded) memcpy into the same warm pages; this runs at 56-92 %
+(docs/checkpoints.md, "Restore speed").
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import io
 import os
 import pickle
 import uuid
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +21,7 @@ from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
@@ -32,6 +37,58 @@ from hpresilience.torch.layout import (
 )
 from hpresilience.torch.private import open_trusted, read_trusted
 from hpresilience.torch.storage import SCHEME, _dtype, _key, _pread_into, step_from_id, tensor_bytes
+
+_PIECE = 1 << 20  # read, then hash, 1 MiB at a time: the hash finds the piece in the core's cache
+_MAX_READERS = 8  # a node's memory bandwidth is spent well before this; 8 ranks per node share it
+
+
+def readers() -> int:
+    """Threads reading one rank's items: as many as torch's own copies use (the memcpy a restore is
+    measured against), at least two (one reads while the other's hash runs), at most `_MAX_READERS`."""
+    return max(2, min(_MAX_READERS, torch.get_num_threads()))
+
+
+class _Crc32:
+    """zlib.crc32 with xxhash's streaming interface."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def intdigest(self) -> int:
+        return self.value
+
+
+def _stream_hasher(algo: str) -> Any:
+    hasher(algo)  # the same refusal of an unknown or unavailable algorithm
+    if algo == "crc32":
+        return _Crc32()
+    import xxhash  # present: hasher() said so
+
+    return xxhash.xxh3_64()
+
+
+def _exactly(loc: ItemLoc, req: ReadItem, target: torch.Tensor, device: str) -> bool:
+    """Whether the saved item is the whole of `target`, a contiguous tensor of its dtype on `device`."""
+    assert loc.dtype is not None and loc.shape is not None
+    whole = list(req.storage_offsets) == [0] * len(loc.shape) and tuple(req.lengths) == loc.shape
+    return whole and target.device.type == device and target.is_contiguous() and str(target.dtype) == loc.dtype
+
+
+def read_hashed(fd: int, buf: memoryview, offset: int, path: Path, algo: str | None) -> int | None:
+    """Read `len(buf)` bytes at `offset` into `buf` piece by piece, hashing each piece as it lands (GIL
+    released in both); the digest, or None when `algo` is None (no verification)."""
+    h = None if algo is None else _stream_hasher(algo)
+    done = 0
+    while done < len(buf):
+        piece = buf[done : done + _PIECE]
+        _pread_into(fd, piece, offset + done, path)
+        if h is not None:
+            h.update(piece)
+        done += len(piece)
+    return None if h is None else int(h.intdigest())
 
 
 class TierStorageReader(StorageReader):
@@ -142,50 +199,65 @@ class TierStorageReader(StorageReader):
     @heartbeat.blocking("restore")  # with dcp.load after prepare_load(); inside load() it counts once
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         fds: dict[Path, int] = {}
-        # Checksums of items read straight into their targets run in a second thread while the next
-        # item is read (both release the GIL): verifying costs no extra pass over the bytes' time.
         self._pending = []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-verify") as pool:
-            self._pool = pool
-            try:
-                for req in plan.items:
-                    path, loc = self._locate(req.storage_index)
-                    if path not in fds:
-                        fds[path] = open_trusted(path)
-                    self._read_one(fds[path], path, loc, req, planner)
-                for ev in self._in_flight:
-                    if ev is not None:
-                        ev.synchronize()
-                for fut_hash, loc, path, req, *_ in self._pending:
-                    self._compare(fut_hash.result(), loc, path, req)
-            finally:
-                for fd in fds.values():
-                    os.close(fd)
-                self._pending = []
-                self._pinned, self._in_flight = [None, None], [None, None]
+        direct: list[tuple[int, Path, ItemLoc, ReadItem, torch.Tensor]] = []
+        others: list[tuple[int, Path, ItemLoc, ReadItem, torch.Tensor | None]] = []
+        reads: list[tuple[Any, ...]] = []
+        pool = ThreadPoolExecutor(max_workers=readers(), thread_name_prefix="ckpt-read")
+        self._pool = pool
+        try:
+            for req in plan.items:
+                path, loc = self._locate(req.storage_index)
+                if path not in fds:
+                    fds[path] = open_trusted(path)
+                target = None if req.type == LoadItemType.BYTE_IO else planner.resolve_tensor(req).detach()
+                if target is not None and _exactly(loc, req, target, "cpu"):
+                    direct.append((fds[path], path, loc, req, target))
+                else:
+                    others.append((fds[path], path, loc, req, target))
+            # The common case (a saved item that is exactly a CPU target): read straight into the target's
+            # memory in the pool's threads, largest first so that the threads end together, while this
+            # thread reads the rest. The planner is only called from this thread.
+            direct.sort(key=lambda d: -d[2].length)
+            algo = (lambda loc: loc.algo) if self.verify else (lambda loc: None)
+            reads = [
+                (pool.submit(read_hashed, fd, tensor_bytes(t), loc.offset, path, algo(loc)), loc, path, r)
+                for fd, path, loc, r, t in direct
+            ]
+            for fd, path, loc, req, target in others:
+                self._read_one(fd, path, loc, req, planner, target)
+            for ev in self._in_flight:
+                if ev is not None:
+                    ev.synchronize()
+            # A mismatch fails the whole load once all items are read; the caller tries another source.
+            for fut_hash, loc, path, req, *_ in [*self._pending, *reads]:
+                digest = fut_hash.result()
+                if digest is not None:
+                    self._compare(digest, loc, path, req)
+            for _, _, _, req, target in direct:
+                planner.commit_tensor(req, target)
+        finally:
+            # No thread may still write into a target, or read a descriptor closed below, once this returns.
+            pool.shutdown(wait=True, cancel_futures=True)
+            for fd in fds.values():
+                os.close(fd)
+            self._pending = []
+            self._pinned, self._in_flight = [None, None], [None, None]
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read_one(self, fd: int, path: Path, loc: ItemLoc, req: Any, planner: LoadPlanner) -> None:
-        if req.type == LoadItemType.BYTE_IO:
+    def _read_one(
+        self, fd: int, path: Path, loc: ItemLoc, req: Any, planner: LoadPlanner, target: torch.Tensor | None
+    ) -> None:
+        if target is None:  # a pickled (BYTE_IO) item
             raw = bytearray(loc.length)
             _pread_into(fd, memoryview(raw), loc.offset, path)
             self._check(raw, loc, path, req)
             planner.load_bytes(req, io.BytesIO(raw))
             return
         assert loc.dtype is not None and loc.shape is not None
-        target = planner.resolve_tensor(req).detach()
-        whole = list(req.storage_offsets) == [0] * len(loc.shape) and tuple(req.lengths) == loc.shape
-        same = target.device.type == "cpu" and target.is_contiguous() and str(target.dtype) == loc.dtype
-        if whole and same:
-            # Common case: the saved chunk is exactly the target; read straight into its memory.
-            buf = tensor_bytes(target)
-            _pread_into(fd, buf, loc.offset, path)
-            if self.verify:
-                # A mismatch fails the whole load once all items are read; the caller tries another source.
-                self._pending.append((self._pool.submit(hasher(loc.algo), buf), loc, path, req))
-        elif whole and target.device.type == "cuda" and target.is_contiguous() and str(target.dtype) == loc.dtype:
+        if _exactly(loc, req, target, "cuda"):
             self._read_to_device(fd, path, loc, req, target)
         else:
             src = torch.empty(loc.shape, dtype=_dtype(loc.dtype))

@@ -88,8 +88,9 @@ def parts(r: InProcessRecovery) -> dict[str, float] | None:
 
 
 def account(ledger: Ledger, attempts: Iterable[tuple[int, list[InProcessRecovery]]], end: float) -> None:
-    """Each formed recovery of each attempt into the ledger: its seconds moved out of productive, a Restart."""
-    for number, recoveries in attempts:
+    """Each formed recovery of each attempt into the ledger: its seconds moved out of productive, a Restart
+    (numbered by the world it built, as the wrapper counts attempts in this mode)."""
+    for _, recoveries in attempts:
         for r in recoveries:
             found = parts(r)
             if found is None:
@@ -109,7 +110,7 @@ def account(ledger: Ledger, attempts: Iterable[tuple[int, list[InProcessRecovery
             ledger.restarts.append(
                 Restart(
                     at=fault_at,
-                    attempt=number,
+                    attempt=int(num(r.formed or {}, "generation") or 0),  # the world it built
                     cause=str(r.fault.get("cause") or "unknown")[:MAX_CAUSE_CHARS],
                     nodes=names(r.fault.get("nodes"), MAX_FAULT_NODES),
                     action=ACTION,

@@ -272,7 +272,11 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
 def _inprocess(a: _Attempt, name: object, e: Mapping[str, Any], t: float) -> None:
     """An in-process mode's record into its attempt (inprocessparts.py)."""
     last = a.inprocess[-1] if a.inprocess else None
-    if name == "inprocess_replaced" and last is not None:
+    if name == "inprocess_world_written":
+        # The wrapper counts each world as an attempt (the relaunch after a fallback is numbered after the last
+        # one): the attempt takes the newest world's number, so that the relaunch is its next.
+        a.number = max(a.number, _int(e, "generation") or 0)
+    elif name == "inprocess_replaced" and last is not None:
         last.replaced = t
     elif name == "inprocess_world_formed":
         if _int(e, "generation") == 1:

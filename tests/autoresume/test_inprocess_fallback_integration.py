@@ -17,11 +17,13 @@ from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_wrapper_integration import Run
 from tests.torch.localworld import REPO, LocalWorld, digests
 
-pytestmark = pytest.mark.integration
+# A fault-free reference run, the job, its fallback and relaunch: each process start is an import of torch, which
+# takes tens of seconds on a loaded 2-core machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 pytest.importorskip("torch")
 
 SCRIPT = REPO / "examples" / "checkpointless" / "train_fallback.py"
-STEPS = 60
+STEPS = 40
 
 
 def reference(tmp: Path, shard_block: int) -> dict[int, str]:

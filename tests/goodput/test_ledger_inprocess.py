@@ -50,7 +50,7 @@ def test_an_in_process_job_is_one_attempt_and_its_recovery_a_restart_with_its_pa
     led = compute(7, one_recovery())
     assert led.attempts == 1 and led.ended and led.wall_s == pytest.approx(60)
     (r,) = led.restarts
-    assert (r.action, r.cause, r.nodes, r.lost_s) == ("inprocess", "hardware", ["n2"], 0.0)
+    assert (r.action, r.cause, r.nodes, r.lost_s, r.attempt) == ("inprocess", "hardware", ["n2"], 0.0, 2)
     assert r.at == pytest.approx(T0 + 30)
     assert r.parts == pytest.approx(
         {
@@ -98,7 +98,7 @@ def test_a_recovery_that_fell_back_is_the_relaunch_paths_restart_and_its_in_proc
     led = compute(7, events)
     assert led.attempts == 2
     (r,) = led.restarts
-    assert (r.action, r.cause, r.attempt, r.parts) == ("relaunch", "inprocess_fallback", 1, {})
+    assert (r.action, r.cause, r.attempt, r.parts) == ("relaunch", "inprocess_fallback", 2, {})
     assert r.at == pytest.approx(T0 + 30)  # the first fault's mark
     assert led.badput_s["detection"] == pytest.approx(1)  # 30 -> 31
     assert led.badput_s["inprocess_recovery"] == pytest.approx(3)  # 31 -> 34: in vain

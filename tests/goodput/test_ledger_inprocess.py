@@ -126,3 +126,17 @@ def test_a_recorded_in_process_run_shows_its_recovery_in_the_ledger() -> None:
     assert p["recovery_s"] > 0 and all(v >= 0 for v in p.values())
     assert r.badput_s == pytest.approx(p["recovery_s"], abs=0.01)
     assert led.productive_s + sum(led.badput_s.values()) == pytest.approx(led.wall_s)
+
+
+@pytest.mark.parametrize("times", [(31.5, 31.6, 34, 34.5, 1e12), (31.5, 20, 10, 5, 0), (-1e14, 0, 0, 0, 1e14)])
+def test_a_formed_record_with_times_out_of_order_or_out_of_range_keeps_every_category_within_the_wall_time(
+    times: tuple[float, float, float, float, float],
+) -> None:
+    """Root computes this ledger from the job's user's file: whatever the times say, no category is negative and
+    productive time plus the categories is the wall time."""
+    events = one_recovery()
+    events[7] = formed(35.1, 2, 20, times)
+    led = compute(7, events)
+    assert all(v >= 0 for v in led.badput_s.values()) and led.productive_s >= 0
+    assert led.productive_s + sum(led.badput_s.values()) == pytest.approx(led.wall_s)
+    assert all(v >= 0 for r in led.restarts for v in r.parts.values())

@@ -10,8 +10,9 @@ the world file, agrees on the last completed step and hands its state to the new
 
 What this mode does not do (yet) falls back to the relaunch path, said in the events (`inprocess_fallback`): a
 survivor whose slot would change, a rank that exits with EXIT_INPROCESS_GAVE_UP (it could not finish its part of
-the recovery), a step that ends badly on a node that is not replaced. Log rules, hang and straggler detection are
-the relaunch path's and are not run here.
+the recovery: no replica of a lost shard, no world within its bound), a step that ends badly on a node that is
+not replaced, a second fault while a recovery still runs, a recovery past its bound (inprocessguard.py). Log
+rules, hang and straggler detection are the relaunch path's and are not run here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hpresilience.autoresume.decide.capacity import BatchHostLost, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause
 from hpresilience.autoresume.decide.ending import LIVENESS_PROBE_S
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
+from hpresilience.autoresume.inprocessguard import RecoveryGuard
 from hpresilience.autoresume.launch.pernode import NodeSteps, node_step_argv, node_step_env
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
 from hpresilience.autoresume.supervisor import Supervisor
@@ -53,6 +55,7 @@ class InProcessLoop:
         self.plan: list[str] = []
         self.size = 0
         self.tasks_per_node = self.opts.srun.tasks_per_node()
+        self.guard = RecoveryGuard(self.world_file, self.opts.watch.inprocess_recovery_s, sup.reporter)
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -63,6 +66,9 @@ class InProcessLoop:
             self.steps.stop_all()
             self.reporter.decision("inprocess_fallback", why=str(why), generation=self.generation)
             self.sup.state.last_nodes = list(self.plan)
+            # The step's size as it started: the allocation may have shrunk off a replaced node since, and the
+            # relaunch path would otherwise size the step from what is left less the spares (one node short).
+            self.sup.size = self.size
             return Supervisor._run(self.sup)
         except NoReplacement as err:
             self.steps.stop_all()
@@ -103,6 +109,8 @@ class InProcessLoop:
                 failed.update(self._dead(ended))
             if failed:
                 self._replace(failed, finished)
+            elif (why := self.guard.poll()) is not None:
+                raise Fallback(why)
             time.sleep(POLL_S)
 
     def _dead(self, ended: dict[str, int]) -> dict[str, str]:
@@ -139,6 +147,8 @@ class InProcessLoop:
             detail="; ".join(f"{n}: {why}" for n, why in sorted(failed.items()))[:300],
         )
         stopped = {node: self.steps.stop(node) for node in failed}
+        if (why := self.guard.second_fault(sorted(failed))) is not None:
+            raise Fallback(why)
         decision = self.sup.policy.decide(KIND_OF[Cause.HARDWARE], 1)
         self.reporter.decision("policy_decided", action=decision.choice.value, reason=decision.reason, mode=MODE)
         if OUTCOME_OF[decision.choice] is not Outcome.RELAUNCH:
@@ -158,6 +168,7 @@ class InProcessLoop:
         self.sup.reporter.count_restart(Cause.HARDWARE.value)
         self.plan = plan
         self._announce(plan, new_slots)
+        self.guard.recovering(self.generation)
         self.reporter.decision(
             "inprocess_replaced",
             generation=self.generation,

@@ -156,6 +156,9 @@ class AutoResumeSettings(Section):
     # How a node fault is recovered: relaunch every rank (from the last checkpoint), or inprocess: the survivors
     # keep running and the replacement's ranks take their state from a peer (autoresume/inprocess.py, issue 33).
     recovery_mode: Literal["relaunch", "inprocess"] = "relaunch"
+    # The in-process mode's bound: a recovery whose new world has not formed (its first step done) this long after
+    # the world was written falls back to the relaunch path (autoresume/inprocessguard.py).
+    inprocess_recovery_s: float = Field(default=120.0, gt=0)
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)
     # Where per-job state survives a requeue; must be on a shared file system.

@@ -20,108 +20,27 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from enum import Enum
 from typing import Any
 
-from hpresilience.log import printable
+from hpresilience.goodput import inprocessparts
+from hpresilience.goodput.inprocessparts import InProcessRecovery
+from hpresilience.goodput.ledgertypes import (
+    ENDINGS,
+    LEDGER_VERSION,
+    MAX_ABS,
+    MAX_CAUSE_CHARS,
+    MAX_FAULT_NODES,
+    MAX_NOTES,
+    Badput,
+    Ledger,
+    Restart,
+    render,
+)
+from hpresilience.goodput.ledgertypes import names as _names
+from hpresilience.goodput.ledgertypes import num as _num
+from hpresilience.goodput.ledgertypes import whole as _int
 
-LEDGER_VERSION = 1
-
-
-class Badput(str, Enum):
-    DETECTION = "detection"
-    STOP = "stop"
-    REPLACEMENT = "replacement"
-    REQUEUE = "requeue"
-    REINIT = "reinit"
-    RESTORE = "restore"
-    LOST_WORK = "lost_work"
-    CHECKPOINT = "checkpoint"
-    OTHER = "other"
-
-
-# Root reads these records from a file the job's user can write (docs/input-validation.md): a number
-# outside this range, or not finite, is not one of ours (epoch seconds, durations, step counters all fit),
-# and keeping every figure inside it keeps every sum and product finite.
-MAX_ABS = 1e15
-# The nodes a restart names (a fault involves a few nodes; a record naming thousands is kept short).
-MAX_FAULT_NODES = 64
-MAX_CAUSE_CHARS = 200
-MAX_NOTES = 20
-
-# Decision records that end a job's supervision for good (a requeue is not an end: the job goes on).
-ENDINGS = ("job_step_succeeded", "job_step_given_up", "supervisor_stopped", "no_replacement")
-
-
-@dataclass
-class Restart:
-    """One relaunch or requeue after a fault."""
-
-    at: float
-    attempt: int
-    cause: str
-    nodes: list[str]
-    action: str  # relaunch | requeue | stop (the job ended there: given up, a crash loop stopped)
-    lost_s: float | None = None
-    badput_s: float = 0.0
-    by_category: dict[str, float] = field(default_factory=dict)  # what this fault cost, by category
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "at": round(self.at, 3),
-            "attempt": self.attempt,
-            "cause": self.cause,
-            "nodes": self.nodes,
-            "action": self.action,
-            "lost_s": None if self.lost_s is None else round(self.lost_s, 3),
-            "badput_s": round(self.badput_s, 3),
-            "by_category": {k: round(v, 3) for k, v in self.by_category.items() if v > 0.0005},
-        }
-
-
-@dataclass
-class Ledger:
-    job_id: int
-    start: float = 0.0
-    end: float = 0.0
-    productive_s: float = 0.0
-    badput_s: dict[str, float] = field(default_factory=lambda: {b.value: 0.0 for b in Badput})
-    restarts: list[Restart] = field(default_factory=list)
-    attempts: int = 0
-    ended: bool = False  # the supervision ended for good (not a requeue, not still running)
-    progress_seen: bool = False  # the step reported progress (counter lines or heartbeats)
-    lost_work_known: bool = True
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def wall_s(self) -> float:
-        return max(0.0, self.end - self.start)
-
-    @property
-    def goodput(self) -> float:
-        return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
-
-    def add(self, category: Badput, seconds: float) -> None:
-        self.badput_s[category.value] += max(0.0, seconds)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": LEDGER_VERSION,
-            "job_id": self.job_id,
-            "start": round(self.start, 3),
-            "end": round(self.end, 3),
-            "wall_s": round(self.wall_s, 3),
-            "productive_s": round(self.productive_s, 3),
-            "goodput": round(self.goodput, 4),
-            "badput_s": {k: round(v, 3) for k, v in self.badput_s.items()},
-            "restarts": [r.to_dict() for r in self.restarts],
-            "attempts": self.attempts,
-            "ended": self.ended,
-            "progress_seen": self.progress_seen,
-            "lost_work_known": self.lost_work_known,
-            "notes": self.notes,
-        }
+__all__ = ["ENDINGS", "LEDGER_VERSION", "MAX_ABS", "Badput", "Ledger", "Restart", "compute", "render"]
 
 
 @dataclass(slots=True)
@@ -136,6 +55,9 @@ class _Attempt:
     relaunching: float | None = None
     requeued: float | None = None
     no_replacement: bool = False
+    inprocess: list[InProcessRecovery] = field(default_factory=list)  # recovered in place (inprocessparts.py)
+    decided: float | None = None  # an in-process attempt that fell back: its failed recovery's fault_seen
+    fell_back: bool = False
 
     progress: dict[str, Any] | None = None  # attempt_progress: its first step, written as soon as seen
 
@@ -152,24 +74,6 @@ class _Attempt:
         return v if v is not None and v > 0 else 0.0
 
 
-def _num(record: Mapping[str, Any], key: str) -> float | None:
-    """A finite number within MAX_ABS, else None (`1e999`, NaN, 10**400 and a bool are not figures)."""
-    v = record.get(key)
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and -MAX_ABS <= v <= MAX_ABS:  # NaN: False
-        return float(v)
-    return None
-
-
-def _int(record: Mapping[str, Any], key: str) -> int | None:
-    v = record.get(key)
-    return v if isinstance(v, int) and not isinstance(v, bool) and -MAX_ABS <= v <= MAX_ABS else None
-
-
-def _names(text: object, limit: int | None = None) -> list[str]:
-    names = [n for n in str(text or "").split(",") if n]
-    return names if limit is None else names[:limit]
-
-
 def _attempts(events: Iterable[Mapping[str, Any]]) -> tuple[list[_Attempt], float | None, bool]:
     attempts: list[_Attempt] = []
     last_time: float | None = None
@@ -182,7 +86,7 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> tuple[list[_Attempt], floa
         name = e.get("event")
         if name in ("supervisor_started", "job_requeue_requested"):
             ended = False
-        if name == "attempt_started":
+        if name == "attempt_started" or inprocessparts.first_world(e):
             attempts.append(_Attempt(_int(e, "attempt") or len(attempts) + 1, t, str(e.get("nodes") or "")))
             continue
         if name in ENDINGS:
@@ -197,8 +101,13 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> tuple[list[_Attempt], floa
         elif name == "node_fault_seen":
             age = _num(e, "detection_latency_s")
             a.fault_marks.append(t - age if age is not None else t)
+        elif name == "fault_seen" and e.get("mode") == inprocessparts.ACTION:
+            a.inprocess.append(InProcessRecovery(dict(e), a.fault_marks))
+            a.fault_marks = []
         elif name == "fault_seen":
             a.fault = dict(e)
+        elif name in inprocessparts.EVENTS:
+            _inprocess(a, name, e, t)
         elif name == "old_tasks_checked" and a.stopped is None:
             a.stopped = t
         elif name == "step_relaunching":
@@ -255,7 +164,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         e = a.ended or {}
-        decided = _num(e, "decided_at") or (nxt.launched if nxt else end)
+        decided = _num(e, "decided_at") or a.decided or (nxt.launched if nxt else end)
         first_at, last_at = _num(e or a.progress or {}, "first_progress_at"), _num(e, "last_progress_at")
         step = a.step_s() or typical_step or 0.0
         cause = str((a.fault or {}).get("cause", ""))[:MAX_CAUSE_CHARS]
@@ -313,7 +222,7 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
             span(nxt.launched if nxt else end, Badput.OTHER)
             continue
         lost_s = _num(a.ended or {}, "lost_s")
-        span(a.stopped or _num(a.fault, "time"), Badput.STOP)
+        span(a.stopped or _num(a.fault, "time"), Badput.INPROCESS if a.fell_back else Badput.STOP)
         if a.requeued is not None:
             span(a.requeued, Badput.REPLACEMENT if a.no_replacement else Badput.OTHER)
             span(nxt.launched if nxt else end, Badput.REQUEUE)
@@ -356,7 +265,34 @@ def compute(job_id: int, events: Iterable[Mapping[str, Any]], now: float | None 
                 for cat, v in ((Badput.REINIT, reinit - restore), (Badput.RESTORE, restore)):
                     if v > 0:
                         r.by_category[cat.value] = r.by_category.get(cat.value, 0.0) + v
+    inprocessparts.account(ledger, ((a.number, a.inprocess) for a in attempts if a.inprocess), end)
     return ledger
+
+
+def _inprocess(a: _Attempt, name: object, e: Mapping[str, Any], t: float) -> None:
+    """An in-process mode's record into its attempt (inprocessparts.py)."""
+    last = a.inprocess[-1] if a.inprocess else None
+    if name == "inprocess_world_written":
+        # The wrapper counts each world as an attempt (the relaunch after a fallback is numbered after the last
+        # one): the attempt takes the newest world's number, so that the relaunch is its next.
+        a.number = max(a.number, _int(e, "generation") or 0)
+    elif name == "inprocess_replaced" and last is not None:
+        last.replaced = t
+    elif name == "inprocess_world_formed":
+        if _int(e, "generation") == 1:
+            a.progress = inprocessparts.progress_of(e)
+        elif last is not None and last.formed is None:
+            last.formed = dict(e)
+    elif name == "inprocess_fallback":
+        # The recoveries that never formed are what failed: the first of them is the fault the relaunch path
+        # recovers from (its detection, then the in-process time spent in vain, then the relaunch).
+        failed = [r for r in a.inprocess if r.formed is None]
+        a.inprocess = [r for r in a.inprocess if r.formed is not None]
+        first = failed[0] if failed else None
+        a.fault = {**(first.fault if first else {}), "cause": "inprocess_fallback", "time": t}
+        a.fault_marks = first.marks if first else a.fault_marks
+        a.decided = _num(first.fault, "time") if first else t
+        a.fell_back = True
 
 
 def _kept_steps(a: _Attempt, resumed: int | None) -> int | None:
@@ -368,33 +304,3 @@ def _kept_steps(a: _Attempt, resumed: int | None) -> int | None:
     last = _int(a.ended or {}, "last_step")
     done = (last - first + 1) if last is not None else resumed - first
     return max(0, min(resumed - first, done))
-
-
-def render(ledger: Ledger) -> str:
-    """The one-screen summary (`hpresilience job`, and the wrapper's last lines in the job's output)."""
-    # The ratio as the ledger file stores it (4 places): printed from the full value, 0.31349 showed 31.3 %
-    # where the file's 0.3135 reads 31.4 %.
-    lines = [
-        f"job {ledger.job_id}: goodput {round(ledger.goodput, 4) * 100:.1f} % "
-        f"({ledger.productive_s:.1f} s productive of {ledger.wall_s:.1f} s wall, {ledger.attempts} attempt(s)"
-        f"{'' if ledger.ended else ', not ended'})"
-    ]
-    bad = sorted(((v, k) for k, v in ledger.badput_s.items() if v > 0.0005), reverse=True)
-    if bad:
-        lines.append("  badput: " + ", ".join(f"{k} {v:.1f} s" for v, k in bad))
-    for r in ledger.restarts:
-        lost = "unknown" if r.lost_s is None else f"{r.lost_s:.1f} s"
-        # cause and nodes are the user's text (the records are in their directory): escaped, one line each.
-        lines.append(
-            f"  {_utc(r.at)} attempt {r.attempt}: {printable(r.cause)} on {printable(','.join(r.nodes)) or '-'} "
-            f"-> {r.action}, lost work {lost}, cost {r.badput_s:.1f} s"
-        )
-    lines.extend(f"  note: {printable(n)}" for n in ledger.notes)
-    return "\n".join(lines)
-
-
-def _utc(t: float) -> str:
-    try:
-        return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-    except (ValueError, OverflowError, OSError):
-        return f"t={t:.0f}"  # a time no calendar holds (a record's own figure, within MAX_ABS)

@@ -47,9 +47,17 @@ KEEP: dict[str, int | None] = {
     "event": 64,
     "nodes": 8192,
     "cause": 200,
+    "mode": 16,  # fault_seen's: an in-process recovery (inprocessparts.py)
     **dict.fromkeys(
         (
             "time",
+            "generation",
+            "step",
+            "started_at",
+            "torn_down_at",
+            "joined_at",
+            "agreed_at",
+            "first_step_at",
             "attempt",
             "exit_code",
             "decided_at",

@@ -20,10 +20,19 @@ keep the replicas equal through a fault:
   that completed it (every rank keeps the last step's averaged gradients) and applies them: the same update on the
   same state, so the replicas stay equal bit for bit and no step is computed twice.
 - The replacement's ranks start with no state: they receive model and optimizer state from the lowest-ranked
-  survivor over the new group (a broadcast), and report which rank it came from.
+  survivor that holds the same shard, over the new group (a broadcast), and report which rank it came from.
+- Shards (HSDP-like): a rank declares the shard it holds (`shard=`, default 0: pure DDP, every rank a replica of
+  every other). Ranks of one shard are its replica group: the gradients are averaged within it, and only they
+  can give a new rank that shard's state. At every join the ranks exchange (shard, completed step), so all of
+  them know who holds what.
 
-A rank that cannot finish its part (no world within the bound, a world without its rank) exits with
-EXIT_INPROCESS_GAVE_UP: the wrapper then falls back to the relaunch path. Each rank prints one line per world it
+A rank that cannot finish its part exits with EXIT_INPROCESS_GAVE_UP, and the wrapper falls back to the relaunch
+path from the last checkpoint: no world within the bound, a world without its rank, a shard of which no survivor
+holds a replica (every holder was lost), a shard whose holders are all a step behind the others. Every rank of
+the new world decides the same from the same exchanged table, so all of them give up together.
+Rank 0 of each world writes the formed-world report (worldreport.py) once the first step in it completed: the
+wrapper's sign that the recovery finished (a fault before it is a second fault during recovery), and the
+recovery's parts for the ledger. Each rank prints one line per world it
 joins (`hpr-inprocess joined ...`): the recovery's figures, read by the tests and the bench.
 """
 
@@ -42,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
+from hpresilience.torch.worldreport import Formed, write_formed
 
 NEW = -1  # the completed-step count a rank with no state reports
 WORLD_POLL_S = 0.05
@@ -67,7 +77,11 @@ class Recovery:
     state_from: int | None = None  # the rank this one's state came from (a new rank)
     grads_from: int | None = None  # the rank whose averaged gradients this one applied (one step behind)
     started_at: float = field(default_factory=time.time)
-    joined_at: float = 0.0
+    torn_down_at: float = 0.0  # the old process group was gone
+    group_at: float = 0.0  # the new process group was built
+    joined_at: float = 0.0  # the step agreed on and state passed on
+    state_to: int = 0  # ranks of the world that received state from a peer
+    grads_to: int = 0  # ranks of the world that applied a peer's averaged gradients
 
     @property
     def seconds(self) -> float:
@@ -83,6 +97,7 @@ class InProcessLoop:
         world_wait_s: float | None = None,
         collective_timeout_s: float = 60.0,
         placement: Placement | None = None,
+        shard: int = 0,
         out: Any = None,
     ) -> None:
         self.model = model
@@ -102,6 +117,12 @@ class InProcessLoop:
         self._world_seen: tuple[int, int, int] | None = None  # the world file's (mtime, size, inode) last read
         self.out = out or sys.stdout
         self.params = [p for p in model.parameters() if p.requires_grad]
+        if shard < 0:
+            raise ValueError(f"shard must be >= 0, not {shard}")
+        self.shard = shard
+        self.replicas: Any = None  # this shard's replica group (None: the whole world is one)
+        self.replica_size = 1
+        self._unreported: Recovery | None = None  # joined; its first step after not completed yet
 
     # -- the step loop -------------------------------------------------------------------------------
     def run(self, compute: Callable[[int], None], steps: int, on_step: Callable[[int], None] | None = None) -> int:
@@ -131,8 +152,10 @@ class InProcessLoop:
                     # them for the whole collective timeout instead of failing at once.
                     self._recover(failure)
                     continue
-                flat /= self.world_size
+                flat /= self.replica_size
                 self._apply(flat, step)
+                if self._unreported is not None:
+                    self._report(self._unreported)
                 if on_step is not None:
                     on_step(self.completed)
             return self.completed
@@ -163,16 +186,21 @@ class InProcessLoop:
     def _all_reduce(self, flat: torch.Tensor) -> None:
         """The step's all-reduce, watching the world file while it runs: a peer that is gone does not always
         make gloo fail at once (a rank waiting on a live peer that itself waits), and the wrapper's new world
-        says so sooner than the collective timeout."""
-        work = dist.all_reduce(flat, async_op=True)
+        says so sooner than the collective timeout. With shards, the gradients are averaged within the replica
+        group, and a one-number all-reduce over the world keeps the shards in step (what the shard group's own
+        collectives do in a real HSDP step): a shard's loss stops every rank, not just that shard's peers."""
+        works = [dist.all_reduce(flat, group=self.replicas, async_op=True)]
+        if self.replicas is not None:
+            works.append(dist.all_reduce(torch.zeros(1), async_op=True))
         next_look = time.monotonic() + WORLD_POLL_S
-        while not work.is_completed():
+        while not all(w.is_completed() for w in works):
             time.sleep(SPIN_S)
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + WORLD_POLL_S
                 if self._world_moved():
                     raise WorldMoved()
-        work.wait()
+        for work in works:
+            work.wait()
 
     def _apply(self, flat: torch.Tensor, step: int) -> None:
         """The averaged gradients of `step` into the parameters' grads, then the optimizer's step."""
@@ -209,11 +237,13 @@ class InProcessLoop:
         """Leave the old group, join the newest world, agree on the step, pass state on; one Recovery."""
         record = Recovery(self.generation, cause, self.completed)
         self.close()
+        record.torn_down_at = time.time()
         deadline = time.monotonic() + self.world_wait_s
         while True:
             world = self._wait_world(deadline)
             try:
                 self._join(world)
+                record.group_at = time.time()
                 self._agree(record)
                 break
             except (RuntimeError, TimeoutError) as err:
@@ -224,6 +254,7 @@ class InProcessLoop:
                     raise GaveUp(f"no world could be joined within {self.world_wait_s:g} s") from None
         record.generation, record.step, record.joined_at = self.generation, self.completed, time.time()
         self.recoveries.append(record)
+        self._unreported = record
         self._say(
             f"hpr-inprocess joined rank={self.rank} pid={os.getpid()} generation={self.generation} "
             f"world_size={self.world_size} step={self.completed} cause={cause.split(':')[0]} "
@@ -261,37 +292,86 @@ class InProcessLoop:
         )
 
     def _agree(self, record: Recovery) -> None:
-        """Bring every rank to the highest completed step (see the module's docstring)."""
-        mine = self.completed
-        span = torch.tensor([mine, -mine], dtype=torch.int64)
-        dist.all_reduce(span, op=dist.ReduceOp.MAX)
-        top, bottom = int(span[0]), -int(span[1])
-        if top == bottom:
+        """Bring every rank to the highest completed step, each from a replica of its own shard (see the
+        module's docstring); GaveUp, on every rank alike, when a shard has no replica that can."""
+        table = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(table, torch.tensor([self.shard, self.completed], dtype=torch.int64))
+        shard_of = {r: int(t[0]) for r, t in enumerate(table)}
+        done = {r: int(t[1]) for r, t in enumerate(table)}
+        holders: dict[int, list[int]] = {}
+        for r in sorted(shard_of):
+            holders.setdefault(shard_of[r], []).append(r)
+        top = max(done.values())
+        for shard, ranks in sorted(holders.items()):
+            best = max(done[r] for r in ranks)
+            if best == NEW:
+                raise GaveUp(f"no survivor holds a replica of shard {shard} (its ranks {_span(ranks)} are all new)")
+            if best < top:
+                raise GaveUp(f"no replica of shard {shard} completed step {top} (its ranks reached {best})")
+        self._replica_group(holders)
+        mine = holders[self.shard]
+        record.state_to = sum(1 for d in done.values() if d == NEW or d < top - 1)
+        record.grads_to = sum(1 for d in done.values() if d == top - 1) if top > 0 else 0
+        bottom = min(done[r] for r in mine)
+        if bottom == top:
             return
-        source_t = torch.tensor([self.rank if mine == top else self.world_size], dtype=torch.int64)
-        dist.all_reduce(source_t, op=dist.ReduceOp.MIN)
-        source = int(source_t[0])
-        behind_t = torch.tensor([1 if mine == top - 1 else 0], dtype=torch.int64)
-        dist.all_reduce(behind_t, op=dist.ReduceOp.MAX)
-        if int(behind_t[0]) and top > 0:
+        source = min(r for r in mine if done[r] == top)
+        if top > 0 and any(done[r] == top - 1 for r in mine):
             if self.rank == source and (self.last_grads is None or self.last_grads_step != top):
                 raise GaveUp(f"rank {self.rank} lacks step {top}'s gradients for the ranks one step behind")
             flat = self.last_grads if self.rank == source and self.last_grads is not None else self._empty_flat()
-            dist.broadcast(flat, src=source)
-            if mine == top - 1:
-                self._apply(flat, mine)
+            dist.broadcast(flat, src=source, group=self.replicas)
+            if self.completed == top - 1:
+                self._apply(flat, self.completed)
                 record.grads_from = source
         if bottom < top - 1 or bottom == NEW:
             box: list[Any] = [None]
             if self.rank == source:
                 box = [{"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": top}]
-            dist.broadcast_object_list(box, src=source)
+            dist.broadcast_object_list(box, src=source, group=self.replicas)
             if self.completed != top:  # no state (NEW), or more than a step behind
                 self.model.load_state_dict(box[0]["model"])
                 self.optimizer.load_state_dict(box[0]["optimizer"])
                 self.completed = int(box[0]["step"])
                 self.last_grads = None
                 record.state_from = source
+
+    def _replica_group(self, holders: dict[int, list[int]]) -> None:
+        """This rank's shard's replica group. Every rank creates every group, in the same order (new_group is
+        collective over the world); one shard is the world itself, with no group to build."""
+        self.replicas, self.replica_size = None, self.world_size
+        if len(holders) == 1:
+            return
+        for shard, ranks in sorted(holders.items()):
+            group = dist.new_group(ranks)
+            if shard == self.shard:
+                self.replicas, self.replica_size = group, len(ranks)
+
+    def _report(self, record: Recovery) -> None:
+        """The world formed (its first step completed): rank 0 says so, with the parts, for the wrapper."""
+        self._unreported = None
+        if self.rank != 0 or not self.placement.world_file:
+            return
+        now = time.time()
+        times = [record.started_at, record.torn_down_at, record.group_at, record.joined_at, now]
+        for i in range(1, len(times)):  # one clock, but a part that was skipped keeps its predecessor's time
+            times[i] = max(times[i], times[i - 1])
+        formed = Formed(
+            generation=self.generation,
+            step=record.step,
+            cause=record.cause.split(":")[0][:64],
+            started_at=times[0],
+            torn_down_at=times[1],
+            joined_at=times[2],
+            agreed_at=times[3],
+            first_step_at=times[4],
+            state_to=record.state_to,
+            grads_to=record.grads_to,
+        )
+        try:
+            write_formed(self.placement.world_file, formed)
+        except OSError as err:  # the wrapper then sees no formed world: it falls back at its bound
+            self._say(f"hpr-inprocess report_failed rank={self.rank} err={err!s:.120}")
 
     def _empty_flat(self) -> torch.Tensor:
         return torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
@@ -304,6 +384,10 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
     if p.grad is None:
         p.grad = torch.zeros_like(p)
     return p.grad
+
+
+def _span(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks[:8])) + (",..." if len(ranks) > 8 else "")
 
 
 def _show(rank: int | None) -> str:

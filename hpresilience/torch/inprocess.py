@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpresilience.torch.heartbeat import Heartbeat
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
 
 NEW = -1  # the completed-step count a rank with no state reports
@@ -102,6 +103,10 @@ class InProcessLoop:
         self._world_seen: tuple[int, int, int] | None = None  # the world file's (mtime, size, inode) last read
         self.out = out or sys.stdout
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # The wrapper's hang watch reads these (autoresume/inprocess_watch.py). The global rank, not the step's
+        # SLURM_PROCID: with a step per node every node's tasks count from 0, and the hang's attribution names a
+        # rank's node by the (node, pid) its beats came from.
+        self.heartbeat = Heartbeat({**os.environ, "RANK": str(self.rank)})
 
     # -- the step loop -------------------------------------------------------------------------------
     def run(self, compute: Callable[[int], None], steps: int, on_step: Callable[[int], None] | None = None) -> int:
@@ -133,6 +138,7 @@ class InProcessLoop:
                     continue
                 flat /= self.world_size
                 self._apply(flat, step)
+                self.heartbeat.beat(self.completed)
                 if on_step is not None:
                     on_step(self.completed)
             return self.completed

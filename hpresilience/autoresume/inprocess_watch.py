@@ -12,10 +12,10 @@ survivors, whose all-reduce fails or who see the new world, recover in-process. 
 several) is the relaunch path's: the loop falls back to it and says why.
 
 Between a fault and the new world's first step nothing progresses by design (the survivors wait for the
-replacement, which starts its ranks and receives their state): that silence is not a hang. The stream is read
-again from the new world's start, and the clock is armed only once a rank of a replaced slot has reported a
-completed step, i.e. the new world trains. A rank that stops before that is not seen here; the survivors'
-bounded wait for a world (HPR_WORLD_WAIT_S) and collective timeout end in the fallback instead.
+replacement, which starts Python, imports torch, builds its model and receives their state): that silence is
+judged as a first step is, against max(hang_floor_s, hang_first_step_s) from the new world's announce, until a
+rank of a replaced slot reports a completed step (the new world trains); from then on the clock reads the stream
+as the relaunch path's does (it is read again from the announce: the old world's intervals say nothing of it).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.watch.base import StepView
 from hpresilience.autoresume.watch.evidence import HangInvestigator
-from hpresilience.autoresume.watch.hang import HangClock
+from hpresilience.autoresume.watch.hang import HangClock, HangDue
 
 HEARTBEAT_VAR = "HPR_HEARTBEAT_EVERY_S"
 
@@ -59,7 +59,8 @@ class InProcessHangs:
         self.investigator = investigator
         self.reporter = reporter
         self.mark = mark  # decide/ending.Ending.mark_suspect: Action:Reboot with the evidence's path
-        self.waiting: set[int] = set()  # ranks of the replaced slots: the clock is armed once one has progressed
+        self.waiting: set[int] = set()  # ranks of the replaced slots: the clock runs once one has progressed
+        self.announced_at = 0.0  # when the world the replacement joins was announced (the stream's clock)
         self.generation = 0
 
     @staticmethod
@@ -68,22 +69,26 @@ class InProcessHangs:
         return {HEARTBEAT_VAR: f"{opts.watch.heartbeat_every_s:g}"}
 
     def new_world(self, generation: int, plan: Sequence[str], tasks_per_node: int, new_slots: Sequence[int]) -> None:
-        """A world was announced: read progress afresh, and wait for a new rank's first step before the clock
-        runs (the first world's: for any progress)."""
+        """A world was announced: read progress afresh; the replaced slots' ranks (none in the first world) have
+        the first step's allowance to complete a step."""
         self.generation = generation
+        self.announced_at = self.progress.clock()
         self.progress.reset([n for n in plan for _ in range(tasks_per_node)])
         self.clock.reset()
         self.waiting = {r for slot in new_slots for r in range(slot * tasks_per_node, (slot + 1) * tasks_per_node)}
 
-    def _armed(self) -> bool:
+    def _due(self, now: float) -> HangDue | None:
+        """The recovery's silence against the first step's allowance until the new world trains; then the clock."""
         if self.waiting and self.waiting & set(self.progress.ranks()):
             self.waiting = set()
-        return not self.waiting
+        if not self.waiting:
+            return self.clock.check(now)
+        limit = max(self.opts.watch.hang_floor_s, self.opts.watch.hang_first_step_s)
+        silent = now - self.announced_at
+        return HangDue(silent, limit, self.announced_at, None) if silent >= limit else None
 
     def poll(self, now: float, view: StepView) -> Hung | None:
-        if not self._armed():
-            return None
-        due = self.clock.check(now)
+        due = self._due(now)
         if due is None:
             return None
         found = self.investigator(view, due)

@@ -24,16 +24,27 @@ from tests.autoresume.test_inprocess_integration import kill_tasks_on
 from tests.autoresume.test_wrapper_integration import Run
 from tests.conftest import reset_cluster
 from tests.controller.conftest import settings_for, write_scripts
-from tests.torch.localworld import TRAIN, digests, fault_free_digest, joined
+from tests.torch.localworld import TRAIN, LocalWorld, digests, joined
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("torch")
 
 # Paced at STEP_S a step through the three faults (a run of STEPS x STEP_S s is more than they take), then the
 # pace file says 0 and the rest runs as fast as the machine allows.
-STEPS = 500
-STEP_S = 0.25
+STEPS = 400
+STEP_S = 0.5
 OUT_OF_SERVICE = ("DRAIN", "FAIL", "DOWN", "NOT_RESPONDING", "REBOOT_ISSUED", "REBOOT_REQUESTED")
+
+
+def fault_free(tmp: Path) -> str:
+    """localworld.fault_free_digest with a bound for a loaded machine (six ranks on shared cores)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    world = LocalWorld(tmp, 6, {"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0"})
+    for rank in range(6):
+        world.start(rank)
+    codes = world.finish(timeout=900)
+    found = set(digests(world.output()).values())
+    return found.pop() if set(codes.values()) == {0} and len(found) == 1 else f"no reference: {codes}"
 
 
 def wait_for(probe: Callable[[], Any], what: str, timeout: float) -> Any:
@@ -82,24 +93,26 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
     node marked Action:Reboot as that path marks it."""
     # The fault-free run's weights, computed beside the job (its six ranks are local processes): wall time.
     reference: list[str] = []
-    beside = threading.Thread(
-        target=lambda: reference.append(fault_free_digest(tmp_path / "reference", 6, STEPS)), daemon=True
-    )
+    beside = threading.Thread(target=lambda: reference.append(fault_free(tmp_path / "reference")), daemon=True)
     beside.start()
     scripts = write_scripts(tmp_path / "scripts", cluster)
     # Dead nodes (DOWN, "Not responding", after SlurmdTimeout) are repaired too; the default repairs only nodes
     # whose reason asks for it.
     ctl = Controller(
-        settings_for(scripts, tmp_path / "ctl", repair_down_without_reason=True, come_back_timeout_s=60), slurm
+        settings_for(
+            scripts, tmp_path / "ctl", repair_down_without_reason=True, down_grace_s=0, come_back_timeout_s=60
+        ),
+        slurm,
     )
     controller = threading.Thread(target=ctl.run, name="controller", daemon=True)
     controller.start()
     pace = tmp_path / "pace"
     pace.write_text(f"{STEP_S}\n")
     config = tmp_path / "config.yaml"
-    # Hang: silence past 8 s once the world trains (a step takes 0.25 s or so); heartbeats twice a second.
+    # Hang: silence past 8 s once the world trains (a step takes 0.5 s or more), heartbeats twice a second; a
+    # replacement has 120 s to train (Python and torch start slowly on a loaded machine).
     config.write_text(
-        "autoresume:\n  full_node_check_s: 0.5\n  hang_floor_s: 8\n  hang_first_step_s: 30\n  heartbeat_every_s: 0.5\n"
+        "autoresume:\n  full_node_check_s: 0.5\n  hang_floor_s: 8\n  hang_first_step_s: 120\n  heartbeat_every_s: 0.5\n"
     )
     (tmp_path / "job").mkdir()
     run = Run(
@@ -132,11 +145,13 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
         assert plan[0] == batch_host  # the faults go to the other two slots
 
         def fault(generation: int, name: str, act: Callable[[], None]) -> list[str]:
-            """`act`, then wait for every rank in the new world; the new world's nodes."""
+            """`act`, then wait for every rank in the new world and its training (3 steps); its nodes."""
             at = time.time()
             act()
-            wait_for(lambda: len(in_world(generation)) == 6, f"generation {generation} ({name})", 180)
+            wait_for(lambda: len(in_world(generation)) == 6, f"generation {generation} ({name})", 240)
             took[name] = max(float(j["at"]) for j in in_world(generation)) - at
+            trained = re.compile(rf"^step=\d+ generation={generation} ", re.MULTILINE)
+            wait_for(lambda: len(trained.findall(run.out)) >= 3, f"generation {generation} training", 120)
             return str(run.named("inprocess_world_written")[generation - 1]["nodes"]).split(",")
 
         # 1. An operator's Action:Replace on slot 1's node: the spare takes the slot.

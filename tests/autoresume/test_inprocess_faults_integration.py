@@ -19,6 +19,7 @@ import pytest
 
 from hpresilience.controller.loop import Controller
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing import devprocs
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_inprocess_integration import kill_tasks_on
 from tests.autoresume.test_wrapper_integration import Run
@@ -82,6 +83,7 @@ def in_service(slurm: SlurmClient, node: str) -> bool:
     return not slurm.node(node).has(*OUT_OF_SERVICE)
 
 
+@pytest.mark.timeout(900)  # ~4 min here on a loaded 2-core machine (the replacement's torch import: 20-40 s)
 def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivor_and_the_weights(
     cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
 ) -> None:
@@ -163,8 +165,17 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
         dead = plan[2]
 
         def die() -> None:
-            assert cluster.kill_node(dead)
-            assert kill_tasks_on(dead, run.job_id) == 2
+            # Everything of the node at once: slurmd, the slurmstepds it forked and their tasks. A slurmstepd left
+            # behind (cluster.kill_node alone) would end the job's steps there long after, killing the next
+            # world's step on the repaired node: not what a dead node does.
+            daemon = cluster.daemon_pids()[dead]
+            tree = devprocs.process_tree(daemon)
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            kill_tasks_on(dead, run.job_id)  # its two ranks, were they not in the tree
+            devprocs.wait_gone([p.pid for p in tree], 10.0)
+            assert len(tree) >= 2 and kill_tasks_on(dead, run.job_id) == 0
 
         plan = fault(3, "dead node", die)
         assert plan[2] == replaced, plan

@@ -61,6 +61,7 @@ class InProcessHangs:
         self.mark = mark  # decide/ending.Ending.mark_suspect: Action:Reboot with the evidence's path
         self.waiting: set[int] = set()  # ranks of the replaced slots: the clock runs once one has progressed
         self.announced_at = 0.0  # when the world the replacement joins was announced (the stream's clock)
+        self.looked_again_for: tuple[int, float | None] | None = None  # the silence a probe found nothing in
         self.generation = 0
 
     @staticmethod
@@ -93,7 +94,17 @@ class InProcessHangs:
             return None
         found = self.investigator(view, due)
         why = "; ".join(s.why for s in found.suspects)[:500] or "no rank or node stood out"
-        self.clock.reset()
+        if not found.suspects and self.looked_again_for != (self.generation, self.progress.last_progress()):
+            # Every node answered and every rank runs: a world whose ranks are ending (the last step done, the
+            # processes exiting on a loaded machine) is as silent as a hang. Once per silence, look again a
+            # threshold later before falling back; a world that ends meanwhile ends the loop.
+            self.looked_again_for = (self.generation, self.progress.last_progress())
+            self.reporter.decision(
+                "inprocess_hang_rechecked", generation=view.attempt, silent_s=round(due.silent_s, 1), why=why
+            )
+            self.clock.dismiss(self.progress.clock())
+            self.announced_at = self.progress.clock()
+            return None
         if not found.unambiguous:
             self.reporter.decision(
                 "inprocess_hang_unattributed",

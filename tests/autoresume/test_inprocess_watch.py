@@ -106,6 +106,26 @@ def test_a_hang_that_names_no_single_node_is_returned_without_a_node_and_marks_n
     assert not marks and events(tmp_path, "inprocess_hang_unattributed")
 
 
+def test_a_silence_in_which_the_probe_finds_nothing_is_looked_at_again_a_threshold_later_before_it_falls_back(
+    tmp_path: Path,
+) -> None:
+    """Every node answered, no rank stood out (a world whose ranks are exiting after their last step looks so):
+    looked at again a threshold later; the same silence then names no node."""
+    hangs, stream, clock, probe, _ = watch(tmp_path, Attribution(answered=PLAN))
+    hangs.new_world(1, PLAN, 2, [])
+    for step in (1, 2):
+        beat(stream, 0, step)
+        clock.t += 0.2
+    clock.t += FLOOR
+    assert hangs.poll(clock.t, view(1)) is None and len(probe.calls) == 1
+    assert events(tmp_path, "inprocess_hang_rechecked")
+    clock.t += FLOOR - 0.5
+    assert hangs.poll(clock.t, view(1)) is None and len(probe.calls) == 1  # not before the threshold
+    clock.t += 0.6
+    hung = hangs.poll(clock.t, view(1))
+    assert hung is not None and hung.node is None and len(probe.calls) == 2
+
+
 def test_the_silence_of_a_recovery_is_judged_against_the_first_steps_allowance_until_a_new_rank_trains(
     tmp_path: Path,
 ) -> None:

@@ -113,7 +113,8 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
     # Hang: silence past 10 s once the world trains (a step takes 0.5 s or more), heartbeats twice a second; a
     # replacement has 120 s to train (Python and torch start slowly on a loaded machine).
     config.write_text(
-        "autoresume:\n  full_node_check_s: 0.5\n  hang_floor_s: 10\n  hang_first_step_s: 120\n  heartbeat_every_s: 0.5\n"
+        "autoresume:\n  full_node_check_s: 0.5\n  hang_floor_s: 10\n  hang_first_step_s: 120\n"
+        "  heartbeat_every_s: 0.5\n"
     )
     (tmp_path / "job").mkdir()
     run = Run(

@@ -13,7 +13,9 @@ weights of a run with faults can be compared bit for bit with those of a run wit
 Environment: TRAIN_STEPS (default 100), STEP_SLEEP (seconds of "work" per step, default 0.05).
 Test hooks (the tests only): DIE_RANK / DIE_STEP: that rank, in the in-process mode's first world, dies at that
 step (os._exit);
-SLOW_RANK: that rank sleeps 3x longer per step.
+SLOW_RANK: that rank sleeps 3x longer per step;
+STEP_SLEEP_FILE: a file holding the seconds of "work" per step, read at every step (a test paces a long run
+through its faults, then lets it finish at once).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def paced(path: str, default: float) -> float:
+    if not path:
+        return default
+    try:
+        with open(path) as f:
+            return float(f.read().strip() or default)
+    except (OSError, ValueError):
+        return default
+
+
 def main() -> None:
     steps = int(os.environ.get("TRAIN_STEPS", "100"))
     sleep = float(os.environ.get("STEP_SLEEP", "0.05"))
@@ -50,11 +62,12 @@ def main() -> None:
     die_rank = int(os.environ.get("DIE_RANK", "-1"))
     die_step = int(os.environ.get("DIE_STEP", "-1"))
     slow = 3.0 if str(loop.rank) == os.environ.get("SLOW_RANK") else 1.0
+    pace = os.environ.get("STEP_SLEEP_FILE", "")
 
     def compute(step: int) -> None:
         x, y = batch(loop.rank, step)
         torch.nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
-        time.sleep(sleep * slow)
+        time.sleep(paced(pace, sleep) * slow)
 
     def on_step(done: int) -> None:
         if loop.rank == 0:

@@ -11,8 +11,10 @@ the world file, agrees on the last completed step and hands its state to the new
 What this mode does not do (yet) falls back to the relaunch path, said in the events (`inprocess_fallback`): a
 survivor whose slot would change, a rank that exits with EXIT_INPROCESS_GAVE_UP (it could not finish its part of
 the recovery: no replica of a lost shard, no world within its bound), a step that ends badly on a node that is
-not replaced, a second fault while a recovery still runs, a recovery past its bound (inprocessguard.py). Log
-rules, hang and straggler detection are the relaunch path's and are not run here.
+not replaced, a second fault while a recovery still runs, a recovery past its bound (inprocessguard.py), a hang
+whose evidence names no single node. A hang that names one node (a stopped rank holds every survivor in its
+all-reduce) is a node fault here (inprocess_watch.py). Log rules and straggler detection are the relaunch path's
+and are not run here.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hpresilience.autoresume.decide.capacity import BatchHostLost, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause
 from hpresilience.autoresume.decide.ending import LIVENESS_PROBE_S
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
+from hpresilience.autoresume.inprocess_watch import InProcessHangs
 from hpresilience.autoresume.inprocessguard import RecoveryGuard
 from hpresilience.autoresume.launch.pernode import NodeSteps, node_step_argv, node_step_env
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
@@ -47,9 +50,15 @@ class InProcessLoop:
         self.opts = sup.opts
         self.reporter = sup.reporter
         self.steps = NodeSteps(
-            sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes
+            sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes, sup.progress
         )
         self.faults = NodeFaults(sup.nodewatch, sup.reporter, self.opts.poll_interval_s)
+        self.hangs = None
+        if self.opts.hang_detection:
+            self.hangs = InProcessHangs(
+                self.opts, sup.progress, sup.investigator, sup.reporter, sup.ending.mark_suspect
+            )
+            sup.env.update(InProcessHangs.step_env(self.opts))  # every node's step inherits it (_announce)
         self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
         self.generation = 0
         self.plan: list[str] = []
@@ -82,6 +91,7 @@ class InProcessLoop:
         plan = plan_nodes(job.nodes, self.size, self.sup.capacity.unhealthy(job))
         self.plan = plan if plan is not None else self.sup.capacity.recover([], [], self.size)
         self._announce(self.plan, new_slots=list(range(len(self.plan))), first=True)
+        self._watch_world([])
         finished: set[str] = set()
         while True:
             if self.sup.stop_request.signum:
@@ -107,11 +117,28 @@ class InProcessLoop:
                     failed.setdefault(node, verdict.why)
             if ended:
                 failed.update(self._dead(ended))
+            if not failed:
+                failed.update(self._hung())
             if failed:
+                before = list(self.plan)
                 self._replace(failed, finished)
+                self._watch_world([slot for slot, n in enumerate(self.plan) if n != before[slot]])
             elif (why := self.guard.poll()) is not None:
                 raise Fallback(why)
             time.sleep(POLL_S)
+
+    def _hung(self) -> dict[str, str]:
+        """A hang that names one node, as a node fault (inprocess_watch.py); one that names none: Fallback."""
+        hung = self.hangs.poll(time.monotonic(), self._view()) if self.hangs is not None else None
+        if hung is None:
+            return {}
+        if hung.node is None:
+            raise Fallback(hung.why)
+        return {hung.node: hung.why}
+
+    def _watch_world(self, new_slots: list[int]) -> None:
+        if self.hangs is not None:
+            self.hangs.new_world(self.generation, self.plan, self.tasks_per_node, new_slots)
 
     def _dead(self, ended: dict[str, int]) -> dict[str, str]:
         """A node whose step ended badly: replaced when it runs no task (a dead node: its slurmd is gone long

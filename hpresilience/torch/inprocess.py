@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpresilience.torch.heartbeat import Heartbeat
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
 from hpresilience.torch.worldreport import Formed, write_formed
 
@@ -123,6 +124,10 @@ class InProcessLoop:
         self.replicas: Any = None  # this shard's replica group (None: the whole world is one)
         self.replica_size = 1
         self._unreported: Recovery | None = None  # joined; its first step after not completed yet
+        # The wrapper's hang watch reads these (autoresume/inprocess_watch.py). The global rank, not the step's
+        # SLURM_PROCID: with a step per node every node's tasks count from 0, and the hang's attribution names a
+        # rank's node by the (node, pid) its beats came from.
+        self.heartbeat = Heartbeat({**os.environ, "RANK": str(self.rank)})
 
     # -- the step loop -------------------------------------------------------------------------------
     def run(self, compute: Callable[[int], None], steps: int, on_step: Callable[[int], None] | None = None) -> int:
@@ -156,6 +161,7 @@ class InProcessLoop:
                 self._apply(flat, step)
                 if self._unreported is not None:
                     self._report(self._unreported)
+                self.heartbeat.beat(self.completed)
                 if on_step is not None:
                     on_step(self.completed)
             return self.completed

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from hpresilience.autoresume.launch.stream import Pump
+from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.watch.feed import RuleFeed
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
@@ -89,8 +90,10 @@ class NodeSteps:
         stdout: IO[bytes],
         stderr: IO[bytes],
         max_line_bytes: int,
+        progress: ProgressStream | None = None,
     ) -> None:
         self.client = client
+        self.progress = progress  # the job's one progress stream (heartbeats, step counters): the hang watch's
         self.job_id = job_id
         self.feed = feed
         self.stdout = stdout
@@ -102,7 +105,7 @@ class NodeSteps:
         process = StepProcess(argv, env)
         step = NodeStep(node, name, process)
         for source, sink, what in ((process.stdout, self.stdout, "stdout"), (process.stderr, self.stderr, "stderr")):
-            pump = Pump(source, sink, self.feed, self.max_line_bytes, f"{what}-{node}")
+            pump = Pump(source, sink, self.feed, self.max_line_bytes, f"{what}-{node}", self.progress)
             pump.start()
             step.pumps.append(pump)
         self.running[node] = step

@@ -21,6 +21,9 @@ keep the replicas equal through a fault:
   same state, so the replicas stay equal bit for bit and no step is computed twice.
 - The replacement's ranks start with no state: they receive model and optimizer state from the lowest-ranked
   survivor over the new group (a broadcast), and report which rank it came from.
+- A warm standby (a hot spare's rank started ahead of any fault, HPR_STANDBY_NODE; torch/standby.py) runs the same
+  code: the loop's constructor blocks until the wrapper names its node in a world, then it is that world's new
+  rank. So `loop.rank` is known to everything after the constructor, on every rank.
 
 A rank that cannot finish its part (no world within the bound, a world without its rank) exits with
 EXIT_INPROCESS_GAVE_UP: the wrapper then falls back to the relaunch path. Each rank prints one line per world it
@@ -41,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpresilience.torch.standby import await_assignment
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
 
 NEW = -1  # the completed-step count a rank with no state reports
@@ -90,7 +94,17 @@ class InProcessLoop:
         # How long a survivor waits for the wrapper's new world (a replacement may have to be grown into the job).
         self.world_wait_s = world_wait_s if world_wait_s is not None else float(os.environ.get(WAIT_VAR, "300"))
         self.collective_timeout = datetime.timedelta(seconds=collective_timeout_s)
+        self.out = out or sys.stdout
         self.placement = placement or Placement.from_env()
+        self._born_at: float | None = None  # a standby's: when its assignment came (its recovery's start)
+        if self.placement.standby_node:
+            # A warm standby (hpresilience/torch/standby.py): model built, in no world yet; its rank is known once
+            # the wrapper names its node, so the loop's start waits here and the code after it sees its rank.
+            try:
+                self.placement, _, self._born_at = await_assignment(self.placement, self._say)
+            except WorldFileError as err:
+                self._say(f"hpr-inprocess gave_up rank=- why={str(err)!r}")
+                sys.exit(EXIT_INPROCESS_GAVE_UP)
         self.rank = self.placement.rank
         # A rank of the first world starts from the same seeded state as its peers; a later one has no state.
         self.completed = 0 if self.placement.generation == 1 else NEW
@@ -100,7 +114,6 @@ class InProcessLoop:
         self.last_grads_step = 0
         self.recoveries: list[Recovery] = []
         self._world_seen: tuple[int, int, int] | None = None  # the world file's (mtime, size, inode) last read
-        self.out = out or sys.stdout
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     # -- the step loop -------------------------------------------------------------------------------
@@ -208,6 +221,8 @@ class InProcessLoop:
     def _recover(self, cause: str) -> None:
         """Leave the old group, join the newest world, agree on the step, pass state on; one Recovery."""
         record = Recovery(self.generation, cause, self.completed)
+        if self._born_at is not None:  # a standby's recovery started when its assignment was seen
+            record.started_at, self._born_at = self._born_at, None
         self.close()
         deadline = time.monotonic() + self.world_wait_s
         while True:

@@ -156,6 +156,10 @@ class AutoResumeSettings(Section):
     # How a node fault is recovered: relaunch every rank (from the last checkpoint), or inprocess: the survivors
     # keep running and the replacement's ranks take their state from a peer (autoresume/inprocess.py, issue 33).
     recovery_mode: Literal["relaunch", "inprocess"] = "relaunch"
+    # In the inprocess mode: run warm standby ranks on the hot spares (started ahead of any fault, torch imported
+    # and the model built, waiting to be named in a world: autoresume/launch/standby.py), or off: a replacement's
+    # ranks start only once its node is chosen.
+    standby: Literal["spares", "off"] = "spares"
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)
     # Where per-job state survives a requeue; must be on a shared file system.

@@ -98,6 +98,7 @@ def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: 
             new = [j for j in lines if j["state_from"] != "-"]
             figures["replacement_started_s"] = max(float(j["at"]) - float(j["recovery_s"]) for j in new) - t0
             figures["state_transfer_s"] = max(float(j["recovery_s"]) for j in new)
+            figures["group_s"] = max(float(j["group_s"]) for j in new)
         return figures
     finally:
         slurm.cancel(job)
@@ -139,7 +140,8 @@ def main() -> None:
             f"  {label}: {ip['training_again_s']:.2f} s  (detect {ip['detect_s']:.2f}, new world written "
             f"{ip['world_written_s']:.2f}, survivors out of the old group {ip['survivors_left_s']:.2f}, replacement "
             f"{ready} {ip['replacement_started_s']:.2f}, its join + state from a peer "
-            f"{ip['state_transfer_s']:.2f}); first step after {ip['first_step_after_s']:.2f} s; "
+            f"{ip['state_transfer_s']:.2f} (in the new group after {ip['group_s']:.2f})); "
+            f"first step after {ip['first_step_after_s']:.2f} s; "
             f"steps redone {ip['steps_redone']:.0f}"
         )
     print(

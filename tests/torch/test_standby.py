@@ -84,10 +84,12 @@ def test_a_standby_started_before_the_fault_becomes_the_lost_rank_and_the_weight
     world = LocalWorld(work, 4, {"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.1"}, nodes=("n0", "n1", "n2", "n3"))
     first = {rank: world.start(rank, {"DIE_RANK": "3", "DIE_STEP": "5"}) for rank in range(4)}
     standby = world.start_standby("s", 3)
-    assert first[3].wait(180) == 1
-    assert standby.poll() is None  # waited through world 1 without a rank
-    world.announce((3,), nodes=("n0", "n1", "n2", "s"))
-    codes = world.finish()
+    try:
+        assert first[3].wait(180) == 1
+        assert standby.poll() is None  # waited through world 1 without a rank
+        world.announce((3,), nodes=("n0", "n1", "n2", "s"))
+    finally:
+        codes = world.finish()  # kills what is left: a standby never named would wait for good
     out = world.output()
     assert set(codes.values()) == {0}, out
     waiting = re.search(r"^hpr-inprocess standby node=s local=0 pid=(\d+) .*at=([\d.]+)$", out, re.MULTILINE)

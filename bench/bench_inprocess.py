@@ -4,11 +4,14 @@ The same data-parallel job (examples/checkpointless/train.py: gloo, 2 ranks per 
 no checkpoint) runs twice on a local devcluster, and each time an operator marks a training node
 `state=fail reason=Action:Replace` after step 10:
 
-1. `--auto-resume-mode=inprocess`: the survivors keep running; printed with its parts: the node watch's
-   detection, the new world written (the failed node's step cancelled, the spare taken), the survivors out of
-   their old group, and the last rank (the replacement's, which imports torch and builds the model first) in
-   the new world with its state; then the first step completed after the fault;
-2. `--auto-resume-mode=relaunch` (today's path): every rank is killed and started again, and with no checkpoint
+1. `--auto-resume-mode=inprocess --auto-resume-standby=off`: the survivors keep running; printed with its
+   parts: the node watch's detection, the new world written (the failed node's step cancelled, the spare taken),
+   the survivors out of their old group, and the last rank (the replacement's, launched then: it imports torch
+   and builds the model first) in the new world with its state; then the first step completed after the fault;
+2. `--auto-resume-mode=inprocess` with its warm standby (the default with a spare): the spare's ranks were
+   started with the job and wait with torch imported and the model built; the same parts, the replacement's
+   "ready" being when it saw its assignment;
+3. `--auto-resume-mode=relaunch` (today's path): every rank is killed and started again, and with no checkpoint
    training starts over from step 0 (the steps lost are printed beside it).
 
 The clock starts when the node is marked. The ranks' own lines (`hpr-inprocess joined ... at=<epoch>`) give the
@@ -45,13 +48,22 @@ def joined(out: str) -> list[dict[str, str]]:
     ]
 
 
-def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, mode: str, timeout: float) -> dict[str, float]:
+CASES = {  # name: (--auto-resume-mode, --auto-resume-standby)
+    "cold": ("inprocess", "off"),
+    "standby": ("inprocess", "spares"),
+    "relaunch": ("relaunch", "spares"),
+}
+
+
+def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: float) -> dict[str, float]:
+    mode, standby = CASES[case]
     work.mkdir(parents=True)
     script = work / "job.sh"
     script.write_text(
         "#!/bin/bash\n"
         f"hpresilience srun --auto-resume=1 --auto-resume-state-dir={work}/state --auto-resume-mode={mode} "
-        f"--auto-resume-spares=1 --auto-resume-poll-interval=0.5 --ntasks-per-node=2 --overcommit python {TRAIN}\n"
+        f"--auto-resume-standby={standby} --auto-resume-spares=1 --auto-resume-poll-interval=0.5 "
+        f"--ntasks-per-node=2 --overcommit python {TRAIN}\n"
     )
     env = cl.env()
     env.update({"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", "TRAIN_STEPS": "100000"})
@@ -86,6 +98,7 @@ def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, mode: str, timeout: 
             new = [j for j in lines if j["state_from"] != "-"]
             figures["replacement_started_s"] = max(float(j["at"]) - float(j["recovery_s"]) for j in new) - t0
             figures["state_transfer_s"] = max(float(j["recovery_s"]) for j in new)
+            figures["group_s"] = max(float(j["group_s"]) for j in new)
         return figures
     finally:
         slurm.cancel(job)
@@ -111,22 +124,29 @@ def main() -> None:
         try:
             slurm = cl.client()
             results = {}
-            for mode in ("inprocess", "relaunch"):
+            for case in CASES:
                 wait_for(lambda: all(n.is_idle for n in slurm.nodes()), "an idle cluster", 60)
-                results[mode] = run_job(cl, slurm, Path(tmp) / mode, mode, args.timeout)
+                results[case] = run_job(cl, slurm, Path(tmp) / case, case, args.timeout)
         finally:
             cl.down()
-    ip, rl = results["inprocess"], results["relaunch"]
+    rl = results["relaunch"]
     print("fault (Action:Replace on a training node) -> every rank training again, same job, same run:")
+    for case, label, ready in (
+        ("cold", "in-process, cold replacement", "ready (step launch, python, torch, model)"),
+        ("standby", "in-process, warm standby   ", "ready (its assignment seen)"),
+    ):
+        ip = results[case]
+        print(
+            f"  {label}: {ip['training_again_s']:.2f} s  (detect {ip['detect_s']:.2f}, new world written "
+            f"{ip['world_written_s']:.2f}, survivors out of the old group {ip['survivors_left_s']:.2f}, replacement "
+            f"{ready} {ip['replacement_started_s']:.2f}, its join + state from a peer "
+            f"{ip['state_transfer_s']:.2f} (in the new group after {ip['group_s']:.2f})); "
+            f"first step after {ip['first_step_after_s']:.2f} s; "
+            f"steps redone {ip['steps_redone']:.0f}"
+        )
     print(
-        f"  in-process: {ip['training_again_s']:.2f} s  (detect {ip['detect_s']:.2f}, new world written "
-        f"{ip['world_written_s']:.2f}, survivors out of the old group {ip['survivors_left_s']:.2f}, replacement "
-        f"ready (python, torch, model) {ip['replacement_started_s']:.2f}, its join + state from a peer "
-        f"{ip['state_transfer_s']:.2f}); first step after {ip['first_step_after_s']:.2f} s; "
-        f"steps redone {ip['steps_redone']:.0f}"
-    )
-    print(
-        f"  relaunch:   {rl['training_again_s']:.2f} s; first step after {rl['first_step_after_s']:.2f} s; "
+        f"  relaunch                    : {rl['training_again_s']:.2f} s; "
+        f"first step after {rl['first_step_after_s']:.2f} s; "
         f"steps redone {rl['steps_redone']:.0f} (no checkpoint: from step 0)"
     )
 

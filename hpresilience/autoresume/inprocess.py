@@ -30,6 +30,7 @@ from hpresilience.autoresume.inprocess_watch import InProcessHangs
 from hpresilience.autoresume.inprocessguard import RecoveryGuard
 from hpresilience.autoresume.launch.pernode import NodeSteps, node_step_argv, node_step_env
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
+from hpresilience.autoresume.launch.standby import Standbys
 from hpresilience.autoresume.supervisor import Supervisor
 from hpresilience.autoresume.watch.base import Act
 from hpresilience.autoresume.watch.nodefaults import NodeFaults
@@ -52,6 +53,11 @@ class InProcessLoop:
         self.steps = NodeSteps(
             sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes, sup.progress
         )
+        self.standbys = Standbys(
+            NodeSteps(sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes),
+            sup.reporter,
+            enabled=self.opts.watch.standby == "spares",
+        )
         self.faults = NodeFaults(sup.nodewatch, sup.reporter, self.opts.poll_interval_s)
         self.hangs = None
         if self.opts.hang_detection:
@@ -73,6 +79,7 @@ class InProcessLoop:
             return self._run()
         except Fallback as why:
             self.steps.stop_all()
+            self.standbys.stop_all()
             self.reporter.decision("inprocess_fallback", why=str(why), generation=self.generation)
             self.sup.state.last_nodes = list(self.plan)
             # The step's size as it started: the allocation may have shrunk off a replaced node since, and the
@@ -84,6 +91,7 @@ class InProcessLoop:
             return self.sup._no_replacement(str(err), batch_host=isinstance(err, BatchHostLost))
         finally:
             self.steps.stop_all()
+            self.standbys.stop_all()
 
     def _run(self) -> int:
         job = self.sup.client.job(self.sup.job_id)
@@ -207,7 +215,9 @@ class InProcessLoop:
 
     # -- worlds --------------------------------------------------------------------------------------
     def _announce(self, plan: list[str], new_slots: list[int], first: bool = False) -> None:
-        """Write generation+1's world, then launch the new slots' steps into it (they read it at start)."""
+        """Write generation+1's world, then give each new slot its step: a warm standby already running on its
+        node (the world written is its assignment), else a step launched into the world (it reads it at start).
+        Then a standby on each spare that has none (launch/standby.py)."""
         self.generation += 1
         launch = self._launch(plan)
         tpn = self.tasks_per_node
@@ -230,6 +240,10 @@ class InProcessLoop:
         base = launch.environment(self.sup.env, self.sup.state.restarts)
         for slot in new_slots:
             node = plan[slot]
+            warm = self.standbys.take(node)
+            if warm is not None:
+                self.steps.adopt(warm)
+                continue
             name = f"hpr-inprocess-{self.sup.job_id}-g{self.generation}-{node}"
             argv = node_step_argv(
                 self.opts.srun_bin,
@@ -241,6 +255,17 @@ class InProcessLoop:
                 self.opts.srun.command,
             )
             self.steps.start(node, name, argv, node_step_env(base, self.world_file, slot, tpn, self.generation))
+        self.standbys.start(
+            self.standbys.spares(self.sup.client, launch.allocation, plan, self.sup.state.kept_out),
+            srun=self.opts.srun_bin,
+            job_id=self.sup.job_id,
+            tasks_per_node=tpn,
+            passthrough=self.opts.srun.passthrough,
+            command=self.opts.srun.command,
+            base=base,
+            world_file=self.world_file,
+            generation=self.generation,
+        )
         self.sup._save()
 
     def _launch(self, plan: list[str]) -> AttemptLaunch:

@@ -118,6 +118,16 @@ SRUN_OPTIONS: tuple[SrunOption, ...] = (
         example="inprocess",
     ),
     SrunOption(
+        "auto-resume-standby",
+        "standby",
+        Kind.CHOICE,
+        "inprocess mode: spares: standby ranks wait warm on the hot spares; off: a replacement starts cold.",
+        Target.SETTINGS,
+        field="standby",
+        choices=("spares", "off"),
+        example="off",
+    ),
+    SrunOption(
         "auto-resume-replace-timeout",
         "replace_timeout",
         Kind.FLOAT,

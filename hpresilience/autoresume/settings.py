@@ -159,6 +159,10 @@ class AutoResumeSettings(Section):
     # The in-process mode's bound: a recovery whose new world has not formed (its first step done) this long after
     # the world was written falls back to the relaunch path (autoresume/inprocessguard.py).
     inprocess_recovery_s: float = Field(default=120.0, gt=0)
+    # In the inprocess mode: run warm standby ranks on the hot spares (started ahead of any fault, torch imported
+    # and the model built, waiting to be named in a world: autoresume/launch/standby.py), or off: a replacement's
+    # ranks start only once its node is chosen.
+    standby: Literal["spares", "off"] = "spares"
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)
     # Where per-job state survives a requeue; must be on a shared file system.

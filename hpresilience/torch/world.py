@@ -12,6 +12,10 @@ The environment contract of each rank (beside the relaunch path's NODE_LIST, MAS
 - HPR_RANK_BASE: the first global rank of this node's step; a task's rank is HPR_RANK_BASE + SLURM_LOCALID.
 - HPR_GENERATION: the world's generation this step was launched into (1 at the start; a replacement's is the
   generation that brought it in: its ranks take their state from a peer).
+- HPR_STANDBY_NODE: set instead of HPR_RANK_BASE on a warm standby's step (a hot spare's, launched ahead of any
+  fault: autoresume/launch/standby.py). Its rank is not known at start: it is the node's slot in the first world
+  newer than HPR_GENERATION that names this node (Placement.assigned), and the rank variables are set then
+  (assignment_env).
 
 The file is written by the job's own wrapper, as the job's user, in a directory only that user can write: the
 ranks trust it as they trust their own environment, and still refuse a malformed one (WorldFileError).
@@ -32,6 +36,7 @@ from hpresilience.fileio import atomic_write_text
 WORLD_FILE_VAR = "HPR_WORLD_FILE"
 RANK_BASE_VAR = "HPR_RANK_BASE"
 GENERATION_VAR = "HPR_GENERATION"
+STANDBY_NODE_VAR = "HPR_STANDBY_NODE"
 # A rank that cannot finish an in-process recovery exits with this: the wrapper then falls back to a relaunch.
 EXIT_INPROCESS_GAVE_UP = 86
 MAX_WORLD_BYTES = 1 << 20
@@ -140,10 +145,21 @@ class Placement:
     local_rank: int
     generation: int
     fixed: World | None = None
+    standby_node: str = ""  # a warm standby waiting for its node to be named in a world; "": placed
 
     @property
     def rank(self) -> int:
         return self.rank_base + self.local_rank
+
+    def assignment(self, world: World | None) -> bool:
+        """Whether `world` assigns this standby: newer than the world it was started beside, and naming its node
+        (the node was a spare then, so the first world that names it gives it a slot)."""
+        return world is not None and world.generation > self.generation and self.standby_node in world.nodes
+
+    def assigned(self, world: World) -> Placement:
+        """The standby's placement in `world`: its node's slot's ranks, born into that generation (a new rank)."""
+        slot = world.nodes.index(self.standby_node)
+        return Placement(self.world_file, slot * world.tasks_per_node, self.local_rank, world.generation)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
@@ -152,17 +168,18 @@ class Placement:
         MASTER_PORT, NTASKS_PER_NODE; the rank is SLURM_PROCID, node-major as that path lays tasks out)."""
         env = os.environ if env is None else env
         path = env.get(WORLD_FILE_VAR, "")
+        standby = env.get(STANDBY_NODE_VAR, "") if path else ""
         try:
             if not path:
                 return cls._relaunched(env)
-            base = int(env.get(RANK_BASE_VAR, "0"))
+            base = 0 if standby else int(env.get(RANK_BASE_VAR, "0"))
             local = int(env.get("SLURM_LOCALID", env.get("LOCAL_RANK", "0")))
             generation = int(env.get(GENERATION_VAR, "1"))
         except (KeyError, ValueError) as err:
             raise WorldFileError(f"placement variables missing or not whole numbers: {err}") from None
         if base < 0 or local < 0 or generation < 1:
             raise WorldFileError("in-process placement variables out of range")
-        return cls(path, base, local, generation)
+        return cls(path, base, local, generation, standby_node=standby)
 
     @classmethod
     def _relaunched(cls, env: Mapping[str, str]) -> Placement:
@@ -181,3 +198,20 @@ class Placement:
         if not 0 <= rank < world.world_size:
             raise WorldFileError(f"rank {rank} is outside the step's world of {world.world_size}")
         return cls("", rank, 0, 1, world)
+
+
+def assignment_env(placement: Placement, world: World) -> dict[str, str]:
+    """The variables a rank of `world` at `placement` has (what pernode.py and the wrapper's launch give a rank
+    launched into it), for a standby to take on at assignment: code that reads them after the loop's start, and
+    the processes it starts, see a rank like any other."""
+    return {
+        RANK_BASE_VAR: str(placement.rank_base),
+        GENERATION_VAR: str(world.generation),
+        "RANK": str(placement.rank),
+        "LOCAL_RANK": str(placement.local_rank),
+        "WORLD_SIZE": str(world.world_size),
+        "NODE_LIST": ",".join(world.nodes),
+        "NNODES": str(len(world.nodes)),
+        "MASTER_ADDR": world.master_addr,
+        "MASTER_PORT": str(world.master_port),
+    }

@@ -44,19 +44,20 @@ def kill_tasks_on(node: str, job_id: int) -> int:
 
 
 def run_through_a_fault(
-    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, fault: Callable[[Run], None]
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, fault: Callable[[Run], None], standby: str = "spares"
 ) -> tuple[Run, float]:
     """The job (2 training nodes x 2 ranks + 1 spare, no checkpoint anywhere) through `fault` on n2 after step 10;
     the job and the seconds from the fault to the last rank training again. Asserts what every fault must keep:
     the survivors on n1 keep their PIDs, the spare's ranks (2, 3) got their state from rank 0, every step once
-    and in order (nothing rolled back), final weights equal bit for bit to the same run's with no fault."""
+    and in order (nothing rolled back), final weights equal bit for bit to the same run's with no fault.
+    `standby`: --auto-resume-standby (spares: the spare's ranks wait warm from the start; off: started cold)."""
     reference = fault_free_digest(tmp_path / "reference", 4, STEPS)
     (tmp_path / "job").mkdir()
     run = Run(
         cluster,
         slurm,
         tmp_path / "job",
-        "--auto-resume-mode=inprocess --auto-resume-spares=1",
+        f"--auto-resume-mode=inprocess --auto-resume-spares=1 --auto-resume-standby={standby}",
         f"--ntasks-per-node=2 --overcommit python {TRAIN}",
         nodes=3,
         env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
@@ -93,7 +94,28 @@ def test_an_operators_replace_keeps_the_survivors_processes_and_the_weights_equa
     cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
 ) -> None:
     """`scontrol update node=n2 state=fail reason=Action:Replace` mid-run: the node watch sees it, only n2's step
-    is cancelled, the job shrinks off n2 and the spare's step joins the new world."""
+    is cancelled, the job shrinks off n2 and the spare's step, launched then (no warm standby), joins the new
+    world."""
+    try:
+        run, took = run_through_a_fault(
+            cluster, slurm, tmp_path, lambda run: slurm.set_node_state(["n2"], "fail", "Action:Replace"), "off"
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.set_node_state(["n2"], "resume")
+    assert run.named("node_fault_seen")[0]["node"] == "n2"
+    assert run.named("allocation_shrunk")[0]["released"] == "n2"
+    assert not run.named("standby_started") and "hpr-inprocess standby" not in run.out
+    print(f"in-process recovery (Action:Replace, cold): fault -> every rank training again {took:.2f} s")
+
+
+def test_with_a_warm_standby_the_replacements_ranks_are_processes_started_before_the_fault_and_the_weights_equal(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """The spare n3 runs a standby step from the job's start (torch imported, model built, in no world). On
+    `Action:Replace` of n2 the wrapper launches no step: n3's standby step becomes slot 1's, and ranks 2 and 3
+    of the new world are the very processes that printed their standby line before the fault (same PIDs), with
+    their state from rank 0 and the fault-free run's final weights (run_through_a_fault's checks)."""
     try:
         run, took = run_through_a_fault(
             cluster, slurm, tmp_path, lambda run: slurm.set_node_state(["n2"], "fail", "Action:Replace")
@@ -101,9 +123,21 @@ def test_an_operators_replace_keeps_the_survivors_processes_and_the_weights_equa
     finally:
         with contextlib.suppress(Exception):
             slurm.set_node_state(["n2"], "resume")
-    assert run.named("node_fault_seen")[0]["node"] == "n2"
-    assert run.named("allocation_shrunk")[0]["released"] == "n2"
-    print(f"in-process recovery (Action:Replace): fault -> every rank training again {took:.2f} s")
+    out = run.out
+    fault_at = float(run.named("fault_seen")[0]["time"])
+    waiting = [
+        dict(kv.split("=", 1) for kv in ln.split()[2:]) for ln in out.splitlines() if "hpr-inprocess standby " in ln
+    ]
+    assert sorted(w["local"] for w in waiting) == ["0", "1"] and {w["node"] for w in waiting} == {"n3"}, out
+    assert all(float(w["at"]) < fault_at for w in waiting), (waiting, fault_at)
+    second = {int(j["rank"]): j for j in joined(out) if j["generation"] == "2"}
+    by_local = {w["local"]: w["pid"] for w in waiting}
+    assert [second[2]["pid"], second[3]["pid"]] == [by_local["0"], by_local["1"]], out
+    assert not [j for j in joined(out) if j["generation"] == "1" and int(j["rank"]) >= 4]  # never in world 1
+    started = run.named("standby_started")
+    assert [(e["node"], e["after_generation"]) for e in started] == [("n3", 1)]  # none launched after the fault
+    assert [e["node"] for e in run.named("standby_taken")] == ["n3"]
+    print(f"in-process recovery (Action:Replace, warm standby): fault -> every rank training again {took:.2f} s")
 
 
 def test_a_node_that_dies_outright_is_replaced_in_process_long_before_slurmd_timeout(

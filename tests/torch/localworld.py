@@ -23,7 +23,10 @@ PORT_BASE = TEST_BASE_PORT + 900
 
 
 class LocalWorld:
-    def __init__(self, tmp: Path, size: int, env: dict[str, str], script: Path = TRAIN) -> None:
+    def __init__(
+        self, tmp: Path, size: int, env: dict[str, str], script: Path = TRAIN, nodes: tuple[str, ...] | None = None
+    ) -> None:
+        self.nodes = nodes or ("n",) * size
         self.tmp = tmp
         self.size = size
         self.env = env
@@ -34,12 +37,34 @@ class LocalWorld:
         self.logs: dict[tuple[int, int], Path] = {}
         self.announce(())
 
-    def announce(self, new_ranks: tuple[int, ...]) -> World:
+    def announce(self, new_ranks: tuple[int, ...], nodes: tuple[str, ...] | None = None) -> World:
+        """The next generation's world; `nodes`: its node names, one per rank (a standby's node among them
+        assigns it), by default the first world's."""
         self.generation += 1
         # One port per generation: a new TCPStore, never one in TIME_WAIT.
-        world = World(self.generation, ("n",) * self.size, "127.0.0.1", PORT_BASE + self.generation, 1, new_ranks)
+        names = nodes or self.nodes
+        world = World(self.generation, names, "127.0.0.1", PORT_BASE + self.generation, 1, new_ranks)
         write_world(self.world_file, world)
         return world
+
+    def start_standby(self, node: str, rank_slot: int) -> subprocess.Popen[bytes]:
+        """A warm standby on `node`, as launch/standby.py starts one: no rank yet, waits to be named in a world
+        newer than the current one; its output is logged as the rank of `rank_slot` in the next generation."""
+        env = {
+            **os.environ,
+            **self.env,
+            "HPR_WORLD_FILE": str(self.world_file),
+            "HPR_STANDBY_NODE": node,
+            "SLURM_LOCALID": "0",
+            "HPR_GENERATION": str(self.generation),
+        }
+        env.pop("HPR_RANK_BASE", None)
+        log = self.tmp / f"standby-{node}.log"
+        self.logs[(rank_slot, self.generation + 1)] = log
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, str(self.script)], env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.procs[rank_slot] = proc
+        return proc
 
     def start(self, rank: int, extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         env = {

@@ -111,6 +111,10 @@ class NodeSteps:
         self.running[node] = step
         return step
 
+    def adopt(self, step: NodeStep) -> None:
+        """A step started elsewhere (a warm standby's, launch/standby.py) joins this set as its node's step."""
+        self.running[step.node] = step
+
     def ended(self) -> dict[str, int]:
         """The steps that ended since the last look, by node, with srun's exit status; they leave the set."""
         done = {node: rc for node, s in self.running.items() if (rc := s.process.poll()) is not None}

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from hpresilience.torch.inprocess import NEW, InProcessLoop
+from hpresilience.torch.agreement import NEW
+from hpresilience.torch.inprocess import InProcessLoop
 from hpresilience.torch.world import read_world, write_world
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "checkpointless"))

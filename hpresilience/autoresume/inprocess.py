@@ -34,6 +34,7 @@ from hpresilience.autoresume.launch.standby import Standbys
 from hpresilience.autoresume.supervisor import Supervisor
 from hpresilience.autoresume.watch.base import Act
 from hpresilience.autoresume.watch.nodefaults import NodeFaults
+from hpresilience.autoresume.watch.stallwatch import StalledStep
 from hpresilience.slurm.steps import nodes_answering
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, World, write_world
 
@@ -65,6 +66,14 @@ class InProcessLoop:
                 self.opts, sup.progress, sup.investigator, sup.reporter, sup.ending.mark_suspect
             )
             sup.env.update(InProcessHangs.step_env(self.opts))  # every node's step inherits it (_announce)
+        # A node that dies with its slurmstepd leaves its srun waiting for Slurm's DOWN: the whole world goes silent
+        # at once. The relaunch path's stall watch asks every node after a few step intervals (3 s probe), where
+        # the hang watch would wait for its floor and its evidence probe (~22 s measured).
+        self.stall = None
+        if self.opts.watch.silent_step_s > 0:
+            self.stall = StalledStep(
+                self.opts.watch.silent_step_s, sup.progress, sup.reporter, sup.client, sup.job_id, sup.env
+            )
         self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
         self.generation = 0
         self.plan: list[str] = []
@@ -126,6 +135,8 @@ class InProcessLoop:
             if ended:
                 failed.update(self._dead(ended))
             if not failed:
+                failed.update(self._stalled())
+            if not failed:
                 failed.update(self._hung())
             if failed:
                 before = list(self.plan)
@@ -144,7 +155,17 @@ class InProcessLoop:
             raise Fallback(hung.why)
         return {hung.node: hung.why}
 
+    def _stalled(self) -> dict[str, str]:
+        """The whole world silent and some of its nodes not answering (watch/stallwatch.py): those nodes."""
+        verdict = self.stall.poll(time.monotonic(), self._view()) if self.stall is not None else None
+        if verdict is None or verdict.act is not Act.STOP_NOW or not verdict.nodes:
+            return {}
+        self.sup.capacity.mark_unanswering(list(verdict.nodes))
+        return {n: verdict.why for n in verdict.nodes}
+
     def _watch_world(self, new_slots: list[int]) -> None:
+        if self.stall is not None:
+            self.stall.start(self._view())
         if self.hangs is not None:
             self.hangs.new_world(self.generation, self.plan, self.tasks_per_node, new_slots)
 

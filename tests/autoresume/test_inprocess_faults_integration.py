@@ -220,11 +220,13 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
     assert [e["replaced"] for e in run.named("inprocess_replaced")] == [replaced, dead, hung]
     assert run.named("node_fault_seen")[0]["node"] == replaced
     # The dead node: its srun does not end (its slurmstepd is gone with it and Slurm has not yet declared it
-    # DOWN), so the world's silence is the hang watch's, whose probe finds the node not answering; were its step
-    # to end first, the liveness probe would name it (nodes_probed).
+    # DOWN), so the whole world goes silent: the stall watch asks every node after a few step intervals and finds
+    # it not answering (silent_step_probed), long before the hang watch's floor; were its step to end first, the
+    # liveness probe would name it (nodes_probed).
     by_node = {e["node"]: e for e in run.named("inprocess_hang_attributed")}
+    blamed = [e.get("blamed") for e in run.named("silent_step_probed")]
     probed = [e.get("unanswering") for e in run.named("nodes_probed")]
-    assert dead in by_node or dead in probed, (by_node, probed)
+    assert dead in blamed or dead in probed, (blamed, probed)
     # The hung rank: named by its state, its node marked Action:Reboot as the relaunch path marks a hang's culprit.
     assert by_node[hung]["marked"] is True and by_node[hung]["rank"] == "3", by_node
     assert any("stopped" in e["why"] and e["node"] == hung for e in run.named("hang_attributed"))

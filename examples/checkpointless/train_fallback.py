@@ -65,7 +65,9 @@ def main() -> None:
     torch.manual_seed(shard)  # the ranks of one shard build the same weights; shards differ
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    loop = InProcessLoop(model, optimizer, placement=placement, shard=shard)
+    # The shard as a function of the rank: a warm standby (started before any fault) learns its rank only when
+    # the loop's constructor returns; its weights come from a replica of that shard, whatever its seed.
+    loop = InProcessLoop(model, optimizer, placement=placement, shard=lambda rank: rank // block if block > 0 else 0)
     if placement.fixed is not None:  # the relaunch path: resume from the last checkpoint, if any
         found = newest_complete(root, placement.fixed.world_size)
         if found is not None:

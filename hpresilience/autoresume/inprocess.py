@@ -39,6 +39,9 @@ from hpresilience.slurm.steps import nodes_answering
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, World, write_world
 
 POLL_S = 0.1
+# A node that left the job unanswering and came back: a step of it that ends this soon after is taken for
+# Slurm's delayed termination of the job there (_relaunch_slots), not for an application error.
+REJOIN_ABORT_S = 120.0
 MODE = "inprocess"
 
 
@@ -75,6 +78,8 @@ class InProcessLoop:
                 self.opts.watch.silent_step_s, sup.progress, sup.reporter, sup.client, sup.job_id, sup.env
             )
         self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
+        self.left_unanswering: set[str] = set()  # nodes that left the job unanswering (dead, cut off)
+        self.rejoined: dict[str, float] = {}  # such nodes back in the world (repaired): when
         self.generation = 0
         self.plan: list[str] = []
         self.size = 0
@@ -161,9 +166,14 @@ class InProcessLoop:
         if verdict is None or verdict.act is not Act.STOP_NOW or not verdict.nodes:
             return {}
         self.sup.capacity.mark_unanswering(list(verdict.nodes))
+        self.left_unanswering.update(verdict.nodes)
         return {n: verdict.why for n in verdict.nodes}
 
     def _watch_world(self, new_slots: list[int]) -> None:
+        for slot in new_slots:
+            if self.plan[slot] in self.left_unanswering:
+                self.left_unanswering.discard(self.plan[slot])
+                self.rejoined[self.plan[slot]] = time.monotonic()
         if self.stall is not None:
             self.stall.start(self._view())
         if self.hangs is not None:
@@ -185,12 +195,42 @@ class InProcessLoop:
             mode=MODE,
             took_s=round(time.monotonic() - started, 3),
         )
-        alive = [n for n in nodes if n not in dead]
+        now = time.monotonic()
+        again = [n for n in nodes if n not in dead and now - self.rejoined.get(n, -REJOIN_ABORT_S) < REJOIN_ABORT_S]
+        alive = [n for n in nodes if n not in dead and n not in again]
         if alive:
             codes = ",".join(f"{n}:{ended[n]}" for n in alive)
             raise Fallback(f"step(s) ended badly on node(s) that answer ({codes}): an application error")
+        if again:
+            self._relaunch_slots(again, ended)
         self.sup.capacity.mark_unanswering(dead)
+        self.left_unanswering.update(dead)
         return {n: f"its step ended with exit status {ended[n]} and it runs no task" for n in dead}
+
+    def _relaunch_slots(self, nodes: list[str], ended: dict[str, int]) -> None:
+        """A node that left the job unanswering and was taken back (repaired): slurmctld still holds the job's
+        termination for it, sent when its agent retries (measured: 38 s after the node answered again), and
+        slurmd then aborts every step of the job there, the new one too (`job_manager exiting with aborted
+        job`). Not the training's fault: the slots' ranks start again on the same nodes, state from a peer."""
+        for node in nodes:
+            self.rejoined.pop(node, None)
+            self.steps.stop(node)
+        # Not a second fault, even while a recovery runs (the abort came 18.8 s into one, before the world formed):
+        # the slots' new ranks had no state yet, the survivors keep theirs and join the newer world.
+        # slurmd goes on ending the job there for a moment and kills a step launched meanwhile (measured: 1.5 s
+        # after the abort): wait, bounded, until no earlier step of the job is left on the nodes.
+        self.sup.ops.settle(nodes)
+        new_slots = [self.plan.index(n) for n in nodes]
+        self._announce(self.plan, new_slots)
+        self.guard.recovering(self.generation)
+        self._watch_world(new_slots)
+        self.reporter.decision(
+            "inprocess_step_relaunched",
+            generation=self.generation,
+            nodes=",".join(nodes),
+            exit_codes=",".join(f"{n}:{ended[n]}" for n in nodes),
+            why="the job's termination on a node that had left it unanswering reached its new step",
+        )
 
     def _replace(self, failed: dict[str, str], finished: set[str]) -> None:
         """Replace the failed nodes' steps in the running world (Fallback when that cannot be done)."""
@@ -209,6 +249,9 @@ class InProcessLoop:
         self.reporter.decision("policy_decided", action=decision.choice.value, reason=decision.reason, mode=MODE)
         if OUTCOME_OF[decision.choice] is not Outcome.RELAUNCH:
             raise Fallback(f"the restart policy says {decision.choice.value}: {decision.detail}")
+        # A failed node's own step may have ended with 0 first: srun says `Node failure on n2` and exits 0 when
+        # the controller forces the node down (seen on 22.05). That node did not finish the training.
+        finished -= set(failed)
         if finished:
             raise Fallback(f"node(s) {','.join(sorted(finished))} already finished the step")
         plan = self.sup.capacity.recover(sorted(failed), self.plan, self.size)

@@ -163,6 +163,11 @@ class AutoResumeSettings(Section):
     # and the model built, waiting to be named in a world: autoresume/launch/standby.py), or off: a replacement's
     # ranks start only once its node is chosen.
     standby: Literal["spares", "off"] = "spares"
+
+    @field_validator("standby", mode="before")
+    @classmethod
+    def _standby_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML reads a bare `off` as false: what the user wrote is "off"
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)
     # Where per-job state survives a requeue; must be on a shared file system.

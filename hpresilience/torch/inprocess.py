@@ -21,7 +21,8 @@ keep the replicas equal through a fault:
   same state, so the replicas stay equal bit for bit and no step is computed twice.
 - The replacement's ranks start with no state: they receive model and optimizer state from the lowest-ranked
   survivor that holds the same shard, over the new group (a broadcast), and report which rank it came from.
-- Shards (HSDP-like): a rank declares the shard it holds (`shard=`, default 0: pure DDP, every rank a replica of
+- Shards (HSDP-like): a rank declares the shard it holds (`shard=`: a number, or a function of the rank, which a
+  warm standby learns only at its assignment; default 0: pure DDP, every rank a replica of
   every other). Ranks of one shard are its replica group: the gradients are averaged within it, and only they
   can give a new rank that shard's state. At every join the ranks exchange (shard, completed step), so all of
   them know who holds what.
@@ -78,7 +79,7 @@ class InProcessLoop:
         world_wait_s: float | None = None,
         collective_timeout_s: float = 60.0,
         placement: Placement | None = None,
-        shard: int = 0,
+        shard: int | Callable[[int], int] = 0,
         out: Any = None,
     ) -> None:
         self.model = model
@@ -112,9 +113,10 @@ class InProcessLoop:
         self.recoveries: list[Recovery] = []
         self._world_seen: tuple[int, int, int] | None = None  # the world file's (mtime, size, inode) last read
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if shard < 0:
-            raise ValueError(f"shard must be >= 0, not {shard}")
-        self.shard = shard
+        # A callable is asked once the rank is known: a warm standby learns its rank only in the constructor.
+        self.shard = shard(self.rank) if callable(shard) else shard
+        if self.shard < 0:
+            raise ValueError(f"shard must be >= 0, not {self.shard}")
         self.replicas: Any = None  # this shard's replica group (None: the whole world is one)
         self.replica_size = 1
         self._unreported: Recovery | None = None  # joined; its first step after not completed yet

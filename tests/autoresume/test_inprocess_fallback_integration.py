@@ -105,7 +105,8 @@ def test_a_recovery_past_its_bound_falls_back_to_the_last_checkpoint_with_the_fa
     expected = reference(tmp_path / "reference", 0)
     (tmp_path / "job").mkdir()
     config = tmp_path / "config.yaml"
-    config.write_text("autoresume:\n  full_node_check_s: 0.5\n  inprocess_recovery_s: 6\n")
+    # No warm standby: the cold replacement is the slow start this test is about (a standby is up before the fault).
+    config.write_text('autoresume:\n  full_node_check_s: 0.5\n  inprocess_recovery_s: 6\n  standby: "off"\n')
     run = Run(
         cluster,
         slurm,

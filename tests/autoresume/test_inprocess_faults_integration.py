@@ -207,9 +207,14 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
     out = run.out
     # Every rank keeps its process from world to world unless its slot was replaced in that world.
     worlds = run.named("inprocess_world_written")
-    assert len(worlds) == 4 and [w["generation"] for w in worlds] == [1, 2, 3, 4]
-    pids = {g: {int(j["rank"]): j for j in in_world(g)} for g in (1, 2, 3, 4)}
-    for g in (2, 3, 4):
+    # The dead node, repaired and taken back, may still get Slurm's delayed termination of the job (its agent's
+    # retry): that slot's ranks start again on it, one world more, nothing rolled back.
+    relaunched = run.named("inprocess_step_relaunched")
+    assert all(e["nodes"] == dead for e in relaunched) and len(relaunched) <= 1, relaunched
+    last = 4 + len(relaunched)
+    assert [w["generation"] for w in worlds] == list(range(1, last + 1)), worlds
+    pids = {g: {int(j["rank"]): j for j in in_world(g)} for g in range(1, last + 1)}
+    for g in range(2, last + 1):
         new = {int(r) for r in str(worlds[g - 1]["new_ranks"]).split(",")}
         assert len(new) == 2, worlds[g - 1]
         kept = [r for r in range(6) if r not in new]
@@ -228,7 +233,9 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
     probed = [e.get("unanswering") for e in run.named("nodes_probed")]
     assert dead in blamed or dead in probed, (blamed, probed)
     # The hung rank: named by its state, its node marked Action:Reboot as the relaunch path marks a hang's culprit.
-    assert by_node[hung]["marked"] is True and by_node[hung]["rank"] == "3", by_node
+    # (Its rank: "3" when its process started as a rank; a warm standby's process, named rank 3 only at its
+    # assignment, is reported without one: the node is what the recovery needs.)
+    assert by_node[hung]["marked"] is True and by_node[hung].get("rank") in ("3", None), by_node
     assert any("stopped" in e["why"] and e["node"] == hung for e in run.named("hang_attributed"))
     marked = {m["node"]: m for m in run.named("suspect_node_marked")}
     assert hung in marked and "Action:Reboot" in marked[hung]["reason"] and "hang" in marked[hung]["reason"]

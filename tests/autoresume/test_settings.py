@@ -258,3 +258,10 @@ def test_duplicate_rule_names_in_a_rules_list_file_are_refused(tmp_path: Path) -
     f.write_text(RULE_LIST + RULE_LIST.lstrip("\n"))
     with pytest.raises(ConfigError, match="rule name 'Hang' is used twice"):
         load_rules_file(f)
+
+
+def test_a_bare_off_for_the_standby_in_yaml_means_off_and_a_bare_on_is_refused() -> None:
+    """YAML reads `standby: off` as false; what the user wrote is the setting's "off"."""
+    assert AutoResumeSettings.model_validate(yaml.safe_load("standby: off")).standby == "off"
+    with pytest.raises(ValueError, match="standby"):
+        AutoResumeSettings.model_validate(yaml.safe_load("standby: on"))

@@ -42,6 +42,9 @@ POLL_S = 0.1
 # A node that left the job unanswering and came back: a step of it that ends this soon after is taken for
 # Slurm's delayed termination of the job there (_relaunch_slots), not for an application error.
 REJOIN_ABORT_S = 120.0
+# slurmd may abort a step launched just after the old ones ended too (seen: 1.5 s after a settle that found none
+# left): a slot is started again at most this many times per return.
+REJOIN_RELAUNCHES = 3
 MODE = "inprocess"
 
 
@@ -79,7 +82,7 @@ class InProcessLoop:
             )
         self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
         self.left_unanswering: set[str] = set()  # nodes that left the job unanswering (dead, cut off)
-        self.rejoined: dict[str, float] = {}  # such nodes back in the world (repaired): when
+        self.rejoined: dict[str, tuple[float, int]] = {}  # such nodes back in the world: when, relaunches since
         self.generation = 0
         self.plan: list[str] = []
         self.size = 0
@@ -173,7 +176,7 @@ class InProcessLoop:
         for slot in new_slots:
             if self.plan[slot] in self.left_unanswering:
                 self.left_unanswering.discard(self.plan[slot])
-                self.rejoined[self.plan[slot]] = time.monotonic()
+                self.rejoined[self.plan[slot]] = (time.monotonic(), 0)
         if self.stall is not None:
             self.stall.start(self._view())
         if self.hangs is not None:
@@ -196,7 +199,8 @@ class InProcessLoop:
             took_s=round(time.monotonic() - started, 3),
         )
         now = time.monotonic()
-        again = [n for n in nodes if n not in dead and now - self.rejoined.get(n, -REJOIN_ABORT_S) < REJOIN_ABORT_S]
+        back = {n: self.rejoined[n] for n in nodes if n not in dead and n in self.rejoined}
+        again = [n for n, (at, tries) in back.items() if now - at < REJOIN_ABORT_S and tries < REJOIN_RELAUNCHES]
         alive = [n for n in nodes if n not in dead and n not in again]
         if alive:
             codes = ",".join(f"{n}:{ended[n]}" for n in alive)
@@ -213,7 +217,8 @@ class InProcessLoop:
         slurmd then aborts every step of the job there, the new one too (`job_manager exiting with aborted
         job`). Not the training's fault: the slots' ranks start again on the same nodes, state from a peer."""
         for node in nodes:
-            self.rejoined.pop(node, None)
+            at, tries = self.rejoined[node]
+            self.rejoined[node] = (at, tries + 1)
             self.steps.stop(node)
         # Not a second fault, even while a recovery runs (the abort came 18.8 s into one, before the world formed):
         # the slots' new ranks had no state yet, the survivors keep theirs and join the newer world.

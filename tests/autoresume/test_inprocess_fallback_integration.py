@@ -8,6 +8,7 @@ import contextlib
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,41 @@ def wait_for(probe: object, what: str, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def run_replacing_n2(
+    cluster: DevCluster,
+    slurm: SlurmClient,
+    tmp_path: Path,
+    spares: int,
+    env: dict[str, str],
+    then: Callable[[Run], None] | None = None,
+) -> Run:
+    """The job (2 training nodes x 2 ranks + `spares`, a checkpoint every 5 steps) through an Action:Replace of n2
+    at step 12 (then `then`: a second fault), run to its end; the nodes are resumed whatever happened."""
+    (tmp_path / "job").mkdir()
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path / "job",
+        f"--auto-resume-mode=inprocess --auto-resume-spares={spares}",
+        f"--ntasks-per-node=2 --overcommit python {SCRIPT}",
+        nodes=2 + spares,
+        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120", **env},
+    )
+    try:
+        run.wait_output("step=12 ", timeout=180)
+        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        if then is not None:
+            then(run)
+        assert run.wait_done(400) == "0", run.out + run.err
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.cancel(run.job_id)
+        for node in ("n2", "n3"):  # one at a time: a node with nothing to resume must not keep the other down
+            with contextlib.suppress(Exception):
+                slurm.set_node_state([node], "resume")
+    return run
+
+
 def assert_resumed_from_a_checkpoint(run: Run, expected: dict[int, str]) -> int:
     """The relaunch path's ranks restored the newest complete checkpoint and trained on from there to the end,
     every step after it once and in order; the final weights of every rank are the fault-free run's. The step
@@ -68,27 +104,12 @@ def test_a_second_fault_during_the_recovery_falls_back_to_the_last_checkpoint_wi
     they do: the recovery into generation 2 has not formed, so the wrapper falls back (no third world built on a
     half-built one), relaunches every rank on n1 and n4, and they resume from the last checkpoint."""
     expected = reference(tmp_path / "reference", 0)
-    (tmp_path / "job").mkdir()
-    run = Run(
-        cluster,
-        slurm,
-        tmp_path / "job",
-        "--auto-resume-mode=inprocess --auto-resume-spares=2",
-        f"--ntasks-per-node=2 --overcommit python {SCRIPT}",
-        nodes=4,
-        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "NEW_RANK_DELAY": "25", "HPR_WORLD_WAIT_S": "120"},
-    )
-    try:
-        run.wait_output("step=12 ", timeout=180)
-        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+
+    def second_fault(run: Run) -> None:
         wait_for(lambda: run.named("inprocess_replaced"), "the replacement's launch", 120)
         slurm.set_node_state(["n3"], "fail", "Action:Replace")
-        assert run.wait_done(400) == "0", run.out + run.err
-    finally:
-        with contextlib.suppress(Exception):
-            slurm.cancel(run.job_id)
-        with contextlib.suppress(Exception):
-            slurm.set_node_state(["n2", "n3"], "resume")
+
+    run = run_replacing_n2(cluster, slurm, tmp_path, 2, {"NEW_RANK_DELAY": "25"}, then=second_fault)
     fallback = run.named("inprocess_fallback")
     assert len(fallback) == 1 and fallback[0]["generation"] == 2, fallback
     assert "a second fault (on n3)" in fallback[0]["why"] and "generation 2" in fallback[0]["why"], fallback
@@ -103,34 +124,11 @@ def test_a_recovery_past_its_bound_falls_back_to_the_last_checkpoint_with_the_fa
     """The replacement's ranks take 40 s to start and inprocess_recovery_s is 6: the new world has not formed
     when the bound passes, so the wrapper falls back, saying which bound."""
     expected = reference(tmp_path / "reference", 0)
-    (tmp_path / "job").mkdir()
     config = tmp_path / "config.yaml"
     # No warm standby: the cold replacement is the slow start this test is about (a standby is up before the fault).
     config.write_text('autoresume:\n  full_node_check_s: 0.5\n  inprocess_recovery_s: 6\n  standby: "off"\n')
-    run = Run(
-        cluster,
-        slurm,
-        tmp_path / "job",
-        "--auto-resume-mode=inprocess --auto-resume-spares=1",
-        f"--ntasks-per-node=2 --overcommit python {SCRIPT}",
-        nodes=3,
-        env={
-            "TRAIN_STEPS": str(STEPS),
-            "STEP_SLEEP": "0.15",
-            "NEW_RANK_DELAY": "40",
-            "HPR_WORLD_WAIT_S": "120",
-            "HPRESILIENCE_CONFIG": str(config),
-        },
-    )
-    try:
-        run.wait_output("step=12 ", timeout=180)
-        slurm.set_node_state(["n2"], "fail", "Action:Replace")
-        assert run.wait_done(400) == "0", run.out + run.err
-    finally:
-        with contextlib.suppress(Exception):
-            slurm.cancel(run.job_id)
-        with contextlib.suppress(Exception):
-            slurm.set_node_state(["n2"], "resume")
+    env = {"NEW_RANK_DELAY": "40", "HPRESILIENCE_CONFIG": str(config)}
+    run = run_replacing_n2(cluster, slurm, tmp_path, 1, env)
     fallback = run.named("inprocess_fallback")
     assert len(fallback) == 1 and "did not form within 6 s" in fallback[0]["why"], fallback
     assert_resumed_from_a_checkpoint(run, expected)
@@ -145,25 +143,7 @@ def test_a_lost_shard_with_no_surviving_replica_falls_back_to_the_last_checkpoin
     equal the fault-free run's (the two shards differ)."""
     expected = reference(tmp_path / "reference", 2)
     assert expected[0] == expected[1] != expected[2] == expected[3]
-    (tmp_path / "job").mkdir()
-    run = Run(
-        cluster,
-        slurm,
-        tmp_path / "job",
-        "--auto-resume-mode=inprocess --auto-resume-spares=1",
-        f"--ntasks-per-node=2 --overcommit python {SCRIPT}",
-        nodes=3,
-        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "SHARD_BLOCK": "2", "HPR_WORLD_WAIT_S": "120"},
-    )
-    try:
-        run.wait_output("step=12 ", timeout=180)
-        slurm.set_node_state(["n2"], "fail", "Action:Replace")
-        assert run.wait_done(400) == "0", run.out + run.err
-    finally:
-        with contextlib.suppress(Exception):
-            slurm.cancel(run.job_id)
-        with contextlib.suppress(Exception):
-            slurm.set_node_state(["n2"], "resume")
+    run = run_replacing_n2(cluster, slurm, tmp_path, 1, {"SHARD_BLOCK": "2"})
     out = run.out
     gave_up = re.findall(r"^hpr-inprocess gave_up rank=(\d+) why=(.*)$", out, re.MULTILINE)
     assert gave_up and all("no survivor holds a replica of shard 1" in why for _, why in gave_up), out
@@ -181,25 +161,7 @@ def test_an_in_process_recovery_shows_in_the_jobs_ledger_as_one_attempt_with_the
     (detect, replace, teardown, new world, state transfer, first step after) are rank 0's and the wrapper's
     measured times; no lost work, and the weights are the fault-free run's."""
     expected = reference(tmp_path / "reference", 0)
-    (tmp_path / "job").mkdir()
-    run = Run(
-        cluster,
-        slurm,
-        tmp_path / "job",
-        "--auto-resume-mode=inprocess --auto-resume-spares=1",
-        f"--ntasks-per-node=2 --overcommit python {SCRIPT}",
-        nodes=3,
-        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
-    )
-    try:
-        run.wait_output("step=12 ", timeout=180)
-        slurm.set_node_state(["n2"], "fail", "Action:Replace")
-        assert run.wait_done(400) == "0", run.out + run.err
-    finally:
-        with contextlib.suppress(Exception):
-            slurm.cancel(run.job_id)
-        with contextlib.suppress(Exception):
-            slurm.set_node_state(["n2"], "resume")
+    run = run_replacing_n2(cluster, slurm, tmp_path, 1, {})
     assert not run.named("inprocess_fallback") and digests(run.out) == expected, run.out + run.err
     assert [e["generation"] for e in run.named("inprocess_world_formed")] == [1, 2]
     ledger = json.loads((run.state / f"{run.job_id}.ledger.json").read_text())

@@ -168,6 +168,7 @@ class AutoResumeSettings(Section):
     @classmethod
     def _standby_off(cls, v: object) -> object:
         return "off" if v is False else v  # YAML reads a bare `off` as false: what the user wrote is "off"
+
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)
     # Where per-job state survives a requeue; must be on a shared file system.

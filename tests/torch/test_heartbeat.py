@@ -106,10 +106,12 @@ def test_the_blocking_part_of_save_and_load_is_reported_in_the_heartbeat_for_the
     hb._installed = True  # no stack signal in the test process
     monkeypatch.setattr(heartbeat, "_default", hb)
     with TieredCheckpointer(CheckpointConfig(namespace="hb", memory_dir=str(tmp_path), replicate=False)) as ck:
-        ck.save({"w": torch.zeros(1000)}, 3)
-        ck.async_save({"w": torch.ones(1000)}, 4).result()
+        # 4 MB each: async_save's blocking part (the copy it stages) stays above the beats' 1 ms resolution (with
+        # 4 KB it took less once under load, and the two totals read the same).
+        ck.save({"w": torch.zeros(1_000_000)}, 3)
+        ck.async_save({"w": torch.ones(1_000_000)}, 4).result()
         ck.wait()
-        assert ck.load({"w": torch.zeros(1000)}) == 4
+        assert ck.load({"w": torch.zeros(1_000_000)}) == 4
     os.close(w)
     with os.fdopen(r) as f:
         beats = [b for line in f.read().splitlines() if (b := parse_heartbeat(line)) is not None]

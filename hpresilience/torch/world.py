@@ -75,12 +75,7 @@ class World:
 
     @classmethod
     def from_json(cls, text: str) -> World:
-        try:
-            raw = json.loads(text)
-        except ValueError as err:
-            raise WorldFileError(f"world file is not JSON: {err}") from None
-        if not isinstance(raw, dict):
-            raise WorldFileError("world file is not a JSON object")
+        raw = json_object(text, "world file")
         nodes = raw.get("nodes")
         if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
             raise WorldFileError("world file: nodes must be a non-empty list of node names")
@@ -97,6 +92,17 @@ class World:
         if any(r >= world.world_size for r in world.new_ranks):
             raise WorldFileError("world file: a new rank is outside the world")
         return world
+
+
+def json_object(text: str, what: str) -> dict[str, Any]:
+    """`text` as a JSON object, or WorldFileError naming `what` (the world file, the formed-world report)."""
+    try:
+        raw = json.loads(text)
+    except ValueError as err:
+        raise WorldFileError(f"{what} is not JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise WorldFileError(f"{what} is not a JSON object")
+    return raw
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, high: int | None = None) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hpresilience.fileio import atomic_write_text
-from hpresilience.torch.world import WorldFileError
+from hpresilience.torch.world import WorldFileError, json_object
 
 SUFFIX = ".formed"
 MAX_REPORT_BYTES = 64 * 1024
@@ -49,12 +49,7 @@ class Formed:
 
     @classmethod
     def from_json(cls, text: str) -> Formed:
-        try:
-            raw = json.loads(text)
-        except ValueError as err:
-            raise WorldFileError(f"formed-world report is not JSON: {err}") from None
-        if not isinstance(raw, dict):
-            raise WorldFileError("formed-world report is not a JSON object")
+        raw = json_object(text, "formed-world report")
         cause = raw.get("cause")
         if not isinstance(cause, str) or len(cause) > 64:
             raise WorldFileError("formed-world report: cause must be a short string")

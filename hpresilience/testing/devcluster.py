@@ -145,6 +145,9 @@ class DevCluster:
         """The environment a Slurm command needs to talk to this cluster."""
         env = dict(os.environ)
         env["SLURM_CONF"] = str(self.conf_path)
+        # The cluster's nodes share this machine's cores: one intra-op thread per rank (torchrun's default for
+        # several ranks per host), or each rank's idle OpenMP worker spins on the cores the others need.
+        env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
     def client(self, timeout: float = 15.0, retries: int = 3) -> SlurmClient:

@@ -68,7 +68,8 @@ def hpr(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProce
 
 def ledger_of(run: Recipe) -> dict[str, Any]:
     path = run.state / f"{run.job_id}.ledger.json"
-    run.wait(lambda: path.exists() and json.loads(path.read_text())["ended"], "the final ledger", 60)
+    # A bound, not the expected time: under CI's load torchrun and torch's import alone took 47 s once.
+    run.wait(lambda: path.exists() and json.loads(path.read_text())["ended"], "the final ledger", 240)
     return dict(json.loads(path.read_text()))
 
 

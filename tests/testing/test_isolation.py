@@ -97,3 +97,15 @@ def test_the_task_prolog_exports_each_variable_unless_the_task_set_it_itself(tmp
     assert kept.stdout == ""
     with pytest.raises(ConfigError, match="a plain name and value only"):
         devconf.render_task_prolog({"X": "a; rm -rf /"})
+
+
+def test_the_clusters_environment_gives_each_rank_one_intra_op_thread_unless_the_user_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nodes share this machine's cores: an unset OMP_NUM_THREADS becomes 1 (idle OpenMP workers spin on the
+    cores the other ranks need); a value the user set is kept."""
+    cl = DevCluster(tmp_path / "c", nodes=2, base_port=24000, accounting=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cl.env()["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert cl.env()["OMP_NUM_THREADS"] == "6"

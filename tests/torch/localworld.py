@@ -109,8 +109,20 @@ def joined(text: str) -> list[dict[str, str]]:
     ]
 
 
+# (size, steps) -> digest: the run is deterministic, so a pytest worker computes each reference once (every rank
+# starts torch; the in-process files ask for the same few references in most of their tests).
+_REFERENCES: dict[tuple[int, int], str] = {}
+
+
 def fault_free_digest(tmp: Path, size: int, steps: int) -> str:
-    """The final weights' digest of the same job run with no fault (every rank must agree)."""
+    """The final weights' digest of the same job run with no fault (every rank must agree); computed once per
+    (size, steps) in this process."""
+    if (size, steps) not in _REFERENCES:
+        _REFERENCES[(size, steps)] = _run_fault_free(tmp, size, steps)
+    return _REFERENCES[(size, steps)]
+
+
+def _run_fault_free(tmp: Path, size: int, steps: int) -> str:
     tmp.mkdir(parents=True, exist_ok=True)
     world = LocalWorld(tmp, size, {"TRAIN_STEPS": str(steps), "STEP_SLEEP": "0"})
     for rank in range(size):

@@ -314,6 +314,7 @@ class InProcessLoop:
                 self.steps.adopt(warm)
                 continue
             name = f"hpr-inprocess-{self.sup.job_id}-g{self.generation}-{node}"
+            env = node_step_env(base, self.world_file, slot, tpn, self.generation)
             argv = node_step_argv(
                 self.opts.srun_bin,
                 self.sup.job_id,
@@ -322,8 +323,10 @@ class InProcessLoop:
                 name,
                 self.opts.srun.passthrough,
                 self.opts.srun.command,
+                self.opts.srun.export,
+                env,
             )
-            self.steps.start(node, name, argv, node_step_env(base, self.world_file, slot, tpn, self.generation))
+            self.steps.start(node, name, argv, env)
         self.standbys.start(
             self.standbys.spares(self.sup.client, launch.allocation, plan, self.sup.state.kept_out),
             srun=self.opts.srun_bin,
@@ -333,6 +336,7 @@ class InProcessLoop:
             command=self.opts.srun.command,
             base=base,
             world_file=self.world_file,
+            user_export=self.opts.srun.export,
             generation=self.generation,
         )
         self.sup._save()

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
+from hpresilience.autoresume.launch.plan import carried_names, export_option
 from hpresilience.autoresume.launch.stream import Pump
 from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.watch.feed import RuleFeed
@@ -39,9 +40,12 @@ def node_step_argv(
     step_name: str,
     passthrough: Sequence[str],
     command: Sequence[str],
+    user_export: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """One node's step: all its tasks on that node. `--kill-on-bad-exit=0`: a task that dies must not take its
-    node's other tasks with it before the library has seen the failure (it reports, the wrapper decides)."""
+    node's other tasks with it before the library has seen the failure (it reports, the wrapper decides).
+    `user_export`: the user's own --export, kept, with what the step is placed by (in `env`) added to a list."""
     return [
         srun,
         f"--jobid={job_id}",
@@ -49,7 +53,7 @@ def node_step_argv(
         f"--ntasks={tasks_per_node}",
         f"--nodelist={node}",
         "--kill-on-bad-exit=0",
-        "--export=ALL",
+        f"--export={export_option(user_export, carried_names(env))}",
         *passthrough,
         f"--job-name={step_name}",  # last but the command: wins over a user's -J, the wrapper finds it by it
         *command,

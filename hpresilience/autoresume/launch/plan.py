@@ -47,6 +47,39 @@ RANK_VARIABLES = (
     "HPR_GENERATION",
     "HPR_STANDBY_NODE",
 )
+# What Launch.environment() sets: the step's shape, the attempt, the job.
+SHAPE_VARIABLES = (
+    "NODE_LIST",
+    "NNODES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "NTASKS_PER_NODE",
+    "AUTORESUME_ATTEMPT",
+    "AUTORESUME_RESTARTS",
+    "HPR_AUTORESUME_JOB",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES",
+    "HPR_NODES_REQUESTED",
+    "HPR_NODES_NOW",
+)
+
+
+def carried_names(env: Mapping[str, str] | None = None) -> list[str]:
+    """The variables a user's own `--export` list must still carry into a step: the shape's, and those of
+    RANK_VARIABLES that `env` (the step's environment) holds."""
+    return [*SHAPE_VARIABLES, *(name for name in RANK_VARIABLES if env is not None and name in env)]
+
+
+def export_option(user_export: str | None, carried: Sequence[str]) -> str:
+    """srun's `--export=` value for a step: ALL, or a user's ALL[,...], as given; a user's explicit list (or NONE)
+    with `carried` added, or the step would start without the variables it is placed by."""
+    if user_export is None or user_export.upper().startswith("ALL"):
+        return user_export or "ALL"
+    head = "" if user_export.upper() == "NONE" else user_export + ","
+    return head + ",".join(carried)
 
 
 def plan_nodes(
@@ -131,30 +164,7 @@ class AttemptLaunch:
     def exported_names(self, env: Mapping[str, str] | None = None) -> list[str]:
         """The variables a user's own `--export` list must still carry: environment()'s, and those of
         RANK_VARIABLES that `env` (the step's environment) holds."""
-        return [
-            *self._shape_names(),
-            *(name for name in RANK_VARIABLES if env is not None and name in env),
-        ]
-
-    @staticmethod
-    def _shape_names() -> list[str]:
-        return [
-            "NODE_LIST",
-            "NNODES",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "WORLD_SIZE",
-            "NTASKS_PER_NODE",
-            "AUTORESUME_ATTEMPT",
-            "AUTORESUME_RESTARTS",
-            "HPR_AUTORESUME_JOB",
-            "SLURM_JOB_NODELIST",
-            "SLURM_NODELIST",
-            "SLURM_NNODES",
-            "SLURM_JOB_NUM_NODES",
-            "HPR_NODES_REQUESTED",
-            "HPR_NODES_NOW",
-        ]
+        return carried_names(env)
 
     def srun_argv(
         self,
@@ -174,12 +184,7 @@ class AttemptLaunch:
         # follows from it; Slurm 23.02+ refuses --nodes beside it ("--nodes is incompatible with
         # --distribution=arbitrary"), 22.05 accepts either.
         tasks = [node for node in self.nodes for _ in range(self.tasks_per_node)]
-        if user_export is None or user_export.upper().startswith("ALL"):
-            export = user_export or "ALL"
-        else:
-            # A user's explicit list (or NONE) still has to carry our variables into the step.
-            head = "" if user_export.upper() == "NONE" else user_export + ","
-            export = head + ",".join(self.exported_names(env))
+        export = export_option(user_export, self.exported_names(env))
         argv = [
             srun,
             f"--jobid={job_id}",

@@ -86,12 +86,14 @@ class Standbys:
         base: Mapping[str, str],
         world_file: str,
         generation: int,
+        user_export: str | None = None,
     ) -> None:
         """A standby step on each of `nodes`, beside the world of `generation`."""
         for node in nodes:
             name = f"hpr-inprocess-{job_id}-standby-g{generation}-{node}"
-            argv = node_step_argv(srun, job_id, node, tasks_per_node, name, passthrough, command)
-            self.steps.start(node, name, argv, standby_step_env(base, world_file, node, generation))
+            env = standby_step_env(base, world_file, node, generation)
+            argv = node_step_argv(srun, job_id, node, tasks_per_node, name, passthrough, command, user_export, env)
+            self.steps.start(node, name, argv, env)
             self.reporter.decision("standby_started", node=node, step=name, after_generation=generation)
 
     def stop_all(self) -> None:

@@ -11,12 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Kills every process of this user on the node whose environment carries the marker, except itself, and
-# says so; the probe is started without the marker. One grep over all environ files keeps it ~0.1 s.
+# says so; the probe is started without the marker. One grep over all environ files keeps it ~0.1 s. Every match
+# is stopped before any is killed: a parent that reacts to its child's death (a shell loop that ends, an elastic
+# agent that restarts its workers) can neither exit unseen nor start new processes between two kills. (Killing in
+# the glob's order let a loop's `sleep` die first in a pid namespace, where /proc/119 sorts before /proc/85, and
+# its shell then ended by itself, unreported.)
 REAP_SCRIPT = r"""
 m=$1
+found=""
 for f in $(grep -l -z -s -x -F -e "$m" /proc/[0-9]*/environ); do
   p=${f#/proc/}; p=${p%/environ}
   [ "$p" = "$$" ] && continue
+  kill -STOP "$p" 2>/dev/null && found="$found $p"
+done
+for p in $found; do
   c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-160)
   kill -9 "$p" 2>/dev/null && echo "hpr-stale ${SLURMD_NODENAME:-?} $p $c"
 done

@@ -104,12 +104,17 @@ def test_a_second_fault_during_the_recovery_falls_back_to_the_last_checkpoint_wi
     they do: the recovery into generation 2 has not formed, so the wrapper falls back (no third world built on a
     half-built one), relaunches every rank on n1 and n4, and they resume from the last checkpoint."""
     expected = reference(tmp_path / "reference", 0)
+    config = tmp_path / "config.yaml"
+    # No warm standby: a standby is up before the fault and joins at once (its rank was never slow to start), so the
+    # second fault found generation 2 formed whenever the standbys had warmed up in time.
+    config.write_text('autoresume:\n  full_node_check_s: 0.5\n  standby: "off"\n')
+    env = {"NEW_RANK_DELAY": "25", "HPRESILIENCE_CONFIG": str(config)}
 
     def second_fault(run: Run) -> None:
         wait_for(lambda: run.named("inprocess_replaced"), "the replacement's launch", 120)
         slurm.set_node_state(["n3"], "fail", "Action:Replace")
 
-    run = run_replacing_n2(cluster, slurm, tmp_path, 2, {"NEW_RANK_DELAY": "25"}, then=second_fault)
+    run = run_replacing_n2(cluster, slurm, tmp_path, 2, env, then=second_fault)
     fallback = run.named("inprocess_fallback")
     assert len(fallback) == 1 and fallback[0]["generation"] == 2, fallback
     assert "a second fault (on n3)" in fallback[0]["why"] and "generation 2" in fallback[0]["why"], fallback

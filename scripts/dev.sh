@@ -121,7 +121,7 @@ case "$cmd" in
     done
     say "pytest (Slurm 22.05, the host's; $WORKERS workers)"
     rc=0
-    "$VENV/bin/python" -m pytest -q -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@" || rc=$?
+    "$VENV/bin/python" -m pytest -q -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@" || rc=$?
     phase "pytest, Slurm 22.05"
     wait
     for release in $RELEASES; do

@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,10 +199,27 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, but with tests/install as one unit: its files install from one wheel into throwaway roots
+    (session fixtures), and on one worker the wheel and the roots are built once, not once per worker (a pip resolve
+    and a venv each, ~50 s of CPU under load). (xdist's loadgroup would need marks, and it renames the test ids
+    through an attribute pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class InstallTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return "tests/install" if path.startswith("tests/install/") else path
+
+    return InstallTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests import fuzz
 
-    # xdist's loadgroup/loadfile (with --no-loadscope-reorder, as scripts/dev.sh runs it) hands out files in collection
+    # xdist's loadfile (with --no-loadscope-reorder, as scripts/dev.sh runs it) hands out files in collection
     # order, two at first and then one at a time per free worker. The files that wait on a real cluster
     # (integration) or start several processes (slow), and the install tests (their fixtures build a wheel and
     # install venvs from it: minutes under CI's load), go first, the files with more such tests before the others:
@@ -211,12 +229,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marked = item.get_closest_marker("integration") or item.get_closest_marker("slow")
         return marked is not None or "wheel" in getattr(item, "fixturenames", ())
 
-    # scripts/dev.sh runs --dist loadgroup: each test's group is its file (loadfile: a module's cluster is started
-    # once), except that one worker runs every test that installs from the wheel, so that the wheel and the session's
-    # installed roots are built once, not once per worker (each a pip resolve and a venv, ~50 s of CPU under load).
-    for item in items:
-        installs = "wheel" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("install" if installs else item.nodeid.split("::")[0]))
     per_file: dict[str, int] = {}
     for item in items:
         if long(item):

@@ -206,9 +206,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     through an attribute pytest 9 no longer reads.)"""
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
-    class InstallTogether(LoadScopeScheduling):
+    class InstallTogether(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
             return "tests/install" if path.startswith("tests/install/") else path

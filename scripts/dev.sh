@@ -62,9 +62,8 @@ setup() {
   say "installing torch 2.13.0 (CPU build) and hpresilience[node,test,torch] into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # torch first, pinned: a range in the extras that 2.13.0 satisfies then pulls nothing (never CUDA wheels).
-  # --no-compile: a module is compiled when first imported (torch's thousands of files mostly never are).
-  "$VENV/bin/python" -m pip install -q --no-compile torch==2.13.0
-  "$VENV/bin/python" -m pip install -q --no-compile -e ".[node,test,torch]"
+  "$VENV/bin/python" -m pip install -q torch==2.13.0
+  "$VENV/bin/python" -m pip install -q -e ".[node,test,torch]"
   echo "$want" > "$stamp"
 }
 

@@ -11,20 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Kills every process of this user on the node whose environment carries the marker, except itself, and
-# says so; the probe is started without the marker. One grep over all environ files keeps it ~0.1 s. Every match
-# is stopped before any is killed: a parent that reacts to its child's death (a shell loop that ends, an elastic
-# agent that restarts its workers) can neither exit unseen nor start new processes between two kills. (Killing in
-# the glob's order let a loop's `sleep` die first in a pid namespace, where /proc/119 sorts before /proc/85, and
-# its shell then ended by itself, unreported.)
+# says so; the probe is started without the marker. One grep over all environ files keeps it ~0.1 s. Oldest pid
+# first (a parent before the children it started): a parent that reacts to its child's death (a shell loop that
+# ends, an elastic agent that restarts its workers) is gone before it can. (In the glob's order a loop's `sleep`
+# died first in a pid namespace, where /proc/119 sorts before /proc/85, and its shell then ended by itself,
+# unreported.) Not SIGSTOP then SIGKILL: a reap cut short between the two would leave processes stopped for good.
 REAP_SCRIPT = r"""
 m=$1
-found=""
-for f in $(grep -l -z -s -x -F -e "$m" /proc/[0-9]*/environ); do
+for f in $(grep -l -z -s -x -F -e "$m" /proc/[0-9]*/environ | sort -t/ -k3,3n); do
   p=${f#/proc/}; p=${p%/environ}
   [ "$p" = "$$" ] && continue
-  kill -STOP "$p" 2>/dev/null && found="$found $p"
-done
-for p in $found; do
   c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-160)
   kill -9 "$p" 2>/dev/null && echo "hpr-stale ${SLURMD_NODENAME:-?} $p $c"
 done

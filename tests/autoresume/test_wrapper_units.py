@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpresilience.autoresume.decide.classify import Cause, classify
-from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
+from hpresilience.autoresume.launch.plan import AttemptLaunch, carried_names, master_port, plan_nodes
 from hpresilience.autoresume.launch.srunargs import parse_srun_args
 from hpresilience.autoresume.launch.stepops import flight_recorder_env
 from hpresilience.autoresume.report import Reporter
@@ -101,7 +101,7 @@ def test_a_short_step_tells_its_size_and_the_requested_one() -> None:
     env = launch.environment({}, restarts=1)
     assert env["SLURM_NNODES"] == env["SLURM_JOB_NUM_NODES"] == env["HPR_NODES_NOW"] == "2"
     assert env["HPR_NODES_REQUESTED"] == "3" and env["SLURM_JOB_NODELIST"] == "n[1-2]"
-    assert "HPR_NODES_NOW" in launch.exported_names() and "HPR_NODES_REQUESTED" in launch.exported_names()
+    assert "HPR_NODES_NOW" in carried_names() and "HPR_NODES_REQUESTED" in carried_names()
     full = AttemptLaunch(3, ("n1", "n2", "n3"), ("n1", "n2", "n3"), "a", 1, 1, requested=3).environment({}, 0)
     assert full["HPR_NODES_NOW"] == full["HPR_NODES_REQUESTED"] == full["SLURM_NNODES"] == "3"
 

@@ -114,20 +114,20 @@ def joined(text: str) -> list[dict[str, str]]:
 _REFERENCES: dict[tuple[int, int], str] = {}
 
 
-def fault_free_digest(tmp: Path, size: int, steps: int) -> str:
-    """The final weights' digest of the same job run with no fault (every rank must agree); computed once per
-    (size, steps) in this process."""
+def fault_free_digest(tmp: Path, size: int, steps: int, timeout: float = 240.0) -> str:
+    """The final weights' digest of the same job run with no fault (every rank must agree; each rank ends within
+    `timeout`); computed once per (size, steps) in this process."""
     if (size, steps) not in _REFERENCES:
-        _REFERENCES[(size, steps)] = _run_fault_free(tmp, size, steps)
+        _REFERENCES[(size, steps)] = _run_fault_free(tmp, size, steps, timeout)
     return _REFERENCES[(size, steps)]
 
 
-def _run_fault_free(tmp: Path, size: int, steps: int) -> str:
+def _run_fault_free(tmp: Path, size: int, steps: int, timeout: float) -> str:
     tmp.mkdir(parents=True, exist_ok=True)
     world = LocalWorld(tmp, size, {"TRAIN_STEPS": str(steps), "STEP_SLEEP": "0"})
     for rank in range(size):
         world.start(rank)
-    assert set(world.finish().values()) == {0}, world.output()
+    assert set(world.finish(timeout).values()) == {0}, world.output()
     found = set(digests(world.output()).values())
     assert len(found) == 1, world.output()
     return found.pop()

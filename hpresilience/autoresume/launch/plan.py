@@ -161,11 +161,6 @@ class AttemptLaunch:
             )
         return env
 
-    def exported_names(self, env: Mapping[str, str] | None = None) -> list[str]:
-        """The variables a user's own `--export` list must still carry: environment()'s, and those of
-        RANK_VARIABLES that `env` (the step's environment) holds."""
-        return carried_names(env)
-
     def srun_argv(
         self,
         srun: str,
@@ -178,13 +173,13 @@ class AttemptLaunch:
         env: Mapping[str, str] | None = None,
     ) -> list[str]:
         """The step's srun command line; `env` is the environment it runs with (what a user's own `--export`
-        list must still carry of it: exported_names)."""
+        list must still carry of it: carried_names)."""
         n = len(self.nodes)
         # With arbitrary distribution the node list is a task list: each node once per task on it. The node count
         # follows from it; Slurm 23.02+ refuses --nodes beside it ("--nodes is incompatible with
         # --distribution=arbitrary"), 22.05 accepts either.
         tasks = [node for node in self.nodes for _ in range(self.tasks_per_node)]
-        export = export_option(user_export, self.exported_names(env))
+        export = export_option(user_export, carried_names(env))
         argv = [
             srun,
             f"--jobid={job_id}",

@@ -126,7 +126,10 @@ def test_a_node_that_dies_outright_is_replaced_by_the_spare_long_before_slurmd_t
         # watch (its output stopped while n1's went on); either way n2 did not answer.
         probes = run.named("nodes_probed") + run.named("silent_nodes_probed")
         assert "n2" in [p["unanswering"] for p in probes], probes
-        resumed = int(run.out.split("attempt=2")[1].split("resume_from=")[1].split()[0])
+        # step_running is srun's start: the relaunched ranks' first line may come a moment later under load.
+        first_line = wait(lambda: re.search(r"attempt=2 .*resume_from=(\d+)\n", run.out), "attempt 2's first line")
+        assert isinstance(first_line, re.Match)
+        resumed = int(first_line.group(1))
         run.wait_output(f"step={resumed + 2} ", timeout=20)
     finally:
         with contextlib.suppress(Exception):

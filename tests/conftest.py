@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -39,6 +41,28 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 TEST_BASE_PORT = int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817")) + WORKER_PORTS * worker_index()
 # The Slurm release the session cluster runs: `pytest --slurm 24.11`, or HPRESILIENCE_TEST_SLURM.
 SLURM_ENV = "HPRESILIENCE_TEST_SLURM"
+# A folder the xdist workers of one run share (set by the controller in pytest_configure).
+SHARED_RESULTS_ENV = "HPR_TEST_SHARED_RESULTS"
+
+T = TypeVar("T")
+
+
+def shared_result(name: str, compute: Callable[[], T]) -> T:
+    """`compute()` (a deterministic result, JSON-able), computed once per run: the first worker to ask computes it
+    under a lock while the others wait, and they all read what it wrote. Without xdist, computed here."""
+    root = os.environ.get(SHARED_RESULTS_ENV)
+    if not root:
+        return compute()
+    folder = Path(root)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{name}.json"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when compute() raises
+        if path.exists():
+            return cast(T, json.loads(path.read_text()))
+        value = compute()
+        path.write_text(json.dumps(value))
+        return value
 
 
 def node_read(cl: DevCluster, hosts: str) -> str:
@@ -181,8 +205,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # test_.../cluster/spool/n1/n1_<job>.<step>` is 113: the batch step never starts). A short base of our own
     # keeps every worker's paths shorter than a plain run's.
     controller = not os.environ.get("PYTEST_XDIST_WORKER")
-    if controller and getattr(config.option, "numprocesses", None) and not config.option.basetemp:
-        config.option.basetemp = tempfile.mkdtemp(prefix="hpr", dir="/tmp")
+    if controller and getattr(config.option, "numprocesses", None):
+        if not config.option.basetemp:
+            config.option.basetemp = tempfile.mkdtemp(prefix="hpr", dir="/tmp")
+        # The workers (started after this, with this environment) share deterministic results through it.
+        os.environ[SHARED_RESULTS_ENV] = str(Path(config.option.basetemp).resolve() / "shared-results")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -125,7 +125,13 @@ def test_a_hold_left_by_a_run_killed_mid_check_is_given_back_by_the_next_run(
         yaml.safe_dump(
             {
                 "agent": {"state_dir": str(tmp_path / "agent"), "metrics_address": ""},
-                "health": {"state_dir": str(tmp_path / "health"), "profile": "generic"},
+                "health": {
+                    "state_dir": str(tmp_path / "health"),
+                    "profile": "generic",
+                    # Long enough to be killed in the middle of, on one core: the killed agent's stress-ng, in a
+                    # session of its own, ends at its own --timeout (30 s on every core by default).
+                    "checks": {"system.stress": {"duration_s": 5, "cpu_workers": 1, "vm_workers": 0}},
+                },
             }
         )
     )

@@ -16,6 +16,7 @@ import pytest
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_wrapper_integration import Run
+from tests.conftest import shared_result
 from tests.torch.localworld import REPO, LocalWorld, digests
 
 # A fault-free reference run, the job, its fallback and relaunch: each process start is an import of torch, which
@@ -27,8 +28,20 @@ SCRIPT = REPO / "examples" / "checkpointless" / "train_fallback.py"
 STEPS = 40
 
 
+# shard_block -> each rank's digest: the run is deterministic, so the file's tests share it (4 torch starts each).
+_REFERENCES: dict[int, dict[int, str]] = {}
+
+
 def reference(tmp: Path, shard_block: int) -> dict[int, str]:
-    """Each rank's final weights in the same job with no fault (4 ranks, shards as the job declares them)."""
+    """Each rank's final weights in the same job with no fault (4 ranks, shards as the job declares them); run
+    once per `shard_block` in a run of the suite."""
+    if shard_block not in _REFERENCES:
+        got = shared_result(f"fallback-{STEPS}-{shard_block}", lambda: _run_reference(tmp, shard_block))
+        _REFERENCES[shard_block] = {int(rank): digest for rank, digest in got.items()}  # JSON's keys are text
+    return dict(_REFERENCES[shard_block])
+
+
+def _run_reference(tmp: Path, shard_block: int) -> dict[int, str]:
     tmp.mkdir(parents=True)
     env = {"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0", "CKPT_DIR": str(tmp / "ckpt"), "SHARD_BLOCK": str(shard_block)}
     world = LocalWorld(tmp, 4, env, script=SCRIPT)

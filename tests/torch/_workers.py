@@ -1,4 +1,9 @@
-"""Rank bodies for the multi-process tests (spawned, so they live in an importable module)."""
+"""Rank bodies for the multi-process tests (started by a forkserver, so they live in an importable module).
+
+The ranks are forked from a server process that imported this module, and with it torch, once per pytest process:
+a spawned rank imports torch itself (about 1.4 s of CPU each, some 110 ranks a run on CI's 2 cores). A forked rank
+takes the environment and working directory the server started with, so each rank is handed the test's own (a
+test's monkeypatched credentials or endpoint reach its ranks as they did when spawned)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,24 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from hpresilience.torch import CheckpointConfig, TieredCheckpointer
+
+
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.torch._workers"])  # read when the server starts (the first rank)
+    return ctx
+
+
+def _in_test_env(env: dict[str, str], cwd: str, body: Any, args: tuple[Any, ...]) -> None:
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    body(*args)
+
+
+def _rank(body: Any, *args: Any) -> Any:
+    """A process that runs `body(*args)` in this process's environment and working directory."""
+    return _context().Process(target=_in_test_env, args=(dict(os.environ), os.getcwd(), body, args))
 
 
 def free_port() -> int:
@@ -172,12 +195,11 @@ def _post_commit_failure(rank: int, ckpt: TieredCheckpointer, res: dict[str, Any
 
 
 def run_ranks(base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any) -> list[dict[str, Any]]:
-    """Run `task` on `world` spawned ranks; return each rank's result (or its error)."""
-    ctx = mp.get_context("spawn")
+    """Run `task` on `world` rank processes; return each rank's result (or its error)."""
     port = free_port()
     for r in range(world):
         (base / f"result_{task}_{r}.json").unlink(missing_ok=True)
-    procs = [ctx.Process(target=_body, args=(r, world, port, str(base), task, dict(kw))) for r in range(world)]
+    procs = [_rank(_body, r, world, port, str(base), task, dict(kw)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -246,15 +268,14 @@ def _scenario_body(rank: int, base: str, phases: list[dict[str, Any]]) -> None:
 
 
 def run_scenario(base: Path, phases: list[dict[str, Any]], timeout: float = 240.0) -> list[Any]:
-    """Run `phases` one after another on one set of spawned processes (torch is imported once per
-    process, which matters on 2 cores): a phase of world size W runs on processes 0..W-1, the others
+    """Run `phases` one after another on one set of rank processes (set up once per scenario, which matters
+    on 2 cores): a phase of world size W runs on processes 0..W-1, the others
     skip it. Each phase has its own rendezvous port. Returns each process's list of phase results."""
-    ctx = mp.get_context("spawn")
     procs_n = max(ph["world"] for ph in phases)
     phases = [{**ph, "port": free_port()} for ph in phases]
     for r in range(procs_n):
         (base / f"result_scenario_{r}.json").unlink(missing_ok=True)
-    procs = [ctx.Process(target=_scenario_body, args=(r, str(base), phases)) for r in range(procs_n)]
+    procs = [_rank(_scenario_body, r, str(base), phases) for r in range(procs_n)]
     for p in procs:
         p.start()
     for p in procs:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from hpresilience.torch.world import World, write_world
-from tests.conftest import TEST_BASE_PORT
+from tests.conftest import TEST_BASE_PORT, shared_result
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "checkpointless" / "train.py"
@@ -109,16 +109,18 @@ def joined(text: str) -> list[dict[str, str]]:
     ]
 
 
-# (size, steps) -> digest: the run is deterministic, so a pytest worker computes each reference once (every rank
-# starts torch; the in-process files ask for the same few references in most of their tests).
+# (size, steps) -> digest: the run is deterministic, so a run of the suite computes each reference once (every
+# rank starts torch; the in-process files, on several workers, ask for the same few references in most tests).
 _REFERENCES: dict[tuple[int, int], str] = {}
 
 
 def fault_free_digest(tmp: Path, size: int, steps: int, timeout: float = 240.0) -> str:
     """The final weights' digest of the same job run with no fault (every rank must agree; each rank ends within
-    `timeout`); computed once per (size, steps) in this process."""
+    `timeout`); computed once per (size, steps) in a run of the suite."""
     if (size, steps) not in _REFERENCES:
-        _REFERENCES[(size, steps)] = _run_fault_free(tmp, size, steps, timeout)
+        _REFERENCES[(size, steps)] = shared_result(
+            f"fault-free-{size}-{steps}", lambda: _run_fault_free(tmp, size, steps, timeout)
+        )
     return _REFERENCES[(size, steps)]
 
 

@@ -1,7 +1,7 @@
 """Several ranks per node share one memory tier (issue 22, item 1): save, peer copy, retention and
 elastic restore with 4 and 8 ranks on one memory folder, 2->4, 2->8, 8->2 and 4->2, three rounds each.
 
-Each scenario runs in one set of spawned processes (torch imported once per process: the machine has
+Each scenario runs in one set of rank processes (forked from a server that imported torch once: the machine has
 2 cores); every phase has its own process group and a namespace per round. A simulated node is one
 memory folder: rank r of a phase with `rpn` ranks per node uses `node{r // rpn}`.
 """

@@ -83,6 +83,10 @@ case "$cmd" in
     setup
     phase "set-up"
     shift
+    # The suite starts thousands of Python processes (the CLI, the wrapper, pytest's workers and their collection);
+    # with PYTHONDONTWRITEBYTECODE set (as some images do) each would compile what it imports again. The caches go
+    # to __pycache__ folders git ignores.
+    unset PYTHONDONTWRITEBYTECODE
     # Short: slurmstepd makes Unix sockets (108 bytes at most) in spool directories below the tests' temporary ones.
     logs=$(mktemp -d /tmp/hpr.XXXXXX)
     say "ruff (lint, then format: --check only, \`ruff format\` fixes it)"

@@ -24,7 +24,7 @@ import time
 
 from hpresilience.autoresume.decide.capacity import BatchHostLost, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause
-from hpresilience.autoresume.decide.ending import LIVENESS_PROBE_S
+from hpresilience.autoresume.decide.ending import unanswering
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
 from hpresilience.autoresume.inprocess_watch import InProcessHangs
 from hpresilience.autoresume.inprocessguard import RecoveryGuard
@@ -35,7 +35,6 @@ from hpresilience.autoresume.supervisor import Supervisor
 from hpresilience.autoresume.watch.base import Act
 from hpresilience.autoresume.watch.nodefaults import NodeFaults
 from hpresilience.autoresume.watch.stallwatch import StalledStep
-from hpresilience.slurm.steps import nodes_answering
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, World, write_world
 
 POLL_S = 0.1
@@ -187,17 +186,8 @@ class InProcessLoop:
         before Slurm's SlurmdTimeout says so; released from the job while Slurm still calls it responding, as any
         unanswering node is: capacity.mark_unanswering);
         a node that answers had an application error, which is the relaunch path's to weigh."""
-        started = time.monotonic()
         nodes = sorted(ended)
-        answers = nodes_answering(self.sup.client, self.sup.job_id, nodes, self.sup.env, LIVENESS_PROBE_S)
-        dead = [n for n in nodes if not answers.get(n, False)]
-        self.reporter.decision(
-            "nodes_probed",
-            nodes=",".join(nodes),
-            unanswering=",".join(dead) or None,
-            mode=MODE,
-            took_s=round(time.monotonic() - started, 3),
-        )
+        dead = unanswering(self.sup.client, self.reporter, self.sup.job_id, nodes, self.sup.env, mode=MODE)
         now = time.monotonic()
         back = {n: self.rejoined[n] for n in nodes if n not in dead and n in self.rejoined}
         again = [n for n, (at, tries) in back.items() if now - at < REJOIN_ABORT_S and tries < REJOIN_RELAUNCHES]

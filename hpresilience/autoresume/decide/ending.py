@@ -41,6 +41,24 @@ LIVENESS_PROBE_S = 3.0
 INTEGRITY_CAUSES = {ROLLBACK_RULE: Cause.INTEGRITY, STOP_RULE: Cause.DIVERGED}
 
 
+def unanswering(
+    client: SlurmClient, reporter: Reporter, job_id: int, nodes: Sequence[str], env: Mapping[str, str], **fields: object
+) -> tuple[str, ...]:
+    """The nodes of `nodes` that run no trivial task within LIVENESS_PROBE_S (asked all at once), logged as
+    `nodes_probed` with `fields`: the one liveness probe of an ended step, for both recovery modes."""
+    started = time.monotonic()
+    answers = nodes_answering(client, job_id, list(nodes), dict(env), LIVENESS_PROBE_S)
+    dead = tuple(n for n in nodes if not answers.get(n, False))
+    reporter.decision(
+        "nodes_probed",
+        nodes=",".join(nodes),
+        unanswering=",".join(dead) or None,
+        **fields,
+        took_s=round(time.monotonic() - started, 3),
+    )
+    return dead
+
+
 class Ending:
     def __init__(
         self,
@@ -181,16 +199,7 @@ class Ending:
         """A step ended by a signal with every node healthy in Slurm's eyes: a node that died outright
         (slurmd and its tasks gone) looks exactly so until SlurmdTimeout. Hardware until shown otherwise:
         each node must run a trivial task within a few seconds."""
-        started = time.monotonic()
-        answers = nodes_answering(self.client, self.job_id, plan, self.env, LIVENESS_PROBE_S)
-        dead = tuple(n for n in plan if not answers.get(n, False))
-        self.reporter.decision(
-            "nodes_probed",
-            nodes=",".join(plan),
-            unanswering=",".join(dead) or None,
-            exit_code=exit_code,
-            took_s=round(time.monotonic() - started, 3),
-        )
+        dead = unanswering(self.client, self.reporter, self.job_id, plan, self.env, exit_code=exit_code)
         if not dead:
             return diagnosis
         self.capacity.mark_unanswering(dead)

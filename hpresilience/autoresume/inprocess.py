@@ -56,11 +56,12 @@ class InProcessLoop:
         self.sup = sup
         self.opts = sup.opts
         self.reporter = sup.reporter
-        self.steps = NodeSteps(
-            sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes, sup.progress
-        )
+        # Training steps and standby steps feed the one progress stream: once assigned, a standby's ranks are seen
+        # training (and named, by pid) by their heartbeats, as any rank; before, a standby prints no progress.
+        out = (sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes)
+        self.steps = NodeSteps(*out, sup.progress)
         self.standbys = Standbys(
-            NodeSteps(sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes),
+            NodeSteps(*out, sup.progress),
             sup.reporter,
             enabled=self.opts.watch.standby == "spares",
         )

@@ -230,10 +230,10 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
     blamed = [e.get("blamed") for e in run.named("silent_step_probed")]
     probed = [e.get("unanswering") for e in run.named("nodes_probed")]
     assert dead in blamed or dead in probed, (blamed, probed)
-    # The hung rank: named by its state, its node marked Action:Reboot as the relaunch path marks a hang's culprit.
-    # (Its rank: "3" when its process started as a rank; a warm standby's process, named rank 3 only at its
-    # assignment, is reported without one: the node is what the recovery needs.)
-    assert by_node[hung]["marked"] is True and by_node[hung].get("rank") in ("3", None), by_node
+    # The hung rank: named by its state and its rank (3, whether its process started as that rank or as a warm
+    # standby named rank 3 only at its assignment: its heartbeats say so), its node marked Action:Reboot as the
+    # relaunch path marks a hang's culprit.
+    assert by_node[hung]["marked"] is True and by_node[hung].get("rank") == "3", by_node
     assert any("stopped" in e["why"] and e["node"] == hung for e in run.named("hang_attributed"))
     marked = {m["node"]: m for m in run.named("suspect_node_marked")}
     assert hung in marked and "Action:Reboot" in marked[hung]["reason"] and "hang" in marked[hung]["reason"]

@@ -11,7 +11,10 @@ no checkpoint) runs twice on a local devcluster, and each time an operator marks
 2. `--auto-resume-mode=inprocess` with its warm standby (the default with a spare): the spare's ranks were
    started with the job and wait with torch imported and the model built; the same parts, the replacement's
    "ready" being when it saw its assignment;
-3. `--auto-resume-mode=relaunch` (today's path): every rank is killed and started again, and with no checkpoint
+3. `--auto-resume-mode=inprocess` with its warm standby, the node dying outright instead (its slurmd and its ranks
+   killed, nobody marks it): its step's end is seen, every node of it is asked to run a trivial task (the
+   liveness probe, bounded), and the node that runs none is replaced; printed with the probe's part;
+4. `--auto-resume-mode=relaunch` (today's path): every rank is killed and started again, and with no checkpoint
    training starts over from step 0 (the steps lost are printed beside it).
 
 The clock starts when the node is marked. The ranks' own lines (`hpr-inprocess joined ... at=<epoch>`) give the
@@ -23,11 +26,14 @@ time each was training again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
@@ -48,15 +54,26 @@ def joined(out: str) -> list[dict[str, str]]:
     ]
 
 
-CASES = {  # name: (--auto-resume-mode, --auto-resume-standby)
-    "cold": ("inprocess", "off"),
-    "standby": ("inprocess", "spares"),
-    "relaunch": ("relaunch", "spares"),
+CASES = {  # name: (--auto-resume-mode, --auto-resume-standby, the fault on n2)
+    "cold": ("inprocess", "off", "replace"),
+    "standby": ("inprocess", "spares", "replace"),
+    "dead": ("inprocess", "spares", "dies"),
+    "relaunch": ("relaunch", "spares", "replace"),
 }
 
 
+def kill_node_and_tasks(cl: DevCluster, node: str, job: int) -> None:
+    """A node that dies outright: its slurmd and the job's tasks on it killed (nothing else would kill them)."""
+    cl.kill_node(node)
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            env = p.environ()
+            if env.get("SLURMD_NODENAME") == node and env.get("HPR_AUTORESUME_JOB") == str(job):
+                p.kill()
+
+
 def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: float) -> dict[str, float]:
-    mode, standby = CASES[case]
+    mode, standby, fault = CASES[case]
     work.mkdir(parents=True)
     script = work / "job.sh"
     script.write_text(
@@ -78,7 +95,10 @@ def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: 
         wait_for(lambda: f"step={FAULT_AFTER} " in text(out), f"step {FAULT_AFTER}", timeout)
         before = len(joined(text(out)))
         t0 = time.time()
-        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        if fault == "dies":
+            kill_node_and_tasks(cl, "n2", job)
+        else:
+            slurm.set_node_state(["n2"], "fail", "Action:Replace")
         wait_for(lambda: len(joined(text(out))) >= before + 4, "every rank in the new world", timeout)
         lines = joined(text(out))[before:]
         again = max(float(j["at"]) for j in lines)
@@ -90,8 +110,14 @@ def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: 
             "first_step_after_s": first_after[1] - t0,
             "steps_redone": float(done_before - (first_after[0] - 1)),
         }
-        if mode == "inprocess":
+        if fault == "dies":
+            # Its step's end and the liveness probe (nodes_probed); were the world silent first, the stall watch's.
+            probed = (events(work, job, "nodes_probed") or events(work, job, "silent_step_probed"))[0]
+            figures["probe_s"] = float(probed["took_s"])
+            figures["detect_s"] = float(probed["time"]) - t0  # the probe's answer: n2 runs no task
+        elif mode == "inprocess":
             figures["detect_s"] = float(events(work, job, "node_fault_seen")[0]["time"]) - t0
+        if mode == "inprocess":
             figures["world_written_s"] = float(events(work, job, "inprocess_world_written")[1]["time"]) - t0
             survivors = [j for j in lines if j["state_from"] == "-"]
             figures["survivors_left_s"] = max(float(j["at"]) - float(j["recovery_s"]) for j in survivors) - t0
@@ -102,7 +128,10 @@ def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: 
         return figures
     finally:
         slurm.cancel(job)
-        slurm.set_node_state(["n2"], "resume")
+        if fault == "dies":
+            cl.start_node("n2")  # nobody marked it: there is nothing to resume
+        else:
+            slurm.set_node_state(["n2"], "resume")
 
 
 def _steps(out: str) -> list[tuple[int, float]]:
@@ -130,14 +159,16 @@ def main() -> None:
         finally:
             cl.down()
     rl = results["relaunch"]
-    print("fault (Action:Replace on a training node) -> every rank training again, same job, same run:")
+    print("fault on a training node -> every rank training again, same job, same run:")
     for case, label, ready in (
-        ("cold", "in-process, cold replacement", "ready (step launch, python, torch, model)"),
-        ("standby", "in-process, warm standby   ", "ready (its assignment seen)"),
+        ("cold", "Action:Replace, in-process, cold replacement", "ready (step launch, python, torch, model)"),
+        ("standby", "Action:Replace, in-process, warm standby   ", "ready (its assignment seen)"),
+        ("dead", "node dies, in-process, warm standby        ", "ready (its assignment seen)"),
     ):
         ip = results[case]
+        probe = f", of which the liveness probe {ip['probe_s']:.2f}" if "probe_s" in ip else ""
         print(
-            f"  {label}: {ip['training_again_s']:.2f} s  (detect {ip['detect_s']:.2f}, new world written "
+            f"  {label}: {ip['training_again_s']:.2f} s  (detect {ip['detect_s']:.2f}{probe}, new world written "
             f"{ip['world_written_s']:.2f}, survivors out of the old group {ip['survivors_left_s']:.2f}, replacement "
             f"{ready} {ip['replacement_started_s']:.2f}, its join + state from a peer "
             f"{ip['state_transfer_s']:.2f} (in the new group after {ip['group_s']:.2f})); "
@@ -145,7 +176,7 @@ def main() -> None:
             f"steps redone {ip['steps_redone']:.0f}"
         )
     print(
-        f"  relaunch                    : {rl['training_again_s']:.2f} s; "
+        f"  Action:Replace, relaunch path              : {rl['training_again_s']:.2f} s; "
         f"first step after {rl['first_step_after_s']:.2f} s; "
         f"steps redone {rl['steps_redone']:.0f} (no checkpoint: from step 0)"
     )

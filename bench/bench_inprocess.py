@@ -26,16 +26,14 @@ time each was training again.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing.checkpointless import kill_ranks_on
 from hpresilience.testing.devcluster import DevCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,16 +60,6 @@ CASES = {  # name: (--auto-resume-mode, --auto-resume-standby, the fault on n2)
 }
 
 
-def kill_node_and_tasks(cl: DevCluster, node: str, job: int) -> None:
-    """A node that dies outright: its slurmd and the job's tasks on it killed (nothing else would kill them)."""
-    cl.kill_node(node)
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            env = p.environ()
-            if env.get("SLURMD_NODENAME") == node and env.get("HPR_AUTORESUME_JOB") == str(job):
-                p.kill()
-
-
 def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: float) -> dict[str, float]:
     mode, standby, fault = CASES[case]
     work.mkdir(parents=True)
@@ -96,7 +84,8 @@ def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: 
         before = len(joined(text(out)))
         t0 = time.time()
         if fault == "dies":
-            kill_node_and_tasks(cl, "n2", job)
+            cl.kill_node("n2")  # a node that dies outright: its slurmd and the job's tasks on it
+            kill_ranks_on("n2", job)
         else:
             slurm.set_node_state(["n2"], "fail", "Action:Replace")
         wait_for(lambda: len(joined(text(out))) >= before + 4, "every rank in the new world", timeout)

@@ -106,12 +106,17 @@ class Job:
             self.client.cancel(self.id)
 
 
-def _kill_ranks_on(node: str, job_id: int) -> None:
+def kill_ranks_on(node: str, job_id: int) -> int:
+    """Kill the job's tasks on `node` (with its slurmd gone, nothing else would: a dead node's processes); how
+    many were killed."""
+    killed = 0
     for p in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             env = p.environ()
             if env.get("SLURMD_NODENAME") == node and env.get("HPR_AUTORESUME_JOB") == str(job_id):
                 p.kill()
+                killed += 1
+    return killed
 
 
 def _idle(cl: DevCluster, timeout: float) -> None:
@@ -149,7 +154,7 @@ def run_checkpointless(cl: DevCluster, work: Path, say: Any, timeout: float) -> 
             job.wait(lambda: f"step={resumed + 10} " in job.out, "ten steps more", timeout)
             t0 = time.time()
             cl.kill_node("n3")
-            _kill_ranks_on("n3", job.id)
+            kill_ranks_on("n3", job.id)
             say("fault 2: n3 dies outright (its slurmd and its ranks killed)")
             job.wait(lambda: len(job.in_world(3)) == 4, "generation 3", timeout)
             recoveries.append(max(float(j["at"]) for j in job.in_world(3)) - t0)

@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing.checkpointless import kill_ranks_on
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_wrapper_integration import Run
 from tests.torch.localworld import TRAIN, digests, fault_free_digest, joined
@@ -29,18 +29,6 @@ def wait_for(probe: object, what: str, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.2)
-
-
-def kill_tasks_on(node: str, job_id: int) -> int:
-    """Kill the job's tasks on `node` (with its slurmd gone, nothing else would: a dead node's processes)."""
-    killed = 0
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            env = p.environ()
-            if env.get("SLURMD_NODENAME") == node and env.get("HPR_AUTORESUME_JOB") == str(job_id):
-                p.kill()
-                killed += 1
-    return killed
 
 
 def run_through_a_fault(
@@ -148,7 +136,7 @@ def test_a_node_that_dies_outright_is_replaced_in_process_long_before_slurmd_tim
 
     def die(run: Run) -> None:
         assert cluster.kill_node("n2")
-        assert kill_tasks_on("n2", run.job_id) == 2
+        assert kill_ranks_on("n2", run.job_id) == 2
 
     try:
         run, took = run_through_a_fault(cluster, slurm, tmp_path, die)

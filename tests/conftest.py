@@ -47,22 +47,31 @@ SHARED_RESULTS_ENV = "HPR_TEST_SHARED_RESULTS"
 T = TypeVar("T")
 
 
+# name -> the result as JSON, in this process.
+_SHARED: dict[str, str] = {}
+
+
 def shared_result(name: str, compute: Callable[[], T]) -> T:
     """`compute()` (a deterministic result, JSON-able), computed once per run: the first worker to ask computes it
-    under a lock while the others wait, and they all read what it wrote. Without xdist, computed here."""
+    under a lock while the others wait, and they all read what it wrote; without xdist, once in this process.
+    Always returned as JSON reads it back (a dict's keys are text), a fresh copy each call."""
+    if name not in _SHARED:
+        _SHARED[name] = _shared_json(name, compute)
+    return cast(T, json.loads(_SHARED[name]))
+
+
+def _shared_json(name: str, compute: Callable[[], object]) -> str:
     root = os.environ.get(SHARED_RESULTS_ENV)
     if not root:
-        return compute()
+        return json.dumps(compute())
     folder = Path(root)
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"{name}.json"
     with open(folder / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when compute() raises
-        if path.exists():
-            return cast(T, json.loads(path.read_text()))
-        value = compute()
-        path.write_text(json.dumps(value))
-        return value
+        if not path.exists():
+            path.write_text(json.dumps(compute()))
+        return path.read_text()
 
 
 def node_read(cl: DevCluster, hosts: str) -> str:

@@ -41,9 +41,13 @@ def test_a_shared_result_is_computed_once_by_the_first_of_several_processes_and_
     assert calls.read_text() == "x"
 
 
-def test_without_a_shared_folder_each_call_computes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_shared_folder_a_result_is_computed_once_in_this_process_and_each_caller_gets_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(SHARED_RESULTS_ENV, raising=False)
     calls = tmp_path / "calls"
-    assert shared_result("answer", lambda: _count_and_answer(calls)) == {"answer": 42}
-    assert shared_result("answer", lambda: _count_and_answer(calls)) == {"answer": 42}
-    assert calls.read_text() == "xx"
+    name = f"answer-{tmp_path.name}"
+    first = shared_result(name, lambda: _count_and_answer(calls))
+    first["answer"] = 0
+    assert shared_result(name, lambda: _count_and_answer(calls)) == {"answer": 42}
+    assert calls.read_text() == "x"

@@ -28,17 +28,11 @@ SCRIPT = REPO / "examples" / "checkpointless" / "train_fallback.py"
 STEPS = 40
 
 
-# shard_block -> each rank's digest: the run is deterministic, so the file's tests share it (4 torch starts each).
-_REFERENCES: dict[int, dict[int, str]] = {}
-
-
 def reference(tmp: Path, shard_block: int) -> dict[int, str]:
-    """Each rank's final weights in the same job with no fault (4 ranks, shards as the job declares them); run
-    once per `shard_block` in a run of the suite."""
-    if shard_block not in _REFERENCES:
-        got = shared_result(f"fallback-{STEPS}-{shard_block}", lambda: _run_reference(tmp, shard_block))
-        _REFERENCES[shard_block] = {int(rank): digest for rank, digest in got.items()}  # JSON's keys are text
-    return dict(_REFERENCES[shard_block])
+    """Each rank's final weights in the same job with no fault (4 ranks, shards as the job declares them). The run
+    is deterministic (4 torch starts), so a run of the suite computes it once per `shard_block`."""
+    got = shared_result(f"fallback-{STEPS}-{shard_block}", lambda: _run_reference(tmp, shard_block))
+    return {int(rank): digest for rank, digest in got.items()}  # JSON's keys are text
 
 
 def _run_reference(tmp: Path, shard_block: int) -> dict[int, str]:

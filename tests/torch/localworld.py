@@ -109,19 +109,11 @@ def joined(text: str) -> list[dict[str, str]]:
     ]
 
 
-# (size, steps) -> digest: the run is deterministic, so a run of the suite computes each reference once (every
-# rank starts torch; the in-process files, on several workers, ask for the same few references in most tests).
-_REFERENCES: dict[tuple[int, int], str] = {}
-
-
 def fault_free_digest(tmp: Path, size: int, steps: int, timeout: float = 240.0) -> str:
     """The final weights' digest of the same job run with no fault (every rank must agree; each rank ends within
-    `timeout`); computed once per (size, steps) in a run of the suite."""
-    if (size, steps) not in _REFERENCES:
-        _REFERENCES[(size, steps)] = shared_result(
-            f"fault-free-{size}-{steps}", lambda: _run_fault_free(tmp, size, steps, timeout)
-        )
-    return _REFERENCES[(size, steps)]
+    `timeout`). The run is deterministic, so a run of the suite computes each (size, steps) once: every rank starts
+    torch, and the in-process files, on several workers, ask for the same few references in most tests."""
+    return shared_result(f"fault-free-{size}-{steps}", lambda: _run_fault_free(tmp, size, steps, timeout))
 
 
 def _run_fault_free(tmp: Path, size: int, steps: int, timeout: float) -> str:

@@ -242,9 +242,12 @@ def test_a_step_silent_everywhere_because_training_paused_is_not_relaunched(host
         assert "training finished step 10" in job.out
         assert len(job.named("attempt_started")) == 1 and not job.named("fault_seen")
         probed = job.named("silent_step_probed")
-        # The pause was looked at (every node answered) and each next look waited twice as long as the last one's
-        # silence: a probe per doubling of the pause, never one per poll (how many doublings a 15 s pause makes
-        # depends on how slowly the step resumes on a loaded machine: 4 were seen under CI's load).
+        # The pause was looked at (every node answered) and each next look at the same silence waited twice as long
+        # as the last one's: a probe per doubling of the pause, never one per poll. How many doublings a 15 s pause
+        # makes depends on how slowly the step resumes on a loaded machine (4 were seen under CI's load), and a slow
+        # step after it can be a silence of its own, probed from the base threshold again (seen under CI's load).
         assert probed and not any(e.get("unanswering") for e in probed), probed
+        assert max(e["silent_s"] for e in probed) >= 6, probed
         for before, after in itertools.pairwise(probed):
-            assert after["threshold_s"] >= 2 * before["silent_s"] - 0.1, probed
+            if after["silent_since"] == before["silent_since"]:
+                assert after["threshold_s"] >= 2 * before["silent_s"] - 0.1, probed

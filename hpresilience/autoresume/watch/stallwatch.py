@@ -120,6 +120,7 @@ class StalledStep:
             attempt=step.attempt,
             nodes=",".join(nodes),
             unanswering=",".join(dead) or None,
+            silent_since=round(last, 3),  # the last progress: the probes of one silence share it
             silent_s=round(silent, 1),
             threshold_s=round(threshold, 1),
             took_s=round(took, 3),

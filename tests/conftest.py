@@ -41,6 +41,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 TEST_BASE_PORT = int(os.environ.get("HPRESILIENCE_TEST_BASE_PORT", "18817")) + WORKER_PORTS * worker_index()
 # The Slurm release the session cluster runs: `pytest --slurm 24.11`, or HPRESILIENCE_TEST_SLURM.
 SLURM_ENV = "HPRESILIENCE_TEST_SLURM"
+# SlurmdTimeout of the test clusters: short, so a killed slurmd is called DOWN in tens of seconds, not Slurm's 300 s,
+# but not 5 s. slurmctld calls a node DOWN when its last recorded answer is SlurmdTimeout older than the previous
+# ping round, and under CI's load the answers of healthy nodes were recorded that late on 24.11: "Nodes n[1,3-4] not
+# responding, setting DOWN" (back at once, ReturnToService=2), which killed the batch script of the job running
+# there (the wrapper gone without a word after its relaunch, tests/autoresume/test_wrapper_integration.py).
+TEST_SLURMD_TIMEOUT = "15"
 # A folder the xdist workers of one run share (set by the controller in pytest_configure).
 SHARED_RESULTS_ENV = "HPR_TEST_SHARED_RESULTS"
 
@@ -140,7 +146,7 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Co
         state_dir=tmp_path_factory.mktemp("devcluster") / "cluster",
         nodes=4,
         base_port=TEST_BASE_PORT,
-        overrides={"SlurmdTimeout": "5"},
+        overrides={"SlurmdTimeout": TEST_SLURMD_TIMEOUT},
         slurm=release,
     )
     cl.up(timeout=60)

@@ -27,7 +27,7 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_recipe_integration import Recipe, fill_the_rest
-from tests.conftest import TEST_BASE_PORT, require_slurm, reset_cluster
+from tests.conftest import TEST_BASE_PORT, TEST_SLURMD_TIMEOUT, require_slurm, reset_cluster
 from tests.controller.conftest import history, settings_for, start_controller, write_scripts  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,7 @@ def rebooting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         state_dir=state,
         nodes=4,
         base_port=TEST_BASE_PORT + 800,
-        overrides={"SlurmdTimeout": "5", "RebootProgram": str(program), "ResumeTimeout": "300"},
+        overrides={"SlurmdTimeout": TEST_SLURMD_TIMEOUT, "RebootProgram": str(program), "ResumeTimeout": "300"},
     )
     cl.up(timeout=90)
     yield cl

@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 import traceback
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,16 @@ def matches(state: dict[str, Any], step: int, rank: int) -> bool:
     )
 
 
-def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
+def rendezvous_file(base: Path) -> str:
+    """Where one process group's ranks meet: a file of its own (a FileStore), not a TCP port picked in advance,
+    which another process of the machine could take before rank 0 listens on it (EADDRINUSE under CI's load)."""
+    return str(base / f"rendezvous-{uuid.uuid4().hex}")
+
+
+def _init(rank: int, world: int, rendezvous: str, timeout_s: float) -> None:
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{rendezvous}",
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
@@ -98,10 +105,10 @@ def _cfg(rank: int, base: Path, rpn: int, extra: dict[str, Any]) -> CheckpointCo
     )
 
 
-def _body(rank: int, world: int, port: int, base: str, task: str, kw: dict[str, Any]) -> None:
+def _body(rank: int, world: int, rendezvous: str, base: str, task: str, kw: dict[str, Any]) -> None:
     out = Path(base) / f"result_{task}_{rank}.json"
     try:
-        _init(rank, world, port, 30.0)
+        _init(rank, world, rendezvous, 30.0)
         rpn = kw.pop("rpn", 1)
         ckpt = TieredCheckpointer(_cfg(rank, Path(base), rpn, dict(kw.pop("cfg", {}))))
         res: dict[str, Any] = {}
@@ -196,10 +203,10 @@ def _post_commit_failure(rank: int, ckpt: TieredCheckpointer, res: dict[str, Any
 
 def run_ranks(base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any) -> list[dict[str, Any]]:
     """Run `task` on `world` rank processes; return each rank's result (or its error)."""
-    port = free_port()
+    rendezvous = rendezvous_file(base)
     for r in range(world):
         (base / f"result_{task}_{r}.json").unlink(missing_ok=True)
-    procs = [_rank(_body, r, world, port, str(base), task, dict(kw)) for r in range(world)]
+    procs = [_rank(_body, r, world, rendezvous, str(base), task, dict(kw)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -220,7 +227,7 @@ def _phase(rank: int, base: Path, ph: dict[str, Any]) -> dict[str, Any]:
     if rank == 0:  # before the rendezvous, which no other rank passes without rank 0
         for node in ph.get("drop", []):
             shutil.rmtree(base / node / ph["ns"], ignore_errors=True)
-    _init(rank, world, ph["port"], 60.0)
+    _init(rank, world, ph["rendezvous"], 60.0)
     try:
         cfg = CheckpointConfig(
             namespace=ph["ns"],
@@ -270,9 +277,9 @@ def _scenario_body(rank: int, base: str, phases: list[dict[str, Any]]) -> None:
 def run_scenario(base: Path, phases: list[dict[str, Any]], timeout: float = 240.0) -> list[Any]:
     """Run `phases` one after another on one set of rank processes (set up once per scenario, which matters
     on 2 cores): a phase of world size W runs on processes 0..W-1, the others
-    skip it. Each phase has its own rendezvous port. Returns each process's list of phase results."""
+    skip it. Each phase has its own rendezvous file. Returns each process's list of phase results."""
     procs_n = max(ph["world"] for ph in phases)
-    phases = [{**ph, "port": free_port()} for ph in phases]
+    phases = [{**ph, "rendezvous": rendezvous_file(base)} for ph in phases]
     for r in range(procs_n):
         (base / f"result_scenario_{r}.json").unlink(missing_ok=True)
     procs = [_rank(_scenario_body, r, str(base), phases) for r in range(procs_n)]

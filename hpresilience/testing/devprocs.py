@@ -21,6 +21,7 @@ from hpresilience.errors import ExternalError, HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 
 MARKER = "HPRESILIENCE_DEVCLUSTER"
+SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmdbd")
 
 
 class DevclusterError(ExternalError):
@@ -57,6 +58,12 @@ def log_tail(log_dir: Path, lines: int = 15) -> str:
     return "\n".join(out) or "(no daemon logs yet)"
 
 
+def _started_with_our_conf(p: psutil.Process, me: str) -> bool:
+    """A Slurm daemon started with this cluster's slurm.conf, whatever its environment: one started without our
+    marker (seen once: a slurmd n3 that outlived its cluster's `down`) is still the cluster's."""
+    return p.name() in SLURM_DAEMONS and any(arg.startswith(me + os.sep) for arg in p.cmdline())
+
+
 def cluster_processes(state_dir: Path) -> list[psutil.Process]:
     """Every live process of the cluster in `state_dir`: the daemons (our marker), the slurmstepds they fork, and
     every descendant of those (job scripts and tasks). This process and its parents are never counted."""
@@ -65,8 +72,10 @@ def cluster_processes(state_dir: Path) -> list[psutil.Process]:
     found: dict[int, psutil.Process] = {}
     for p in psutil.process_iter(["pid"]):
         try:
-            ours = p.environ().get(MARKER) == me or (
-                p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs)
+            ours = (
+                p.environ().get(MARKER) == me
+                or (p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs))
+                or _started_with_our_conf(p, me)
             )
             if ours:
                 found[p.pid] = p

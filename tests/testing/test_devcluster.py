@@ -16,7 +16,7 @@ import pytest
 from hpresilience.errors import EnvironmentMissing
 from hpresilience.slurm import parse
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.testing import devaccounting
+from hpresilience.testing import devaccounting, devconf, devprocs
 from hpresilience.testing.devcluster import DevCluster, DevclusterError
 from tests.conftest import TEST_BASE_PORT, full_node_read, require_slurm
 
@@ -129,6 +129,30 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
     assert cl.processes() == []
     assert not any(psutil.pid_exists(p) for p in pids.values())
     assert not (tmp_path / "c2").exists()
+
+
+def test_down_stops_a_slurmd_started_with_its_conf_even_without_the_marker(tmp_path: Path) -> None:
+    """A node's slurmd started by hand (no marker in its environment) with the cluster's slurm.conf is the
+    cluster's: `down` stops it too, so it cannot hold the node's port for the next cluster on these ports."""
+    require_slurm()
+    cl = DevCluster(state_dir=tmp_path / "c5", nodes=1, base_port=TEST_BASE_PORT + 120, accounting=False)
+    try:
+        cl.up(timeout=60)
+        assert cl.kill_node("n1")
+        env = {k: v for k, v in cl.env().items() if k != devprocs.MARKER}  # as the cluster starts it, less the marker
+        slurmd = devconf.slurm_tool("slurmd", cl.release, cl.bin_dir)
+        subprocess.run([slurmd, "-f", str(cl.conf_path), "-N", "n1"], env=env, check=True, timeout=30)
+        deadline = time.monotonic() + 20
+        while not (by_hand := [p for p in psutil.process_iter(["name", "cmdline"]) if _slurmd_of(p, cl)]):
+            assert time.monotonic() < deadline, "the slurmd started by hand did not appear"
+            time.sleep(0.2)
+    finally:
+        cl.down()
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in by_hand)
+
+
+def _slurmd_of(p: psutil.Process, cl: DevCluster) -> bool:
+    return p.info["name"] == "slurmd" and str(cl.conf_path) in (p.info["cmdline"] or [])
 
 
 def test_a_cluster_that_does_not_come_up_leaves_no_process_holding_its_ports(tmp_path: Path) -> None:

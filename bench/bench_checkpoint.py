@@ -46,7 +46,8 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from hpresilience.log import setup_logging
 from hpresilience.torch import CheckpointConfig, MemoryTier, TieredCheckpointer, TierStorageWriter
 from hpresilience.torch.layout import DEFAULT_ALGO
-from hpresilience.torch.reader import readers
+from hpresilience.torch.reader import _PIECE, readers
+from hpresilience.torch.storage import _pread_into
 
 warnings.filterwarnings("ignore")
 GIB = 1 << 30
@@ -178,7 +179,7 @@ def main() -> int:
 
 def kernel_copy(path: Path, target: dict[str, torch.Tensor]) -> None:
     """The floor of any read out of tmpfs: the kernel's copy of the same bytes into the same warm tensors, by as
-    many threads as the restore uses, 1 MiB at a time, nothing else (no hash, no DCP)."""
+    many threads as the restore uses, in its pieces, nothing else (no hash, no DCP)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         views, off = [], 0
@@ -186,9 +187,9 @@ def kernel_copy(path: Path, target: dict[str, torch.Tensor]) -> None:
             views.append((t.numpy().data.cast("B"), off))
             off += t.numel() * t.element_size()
 
-        def one(view: memoryview, at: int) -> None:
-            for i in range(0, len(view), 1 << 20):
-                os.preadv(fd, [view[i : i + (1 << 20)]], at + i)
+        def one(view: memoryview, at: int) -> None:  # the reader's own read, piece by piece, less its hash
+            for i in range(0, len(view), _PIECE):
+                _pread_into(fd, view[i : i + _PIECE], at + i, path)
 
         with ThreadPoolExecutor(readers()) as pool:
             list(pool.map(lambda va: one(*va), views))

@@ -61,7 +61,7 @@ def log_tail(log_dir: Path, lines: int = 15) -> str:
 def _started_with_our_conf(p: psutil.Process, me: str) -> bool:
     """A Slurm daemon started with this cluster's slurm.conf, whatever its environment: one started without our
     marker (seen once: a slurmd n3 that outlived its cluster's `down`) is still the cluster's."""
-    return p.name() in SLURM_DAEMONS and any(arg.startswith(me + os.sep) for arg in p.cmdline())
+    return p.name() in SLURM_DAEMONS and any(_under(arg, me) for arg in p.cmdline())
 
 
 def cluster_processes(state_dir: Path) -> list[psutil.Process]:

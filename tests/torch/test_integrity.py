@@ -81,14 +81,14 @@ def test_a_tensor_that_is_a_view_at_an_odd_offset_is_digested_like_its_copy() ->
     assert tensor_digest([view]) == tensor_digest([view.clone()])
 
 
-def _replica_rank(rank: int, world: int, port: int, out: Any) -> None:
+def _replica_rank(rank: int, world: int, rendezvous: str, out: Any) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from hpresilience.torch import ReplicaCheck
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMD_NODENAME=f"n{rank // 2 + 1}")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    os.environ.update(SLURMD_NODENAME=f"n{rank // 2 + 1}")
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -114,14 +114,14 @@ def _replica_rank(rank: int, world: int, port: int, out: Any) -> None:
 
 
 @pytest.mark.slow  # several ranks, each importing torch
-def test_three_ranks_name_the_one_whose_weights_flipped_at_the_next_check_with_its_node() -> None:
+def test_three_ranks_name_the_one_whose_weights_flipped_at_the_next_check_with_its_node(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    from tests.torch._workers import free_port
+    from tests.torch._workers import rendezvous_file
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.spawn(_replica_rank, args=(3, free_port(), out), nprocs=3, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    mp.spawn(_replica_rank, args=(3, rendezvous_file(tmp_path), out), nprocs=3, join=True)  # type: ignore[attr-defined,no-untyped-call]
     got = dict(out.get(timeout=30) for _ in range(3))
     # Every rank reaches the same verdict: all agree at step 2, rank 2 (node n2) differs at step 4.
     assert all(v == [None, (2, [], []), None, (4, [(2, "n2")], [])] for v in got.values()), got

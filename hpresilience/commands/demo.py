@@ -33,10 +33,10 @@ def demo(c: Ctx, keep: bool, timeout: float, scenario: str | None) -> None:
         state_dir=Path(state_dir),
         nodes=4,
         base_port=dev.base_port,
-        # Short enough for a demo, and twice MessageTimeout (10 s): the checkpointless scenario kills n3's slurmd,
-        # whose port stays open, so each ping round waits MessageTimeout on it; at SlurmdTimeout <= MessageTimeout
-        # slurmctld can set the healthy nodes DOWN with it (docs/slurm-notes.md).
-        overrides={"SlurmdTimeout": "20", **dev.overrides},
+        # Three times MessageTimeout (10 s), not shorter: the checkpointless scenario kills n3's slurmd, whose port
+        # stays open, so each ping round waits MessageTimeout on it, and with less margin slurmctld can set the
+        # healthy nodes DOWN with it (docs/slurm-notes.md). The wrapper does not wait for DOWN.
+        overrides={"SlurmdTimeout": "30", **dev.overrides},
         bin_dir=c.config.slurm.bin_dir,
     )
     tl = Timeline()

@@ -132,7 +132,7 @@ def devcluster() -> None:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="slurm.conf override, e.g. --set SlurmdTimeout=5 (repeatable).",
+    help="slurm.conf override, e.g. --set SlurmdTimeout=60 (repeatable).",
 )
 @click.option(
     "--timeout", type=click.FloatRange(1, 3600), default=30.0, show_default=True, help="Seconds to wait for all-idle."

@@ -41,9 +41,13 @@ POLL_S = 0.1
 # A node that left the job unanswering and came back: a step of it that ends this soon after is taken for
 # Slurm's delayed termination of the job there (_relaunch_slots), not for an application error.
 REJOIN_ABORT_S = 120.0
-# slurmd may abort a step launched just after the old ones ended too (seen: 1.5 s after a settle that found none
-# left): a slot is started again at most this many times per return.
+# A slot is started again at most this many times per return.
 REJOIN_RELAUNCHES = 3
+# slurmd ends the job's termination on a node only at a look that finds no step of the job there, looking at most
+# 10 s apart (pause_for_job_completion, slurmd's req.c in 22.05, slurmd_common.c since): any step of the job there
+# at a look, the relaunched one or a short probe of ours, is killed and the termination goes on. So nothing is
+# launched on the node for this long before its slot's step is started again.
+REJOIN_QUIET_S = 11.0
 MODE = "inprocess"
 
 
@@ -147,9 +151,7 @@ class InProcessLoop:
             if not failed:
                 failed.update(self._hung())
             if failed:
-                before = list(self.plan)
-                self._replace(failed, finished)
-                self._watch_world([slot for slot, n in enumerate(self.plan) if n != before[slot]])
+                self._watch_world(self._replace(failed, finished))
             elif (why := self.guard.poll()) is not None:
                 raise Fallback(why)
             time.sleep(POLL_S)
@@ -213,9 +215,10 @@ class InProcessLoop:
             self.steps.stop(node)
         # Not a second fault, even while a recovery runs (the abort came 18.8 s into one, before the world formed):
         # the slots' new ranks had no state yet, the survivors keep theirs and join the newer world.
-        # slurmd goes on ending the job there for a moment and kills a step launched meanwhile (measured: 1.5 s
-        # after the abort): wait, bounded, until no earlier step of the job is left on the nodes.
-        self.sup.ops.settle(nodes)
+        # slurmd goes on ending the job there and kills every step of the job it finds at its next look: wait
+        # without launching anything there (probing for its old steps kept the termination going: seen, a step
+        # killed twice after 10 s of probes every 0.7 s).
+        self._quiet(nodes)
         new_slots = [self.plan.index(n) for n in nodes]
         self._announce(self.plan, new_slots)
         self.guard.recovering(self.generation)
@@ -228,8 +231,19 @@ class InProcessLoop:
             why="the job's termination on a node that had left it unanswering reached its new step",
         )
 
-    def _replace(self, failed: dict[str, str], finished: set[str]) -> None:
-        """Replace the failed nodes' steps in the running world (Fallback when that cannot be done)."""
+    def _quiet(self, nodes: list[str]) -> None:
+        """REJOIN_QUIET_S with nothing launched on `nodes` (the loop's watches are not polled meanwhile either:
+        the stall watch would probe them); a stop request ends it."""
+        started = time.monotonic()
+        while time.monotonic() - started < REJOIN_QUIET_S and not self.sup.stop_request.signum:
+            time.sleep(POLL_S)
+        self.reporter.decision(
+            "returned_nodes_left_quiet", nodes=",".join(nodes), took_s=round(time.monotonic() - started, 3)
+        )
+
+    def _replace(self, failed: dict[str, str], finished: set[str]) -> list[int]:
+        """Replace the failed nodes' steps in the running world (Fallback when that cannot be done); the slots
+        given new ranks."""
         started = time.monotonic()
         self.reporter.decision(
             "fault_seen",
@@ -258,7 +272,9 @@ class InProcessLoop:
         if moved:
             self.plan = plan
             raise Fallback(f"survivor(s) {','.join(moved)} would change slots in {','.join(plan)}")
-        new_slots = [slot for slot, n in enumerate(plan) if n != self.plan[slot]]
+        # A failed node repaired fast enough is its own replacement (back under its name, in its slot, as
+        # HyperPod's replacement is): its slot gets new ranks all the same.
+        new_slots = [slot for slot, n in enumerate(plan) if n != self.plan[slot] or n in failed]
         self.sup.state.count_restart(Cause.HARDWARE.value)
         self.sup.reporter.count_restart(Cause.HARDWARE.value)
         self.plan = plan
@@ -272,6 +288,7 @@ class InProcessLoop:
             steps_cancelled=",".join(s for _, ids in stopped.values() for s in ids) or None,
             took_s=round(time.monotonic() - started, 3),
         )
+        return new_slots
 
     # -- worlds --------------------------------------------------------------------------------------
     def _announce(self, plan: list[str], new_slots: list[int], first: bool = False) -> None:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import datetime
 import gc
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -56,13 +55,13 @@ import torch.distributed as dist
 
 from hpresilience.torch.agreement import NEW, GaveUp, Recovery, formed_of, replica_group, shard_holders
 from hpresilience.torch.heartbeat import Heartbeat
+from hpresilience.torch.joining import open_store
 from hpresilience.torch.standby import await_assignment
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
 from hpresilience.torch.worldreport import write_formed
 
 WORLD_POLL_S = 0.05
 WAIT_VAR = "HPR_WORLD_WAIT_S"
-STORE_POLL_S = 0.01  # between looks for rank 0's store on a new world's port
 SPIN_S = 0.0005  # the wait between looks at a running all-reduce: what a step pays for being watched
 
 
@@ -288,30 +287,10 @@ class InProcessLoop:
 
     def _join(self, world: World) -> None:
         self.generation, self.world = world.generation, world
-        if self.rank != 0:
-            self._await_store(world)
+        store = open_store(world, self.rank, self.collective_timeout, self._world_moved)
         dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{world.master_addr}:{world.master_port}",
-            rank=self.rank,
-            world_size=world.world_size,
-            timeout=self.collective_timeout,
+            "gloo", store=store, rank=self.rank, world_size=world.world_size, timeout=self.collective_timeout
         )
-
-    def _await_store(self, world: World) -> None:
-        """Wait, looking every STORE_POLL_S, until rank 0's TCPStore listens on the new port. A TCPStore client
-        that finds no listener backs off for about 1.5 s before it tries again (torch 2.13 here), and when every
-        rank joins at once (a warm standby's world) most of them come before rank 0's store: that backoff was
-        most of the join. A newer world while waiting (rank 0's node lost too) ends the wait: that one is joined."""
-        deadline = time.monotonic() + self.collective_timeout.total_seconds()
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection((world.master_addr, world.master_port), timeout=1.0).close()
-                return
-            except OSError:
-                if self._world_moved():
-                    raise RuntimeError(f"generation {world.generation} was replaced while joining it") from None
-                time.sleep(STORE_POLL_S)
 
     def _agree(self, record: Recovery) -> None:
         """Bring every rank to the highest completed step, each from a replica of its own shard (see the

@@ -235,3 +235,48 @@ def test_two_replacements_in_one_job_keep_the_first_survivors_and_the_weights(
     done = [int(s) for s in re.findall(r"^step=(\d+) ", out, re.MULTILINE)]
     assert done == list(range(1, STEPS + 1)), done
     assert set(digests(out).values()) == {reference} and len(digests(out)) == 4, out
+
+
+def test_a_failed_node_repaired_in_time_is_its_own_replacement_and_its_slot_gets_new_ranks(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """No spare and no other node to take (n3 and n4 drained): after `Action:Replace` on n2 the job waits for a
+    replacement; n2, repaired (resumed), is grown back into the job under its own name and in its own slot, as
+    HyperPod's replacement comes back. Its slot still gets new ranks (a step launched there, state from rank 0):
+    the world is not written as if nothing had changed, with the survivors waiting for ranks that never come."""
+    reference = fault_free_digest(tmp_path / "reference", 4, STEPS)
+    (tmp_path / "job").mkdir()
+    slurm.set_node_state(["n3", "n4"], "drain", "held out by the test")
+    run = Run(
+        cluster,
+        slurm,
+        tmp_path / "job",
+        "--auto-resume-mode=inprocess",
+        f"--ntasks-per-node=2 --overcommit python {TRAIN}",
+        nodes=2,
+        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
+    )
+    try:
+        run.wait_output("step=10 ", timeout=180)
+        first = {int(j["rank"]): j for j in joined(run.out) if j["generation"] == "1"}
+        slurm.set_node_state(["n2"], "fail", "Action:Replace")
+        wait_for(lambda: run.named("waiting_for_replacement"), "the wait for a replacement", 120)
+        slurm.set_node_state(["n2"], "resume")
+        wait_for(lambda: len([j for j in joined(run.out) if j["generation"] == "2"]) == 4, "the new world", 240)
+        assert run.wait_done(240) == "0", run.out + run.err
+    finally:
+        with contextlib.suppress(Exception):
+            slurm.cancel(run.job_id)
+        with contextlib.suppress(Exception):
+            slurm.set_node_state(["n2", "n3", "n4"], "resume")
+    out = run.out
+    written = run.named("inprocess_world_written")
+    assert [w["nodes"] for w in written] == ["n1,n2", "n1,n2"] and written[1]["new_ranks"] == "2,3", written
+    second = {int(j["rank"]): j for j in joined(out) if j["generation"] == "2"}
+    assert [second[r]["pid"] for r in (0, 1)] == [first[r]["pid"] for r in (0, 1)], out
+    assert [second[r]["state_from"] for r in (2, 3)] == ["0", "0"], out
+    assert [second[r]["pid"] for r in (2, 3)] != [first[r]["pid"] for r in (2, 3)], out
+    assert not run.named("inprocess_fallback") and not run.named("attempt_started")
+    done = [int(s) for s in re.findall(r"^step=(\d+) ", out, re.MULTILINE)]
+    assert done == list(range(1, STEPS + 1)), done
+    assert set(digests(out).values()) == {reference} and len(digests(out)) == 4, out

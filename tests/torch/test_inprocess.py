@@ -131,3 +131,57 @@ def test_a_rank_that_sees_no_new_world_within_the_bound_gives_up_with_the_fallba
     assert first[0].wait(180) == 86, world.output()
     assert time.monotonic() - started < 170
     assert "hpr-inprocess gave_up rank=0" in world.output()
+
+
+@pytest.fixture(scope="module")
+def reference3(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return fault_free_digest(tmp_path_factory.mktemp("reference3"), 3, STEPS)
+
+
+def ranks_at_store(world: World, count: int, timeout: float) -> None:
+    """Wait until `count` ranks have come to `world`'s store (rank 0 serves it): they wait there for the rest."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    from hpresilience.torch.joining import JOINED_KEY
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            store = TCPStore(world.master_addr, world.master_port, world.world_size, False, timedelta(seconds=5))
+            if store.add(JOINED_KEY, 0) >= count:
+                return
+        except RuntimeError:
+            pass  # rank 0's store not up yet
+        assert time.monotonic() < deadline, f"{count} ranks did not come to generation {world.generation}'s store"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow  # several ranks, each importing torch
+def test_ranks_waiting_in_a_world_the_wrapper_replaced_leave_it_at_once_for_the_newer_one(
+    tmp_path: Path, reference3: str
+) -> None:
+    """Rank 2 dies; generation 2 is written but its new rank never comes (Slurm killed it as it started); the
+    wrapper then writes generation 3 and starts the rank there. The survivors, waiting in generation 2 for it,
+    leave that world as soon as generation 3 is written (inside gloo's own rendezvous they waited out the
+    collective timeout), keep their processes, and the run ends with the fault-free weights."""
+    world = LocalWorld(tmp_path, 3, {"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.1"})
+    first = {rank: world.start(rank, {"DIE_RANK": "2", "DIE_STEP": "5"}) for rank in range(3)}
+    assert first[2].wait(180) == 1
+    ranks_at_store(world.announce((2,)), 2, 120)  # its rank 2 is never started
+    world.announce((2,))
+    world.start(2)
+    codes = world.finish()
+    out = world.output()
+    assert set(codes.values()) == {0}, out
+    left = re.findall(r"^hpr-inprocess join_failed rank=(\d) generation=2 err=(.*)$", out, re.MULTILINE)
+    assert sorted(r for r, _ in left) == ["0", "1"], out
+    # The first to see generation 3 leaves; a rank still waiting on that rank's store then sees it close. None
+    # waited for its wait to run out.
+    assert any("was replaced while joining it" in err for _, err in left), left
+    assert not any("timeout" in err.lower() or "timed out" in err.lower() for _, err in left), left
+    third = {int(j["rank"]): j for j in joined(out) if j["generation"] == "3"}
+    assert {int(third[r]["pid"]) for r in (0, 1)} == {first[r].pid for r in (0, 1)}, out
+    assert third[2]["state_from"] == "0", out
+    assert set(digests(out).values()) == {reference3} and len(digests(out)) == 3, out

@@ -10,7 +10,8 @@
   3. restore time from the memory tier vs from S3 (a local moto server over HTTP; goal >= 5x faster);
   4. restore speed: TieredCheckpointer.load into fresh and into warm target tensors vs a memcpy of the
      same bytes into the same kind of pages, each run's load beside its own memcpy (--restore-runs, 5:
-     min/median/max of the ratios; goal >= 70 % for warm pages, the median);
+     min/median/max of the ratios; goal >= 70 % for warm pages, the median), on the --dir tmpfs as it is
+     mounted, then on a tmpfs with huge pages (huge=within_size, as the compute install sets /dev/shm; root only);
   5. a 60 s save cadence on this state: blocking per save, call to COMMIT marker, and the peer-copy
      traffic per node that competes with the training collectives;
   6. a checkpoint saved by 2 ranks restored onto 4 ranks (2 per node), each loading a quarter
@@ -31,6 +32,7 @@ import functools
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +87,7 @@ def main() -> int:
     try:
         if args.only_restore:
             restore_speed(state, work, args.restore_runs)
+            restore_on_huge_pages(state, args.restore_runs)
             return 0
         # 1. blocking time: sync FileSystemWriter vs async_save to the memory tier (steady state).
         fs_times = []
@@ -167,6 +170,7 @@ def main() -> int:
         if not args.no_s3:
             restore_figures(state, work)
         restore_speed(state, work, args.restore_runs)
+        restore_on_huge_pages(state, args.restore_runs)
         cadence_figures(state, work)
         if not args.no_s3 and args.reshard_gib > 0:
             from bench_reshard import reshard_figures
@@ -234,11 +238,48 @@ def restore_speed(state: dict[str, torch.Tensor], work: Path, runs: int) -> None
             f"each: {' '.join(f'{x:.0%}' for x in r)})"
         )
     print(
-        f"[4] restore from memory (checksums on, {readers()} reader threads, torch threads "
+        f"[4] restore from memory (tier's tmpfs huge={huge_option(work)}; checksums on, {readers()} reader "
+        f"threads, torch threads "
         f"{torch.get_num_threads()}): {' | '.join(parts)} (goal: warm median >= 70%) | the kernel's copy alone "
         f"(pread, no hash) into the same warm targets: median {statistics.median(floor):.0%} of memcpy "
         f"(each: {' '.join(f'{x:.0%}' for x in floor)})"
     )
+
+
+def huge_option(path: Path) -> str:
+    """The `huge=` option of the tmpfs that holds `path` (never when absent), from /proc/mounts."""
+    best, option = "", "never"
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        mnt = fields[1] if len(fields) > 3 else ""
+        inside = str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")
+        if mnt and inside and len(mnt) > len(best):
+            huge = [o.partition("=")[2] for o in fields[3].split(",") if o.startswith("huge=")]
+            best, option = mnt, huge[0] if huge else "never"
+    return option
+
+
+def restore_on_huge_pages(state: dict[str, torch.Tensor], runs: int) -> None:
+    """[4] again with the tier on a tmpfs with huge pages (huge=within_size, what the installed
+    hpresilience-shm-hugepages.service sets on /dev/shm), mounted here for the run; needs root."""
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    mnt = Path(tempfile.mkdtemp(prefix="hpr-bench-huge-"))
+    size = f"{(3 * nbytes) // (1 << 20) + 256}m"
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"huge=within_size,size={size},mode=0700", "hpr-bench", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if res.returncode != 0:
+        mnt.rmdir()
+        print(f"[4] on huge pages: not measured (cannot mount a tmpfs here: {res.stderr.strip()[:200]})")
+        return
+    try:
+        restore_speed(state, mnt, runs)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False, timeout=60)
+        mnt.rmdir()
 
 
 def cadence_figures(state: dict[str, torch.Tensor], work: Path, cadence_s: float = 60.0) -> None:

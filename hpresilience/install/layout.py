@@ -34,6 +34,8 @@ MIN_PYTHON = (3, 11)
 
 AGENT_UNIT = "hpresilience-agent.service"
 CONTROLLER_UNIT = "hpresilience-controller.service"
+# Huge pages for /dev/shm, where the checkpoint memory tier lives: its restore's speed (the unit says why).
+SHM_UNIT = "hpresilience-shm-hugepages.service"
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class Layout:
         return self.at(f"/var/lib/hpresilience/{part}")
 
     def units(self, role: Role) -> list[str]:
-        return {"compute": [AGENT_UNIT], "controller": [CONTROLLER_UNIT], "login": []}[role]
+        return {"compute": [AGENT_UNIT, SHM_UNIT], "controller": [CONTROLLER_UNIT], "login": []}[role]
 
 
 def template(name: str) -> str:

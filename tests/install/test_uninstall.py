@@ -45,12 +45,17 @@ def test_install_then_uninstall_each_role_leaves_nothing_install_wrote(tmp_path:
         lay_out(layout, role, config=None, package_changed=False, use_systemd=False, slurm_conf=None)
     installed = files_under(tmp_path) - before
     assert "etc/systemd/system/hpresilience-agent.service" in installed
+    assert "etc/systemd/system/hpresilience-shm-hugepages.service" in installed
     r = uninstall(tmp_path, "compute")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["systemd"][0] == "systemctl disable --now hpresilience-agent.service"
+    assert out["systemd"][:2] == [
+        "systemctl disable --now hpresilience-agent.service",
+        "systemctl disable --now hpresilience-shm-hugepages.service",
+    ]
     now = files_under(tmp_path)
     assert "etc/systemd/system/hpresilience-agent.service" not in now
+    assert "etc/systemd/system/hpresilience-shm-hugepages.service" not in now
     assert "opt/hpresilience/slurm/healthcheck.sh" not in now
     assert {"opt/hpresilience/bin/srun", "etc/hpresilience/config.yaml", "etc/profile.d/hpresilience.sh"} <= now
     assert json.loads(layout.manifest.read_text())["roles"] == ["login"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.install.layout import AGENT_UNIT, CONTROLLER_UNIT, Layout, render
+from hpresilience.install.layout import AGENT_UNIT, CONTROLLER_UNIT, SHM_UNIT, Layout, render
 from tests.install.conftest import Installed
 
 needs_systemd_analyze = pytest.mark.skipif(
@@ -45,7 +45,7 @@ def test_units_are_hardened(tmp_path: Path, unit: str, limit: float) -> None:
 @needs_systemd_analyze
 def test_installed_units_verify_clean(compute_root: Installed, head_root: Installed) -> None:
     """systemd-analyze verify on the units as installed (their ExecStart binaries exist there)."""
-    for unit in (compute_root.unit(AGENT_UNIT), head_root.unit(CONTROLLER_UNIT)):
+    for unit in (compute_root.unit(AGENT_UNIT), compute_root.unit(SHM_UNIT), head_root.unit(CONTROLLER_UNIT)):
         res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
         problems = [ln for ln in res.stderr.splitlines() if unit.name in ln]
         assert res.returncode == 0 and not problems, res.stderr
@@ -71,3 +71,38 @@ def test_exec_start_with_a_bad_config_exits_2(tmp_path: Path, unit: str, extra: 
         [sys.executable, "-m", "hpresilience", *argv[1:], *extra], capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 2 and "agent.bogus: unknown key" in res.stderr
+
+
+def mount_option(mountpoint: Path, name: str) -> str | None:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[1] == str(mountpoint):
+            found = [o.partition("=")[2] for o in fields[3].split(",") if o.partition("=")[0] == name]
+            return found[0] if found else None
+    return None
+
+
+def test_the_shm_unit_turns_huge_pages_on_for_the_tmpfs_and_its_stop_turns_them_off(tmp_path: Path) -> None:
+    """The unit's own ExecStart and ExecStop, run against a private tmpfs in place of /dev/shm: huge pages
+    within_size after the start (what makes a restore from the memory tier run at memcpy speed), none after the
+    stop."""
+    text = render(SHM_UNIT, Layout(tmp_path / "root"))
+    commands = {
+        key: shlex.split(ln.split("=", 1)[1])
+        for ln in text.splitlines()
+        for key in ("ExecStart", "ExecStop")
+        if ln.startswith(f"{key}=")
+    }
+    assert commands["ExecStart"][-1] == commands["ExecStop"][-1] == "/dev/shm"
+    target = tmp_path / "shm"
+    target.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "hpr-test", str(target)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        for key, want in (("ExecStart", "within_size"), ("ExecStop", None)):
+            argv = [*commands[key][:-1], str(target)]
+            subprocess.run(argv, check=True, capture_output=True, timeout=30)
+            assert mount_option(target, "huge") == want, Path("/proc/mounts").read_text()
+    finally:
+        subprocess.run(["umount", str(target)], check=False, timeout=30)

@@ -20,6 +20,7 @@ def test_the_wheel_carries_the_installed_files_and_the_license(wheel: Path) -> N
         "slurm.conf.hpresilience",
         "hpresilience-agent.service",
         "hpresilience-controller.service",
+        "hpresilience-shm-hugepages.service",
     ):
         assert f"hpresilience/install/data/{f}" in names
     assert any(n.endswith("/licenses/LICENSE") for n in names)

@@ -31,6 +31,21 @@ def wait_for(probe: object, what: str, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def training_job(cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, options: str, nodes: int) -> Run:
+    """The example's data-parallel training (2 ranks per node, no checkpoint anywhere) under `srun --auto-resume=1
+    <options>` in a job of `nodes` nodes."""
+    (tmp_path / "job").mkdir()
+    return Run(
+        cluster,
+        slurm,
+        tmp_path / "job",
+        options,
+        f"--ntasks-per-node=2 --overcommit python {TRAIN}",
+        nodes=nodes,
+        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
+    )
+
+
 def run_through_a_fault(
     cluster: DevCluster, slurm: SlurmClient, tmp_path: Path, fault: Callable[[Run], None], standby: str = "spares"
 ) -> tuple[Run, float]:
@@ -40,16 +55,8 @@ def run_through_a_fault(
     and in order (nothing rolled back), final weights equal bit for bit to the same run's with no fault.
     `standby`: --auto-resume-standby (spares: the spare's ranks wait warm from the start; off: started cold)."""
     reference = fault_free_digest(tmp_path / "reference", 4, STEPS)
-    (tmp_path / "job").mkdir()
-    run = Run(
-        cluster,
-        slurm,
-        tmp_path / "job",
-        f"--auto-resume-mode=inprocess --auto-resume-spares=1 --auto-resume-standby={standby}",
-        f"--ntasks-per-node=2 --overcommit python {TRAIN}",
-        nodes=3,
-        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
-    )
+    options = f"--auto-resume-mode=inprocess --auto-resume-spares=1 --auto-resume-standby={standby}"
+    run = training_job(cluster, slurm, tmp_path, options, 3)
     try:
         run.wait_output("step=10 ", timeout=180)
         first = {int(j["rank"]): j for j in joined(run.out) if j["generation"] == "1"}
@@ -198,16 +205,7 @@ def test_two_replacements_in_one_job_keep_the_first_survivors_and_the_weights(
     n1's ranks are the same processes throughout, each new pair gets its state from rank 0, and the weights are
     the fault-free run's."""
     reference = fault_free_digest(tmp_path / "reference", 4, STEPS)
-    (tmp_path / "job").mkdir()
-    run = Run(
-        cluster,
-        slurm,
-        tmp_path / "job",
-        "--auto-resume-mode=inprocess --auto-resume-spares=2",
-        f"--ntasks-per-node=2 --overcommit python {TRAIN}",
-        nodes=4,
-        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
-    )
+    run = training_job(cluster, slurm, tmp_path, "--auto-resume-mode=inprocess --auto-resume-spares=2", 4)
 
     def in_world(generation: int) -> list[dict[str, str]]:
         return [j for j in joined(run.out) if j["generation"] == str(generation)]
@@ -245,18 +243,9 @@ def test_a_failed_node_repaired_in_time_is_its_own_replacement_and_its_slot_gets
     HyperPod's replacement comes back. Its slot still gets new ranks (a step launched there, state from rank 0):
     the world is not written as if nothing had changed, with the survivors waiting for ranks that never come."""
     reference = fault_free_digest(tmp_path / "reference", 4, STEPS)
-    (tmp_path / "job").mkdir()
     slurm.set_node_state(["n3", "n4"], "drain", "held out by the test")
-    run = Run(
-        cluster,
-        slurm,
-        tmp_path / "job",
-        "--auto-resume-mode=inprocess",
-        f"--ntasks-per-node=2 --overcommit python {TRAIN}",
-        nodes=2,
-        env={"TRAIN_STEPS": str(STEPS), "STEP_SLEEP": "0.15", "HPR_WORLD_WAIT_S": "120"},
-    )
     try:
+        run = training_job(cluster, slurm, tmp_path, "--auto-resume-mode=inprocess", 2)
         run.wait_output("step=10 ", timeout=180)
         first = {int(j["rank"]): j for j in joined(run.out) if j["generation"] == "1"}
         slurm.set_node_state(["n2"], "fail", "Action:Replace")
@@ -267,8 +256,9 @@ def test_a_failed_node_repaired_in_time_is_its_own_replacement_and_its_slot_gets
     finally:
         with contextlib.suppress(Exception):
             slurm.cancel(run.job_id)
+        slurm.set_node_state(["n3", "n4"], "resume")
         with contextlib.suppress(Exception):
-            slurm.set_node_state(["n2", "n3", "n4"], "resume")
+            slurm.set_node_state(["n2"], "resume")
     out = run.out
     written = run.named("inprocess_world_written")
     assert [w["nodes"] for w in written] == ["n1,n2", "n1,n2"] and written[1]["new_ranks"] == "2,3", written

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,14 +15,9 @@ from hpresilience.errors import ConfigError, ExternalError
 from hpresilience.reasons import Action
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
+from tests.ports import free_port
 
 AMI = "ami-12c6146b"  # one of moto's built-in images
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 import traceback
@@ -43,12 +42,6 @@ def _in_test_env(env: dict[str, str], cwd: str, body: Any, args: tuple[Any, ...]
 def _rank(body: Any, *args: Any) -> Any:
     """A process that runs `body(*args)` in this process's environment and working directory."""
     return _context().Process(target=_in_test_env, args=(dict(os.environ), os.getcwd(), body, args))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def state_for(step: int, rank: int, *, numel: int = 1000) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.torch._workers import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

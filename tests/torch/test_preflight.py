@@ -4,20 +4,14 @@ three nodes by SLURMD_NODENAME, real gloo over loopback. Its lines are what slur
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from hpresilience.slurm.preflight import parse_preflight_output
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(node: str, nodes: list[str], port: int, bound_s: float) -> subprocess.Popen[str]:

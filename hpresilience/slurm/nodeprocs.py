@@ -84,7 +84,12 @@ def probe_marked_processes(
     timeout: float,
 ) -> dict[str, str | None]:
     """Run the probe on every node at once (one --overlap task each), each bounded by `timeout`: the raw
-    report per node, None for a node that did not answer in time. `signals[node]`: (pid, signal) to send."""
+    report per node, None for a node that did not answer in time. `signals[node]`: (pid, signal) to send.
+
+    One srun per node, not one for all: when the launch fails on one node (its slurmd gone) srun aborts the whole
+    step (`Application launch failed`, then slurm_step_launch_abort: launch_slurm.c), and a node whose slurmd is
+    wedged holds every node's launch for MessageTimeout; the other nodes would then look unanswering, and the
+    attribution blames a node that does not answer. A probe runs only after a hang is declared."""
     from concurrent.futures import ThreadPoolExecutor
 
     def probe(node: str) -> str | None:

@@ -1,0 +1,46 @@
+"""A node that leaves the job and joins it again within a second: its next step is refused.
+
+When the job shrinks off a node, slurmctld's REQUEST_TERMINATE_JOB carries its own time (whole seconds) and slurmd
+revokes the job's credentials up to it (`slurm_cred_revoke`); a step credential created in that same second is
+then refused (`cred->ctime <= revoked`): `srun: error: Task launch for StepId=J.S failed on node n2: Job credential
+revoked`, and the step never starts. Seen in CI on 22.05: n2 released at 22:33:26.16, grown back into the job at
+26.78 (the failed node, repaired, is its own replacement), its step launched at 26.81 and refused. A step created
+in a later second than the release passes, so a node released this recently is launched on only once that second
+has passed, with REVOKE_MARGIN_S for the clock of the host this runs on against slurmctld's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from hpresilience.autoresume.report import Reporter
+from hpresilience.slurm.hostlist import compress
+
+REVOKE_MARGIN_S = 0.5
+
+
+def wait_out_revocation(
+    released_at: Mapping[str, float],
+    nodes: Sequence[str],
+    reporter: Reporter,
+    *,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Before a step on `nodes`: wait until the second after the latest release of any of them (wall clock,
+    `released_at`: when each was released from the job) has begun, plus the margin. The seconds waited."""
+    latest = max((released_at[n] for n in nodes if n in released_at), default=None)
+    if latest is None:
+        return 0.0
+    wait = math.floor(latest) + 1 + REVOKE_MARGIN_S - now()
+    if wait <= 0:
+        return 0.0
+    reporter.decision(
+        "rejoined_nodes_waited_for_credentials",
+        nodes=compress([n for n in nodes if n in released_at]),
+        waited_s=round(wait, 3),
+    )
+    sleep(wait)
+    return wait

@@ -25,6 +25,7 @@ import time
 from hpresilience.autoresume.decide.capacity import BatchHostLost, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause
 from hpresilience.autoresume.decide.ending import unanswering
+from hpresilience.autoresume.decide.rejoin import EndedSteps, sort_ended
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
 from hpresilience.autoresume.inprocess_watch import InProcessHangs
 from hpresilience.autoresume.inprocessguard import RecoveryGuard
@@ -145,7 +146,7 @@ class InProcessLoop:
                 for node in verdict.nodes:
                     failed.setdefault(node, verdict.why)
             if ended:
-                failed.update(self._dead(ended))
+                failed.update(self._dead(ended, finished))
             if not failed:
                 failed.update(self._stalled())
             if not failed:
@@ -184,25 +185,39 @@ class InProcessLoop:
         if self.hangs is not None:
             self.hangs.new_world(self.generation, self.plan, self.tasks_per_node, new_slots)
 
-    def _dead(self, ended: dict[str, int]) -> dict[str, str]:
+    def _dead(self, ended: dict[str, int], finished: set[str]) -> dict[str, str]:
         """A node whose step ended badly: replaced when it runs no task (a dead node: its slurmd is gone long
         before Slurm's SlurmdTimeout says so; released from the job while Slurm still calls it responding, as any
         unanswering node is: capacity.mark_unanswering);
         a node that answers had an application error, which is the relaunch path's to weigh."""
         nodes = sorted(ended)
         dead = unanswering(self.sup.client, self.reporter, self.sup.job_id, nodes, self.sup.env, mode=MODE)
-        now = time.monotonic()
-        back = {n: self.rejoined[n] for n in nodes if n not in dead and n in self.rejoined}
-        again = [n for n, (at, tries) in back.items() if now - at < REJOIN_ABORT_S and tries < REJOIN_RELAUNCHES]
-        alive = [n for n in nodes if n not in dead and n not in again]
-        if alive:
-            codes = ",".join(f"{n}:{ended[n]}" for n in alive)
+        steps = self._sort_ended([n for n in nodes if n not in dead], finished)
+        if steps.again:  # a relaunch waits (_quiet); meanwhile the other nodes may finish the training
+            self._quiet(steps.again)
+            steps = self._sort_ended(steps.again, finished)
+        if steps.failed:
+            codes = ",".join(f"{n}:{ended[n]}" for n in steps.failed)
             raise Fallback(f"step(s) ended badly on node(s) that answer ({codes}): an application error")
-        if again:
-            self._relaunch_slots(again, ended)
+        if steps.finished:
+            finished.update(steps.finished)
+            self.reporter.decision(
+                "inprocess_step_ended_after_training",
+                nodes=",".join(steps.finished),
+                exit_codes=",".join(f"{n}:{ended[n]}" for n in steps.finished),
+                why="every other node finished the training; the job's delayed termination reached this one's step",
+            )
+        if steps.again:
+            self._relaunch_slots(steps.again, ended)
         self.sup.capacity.mark_unanswering(dead)
         self.left_unanswering.update(dead)
         return {n: f"its step ended with exit status {ended[n]} and it runs no task" for n in dead}
+
+    def _sort_ended(self, answering: list[str], finished: set[str]) -> EndedSteps:
+        """rejoin.sort_ended, counting as finished the steps that have exited 0 but were not looked at yet."""
+        done = finished | {n for n, step in self.steps.running.items() if step.process.poll() == 0}
+        now = time.monotonic()
+        return sort_ended(answering, self.rejoined, done, self.plan, now, REJOIN_ABORT_S, REJOIN_RELAUNCHES)
 
     def _relaunch_slots(self, nodes: list[str], ended: dict[str, int]) -> None:
         """A node that left the job unanswering and was taken back (repaired): slurmctld still holds the job's
@@ -215,10 +230,9 @@ class InProcessLoop:
             self.steps.stop(node)
         # Not a second fault, even while a recovery runs (the abort came 18.8 s into one, before the world formed):
         # the slots' new ranks had no state yet, the survivors keep theirs and join the newer world.
-        # slurmd goes on ending the job there and kills every step of the job it finds at its next look: wait
-        # without launching anything there (probing for its old steps kept the termination going: seen, a step
-        # killed twice after 10 s of probes every 0.7 s).
-        self._quiet(nodes)
+        # slurmd goes on ending the job there and kills every step of the job it finds at its next look: the
+        # caller has waited without launching anything there (_quiet; probing for its old steps kept the
+        # termination going: seen, a step killed twice after 10 s of probes every 0.7 s).
         new_slots = [self.plan.index(n) for n in nodes]
         self._announce(self.plan, new_slots)
         self.guard.recovering(self.generation)

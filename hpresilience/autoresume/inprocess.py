@@ -192,13 +192,14 @@ class InProcessLoop:
         a node that answers had an application error, which is the relaunch path's to weigh."""
         nodes = sorted(ended)
         dead = unanswering(self.sup.client, self.reporter, self.sup.job_id, nodes, self.sup.env, mode=MODE)
-        steps = self._sort_ended([n for n in nodes if n not in dead], finished)
-        if steps.again:  # a relaunch waits (_quiet); meanwhile the other nodes may finish the training
-            self._quiet(steps.again)
-            steps = self._sort_ended(steps.again, finished)
+        seen_at = time.monotonic()
+        steps = self._sort_ended([n for n in nodes if n not in dead], finished, seen_at)
         if steps.failed:
             codes = ",".join(f"{n}:{ended[n]}" for n in steps.failed)
             raise Fallback(f"step(s) ended badly on node(s) that answer ({codes}): an application error")
+        if steps.again:  # a relaunch waits (_quiet); meanwhile the other nodes may finish the training
+            self._quiet(steps.again)
+            steps = self._sort_ended(steps.again, finished, seen_at)  # judged as of the end seen: none fails now
         if steps.finished:
             finished.update(steps.finished)
             self.reporter.decision(
@@ -213,11 +214,10 @@ class InProcessLoop:
         self.left_unanswering.update(dead)
         return {n: f"its step ended with exit status {ended[n]} and it runs no task" for n in dead}
 
-    def _sort_ended(self, answering: list[str], finished: set[str]) -> EndedSteps:
+    def _sort_ended(self, answering: list[str], finished: set[str], seen_at: float) -> EndedSteps:
         """rejoin.sort_ended, counting as finished the steps that have exited 0 but were not looked at yet."""
         done = finished | {n for n, step in self.steps.running.items() if step.process.poll() == 0}
-        now = time.monotonic()
-        return sort_ended(answering, self.rejoined, done, self.plan, now, REJOIN_ABORT_S, REJOIN_RELAUNCHES)
+        return sort_ended(answering, self.rejoined, done, self.plan, seen_at, REJOIN_ABORT_S, REJOIN_RELAUNCHES)
 
     def _relaunch_slots(self, nodes: list[str], ended: dict[str, int]) -> None:
         """A node that left the job unanswering and was taken back (repaired): slurmctld still holds the job's

@@ -72,7 +72,7 @@ class Capacity:
         self._unreachable: set[str] = set()
         self._slurm_lost: set[str] = set()  # NOT_RESPONDING or DOWN in Slurm's eyes already
         self._dead: set[str] = set()  # ran no probe task: treated as Slurm will once SlurmdTimeout passes
-        self.released_at: dict[str, float] = {}  # node -> when it left the job (wall clock; rejoin.py)
+        self._released_at: dict[str, float] = {}  # node -> when it left the job (wall clock; rejoin.py)
 
     def _probe(self, failed_event: str, probe: Callable[[], bool]) -> bool:
         """One look at how the cluster is configured; a failed look is the cautious answer, no."""
@@ -154,7 +154,7 @@ class Capacity:
                 "permit_job_expansion), so no node can join the running job"
             )
         grown, added = self._grow(size - left, job.partition)
-        wait_out_revocation(self.released_at, added, self.reporter)
+        wait_out_revocation(self._released_at, added, self.reporter)
         # A node that joined was idle, so usable, a moment ago: a blamed node among them is the failed node back
         # after repair under its own name (HyperPod's replacement, and the only one on a full cluster). It no
         # longer stays out; the set is read again so that a node marked meanwhile is still left out.
@@ -262,7 +262,7 @@ class Capacity:
             return None
         self.state.resized = True
         self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen))
-        wait_out_revocation(self.released_at, chosen, self.reporter)
+        wait_out_revocation(self._released_at, chosen, self.reporter)
         plan = plan_nodes(grown.nodes, size, kept, [*previous, *chosen])
         if plan is not None:
             self._swapped(previous, plan, "grown")
@@ -300,7 +300,7 @@ class Capacity:
                 final=self.state.resize_refused,
             )
             return self.client.job(self.job_id)
-        self.released_at.update(dict.fromkeys(release, time.time()))
+        self._released_at.update(dict.fromkeys(release, time.time()))
         self.state.kept_out = [n for n in self.state.kept_out if n in job.nodes]
         self.reporter.decision("allocation_shrunk", released=compress(release), nodes=compress(job.nodes))
         return job

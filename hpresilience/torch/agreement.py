@@ -10,7 +10,7 @@ to the relaunch path. Torch-free: the decisions are plain arithmetic over the ta
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ class Recovery:
     cause: str
     step: int
     state_from: int | None = None  # the rank this one's state came from (a new rank)
+    refused: str = ""  # why this rank could not take its peer's state (its model differs)
     grads_from: int | None = None  # the rank whose averaged gradients this one applied (one step behind)
     started_at: float = field(default_factory=time.time)
     torn_down_at: float = 0.0  # the old process group was gone
@@ -59,6 +60,15 @@ def shard_holders(shard_of: Mapping[int, int], done: Mapping[int, int]) -> tuple
         if best < top:
             raise GaveUp(f"no replica of shard {shard} completed step {top} (its ranks reached {best})")
     return holders, top
+
+
+def state_pairs(mine: Sequence[int], done: Mapping[int, int], top: int) -> dict[int, int]:
+    """Which rank sends its state to which rank that needs it (new, or more than a step behind), within one
+    shard's ranks: the receivers in rank order dealt round to the ranks at `top` in rank order, so a replaced
+    node's ranks take their state from as many peers at once, not all from one."""
+    sources = [r for r in mine if done[r] == top]
+    receivers = [r for r in mine if done[r] == NEW or done[r] < top - 1]
+    return {r: sources[i % len(sources)] for i, r in enumerate(receivers)} if sources else {}
 
 
 def replica_group(

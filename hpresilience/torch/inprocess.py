@@ -19,8 +19,9 @@ keep the replicas equal through a fault:
   differ by at most one step. A rank one step behind receives the averaged gradients of that step from a rank
   that completed it (every rank keeps the last step's averaged gradients) and applies them: the same update on the
   same state, so the replicas stay equal bit for bit and no step is computed twice.
-- The replacement's ranks start with no state: they receive model and optimizer state from the lowest-ranked
-  survivor that holds the same shard, over the new group (a broadcast), and report which rank it came from.
+- The replacement's ranks start with no state: they receive model and optimizer state from a survivor that holds
+  the same shard (dealt round, so several new ranks take it from several peers at once), tensor by tensor into
+  their own model (transfer.py), and report which rank it came from.
 - Shards (HSDP-like): a rank declares the shard it holds (`shard=`: a number, or a function of the rank, which a
   warm standby learns only at its assignment; default 0: pure DDP, every rank a replica of
   every other). Ranks of one shard are its replica group: the gradients are averaged within it, and only they
@@ -53,10 +54,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpresilience.torch.agreement import NEW, GaveUp, Recovery, formed_of, replica_group, shard_holders
+from hpresilience.torch.agreement import (
+    NEW,
+    GaveUp,
+    Recovery,
+    formed_of,
+    replica_group,
+    shard_holders,
+    state_pairs,
+)
 from hpresilience.torch.heartbeat import Heartbeat
 from hpresilience.torch.joining import open_store
 from hpresilience.torch.standby import await_assignment
+from hpresilience.torch.transfer import StateRefused, receive_state, send_state
 from hpresilience.torch.world import EXIT_INPROCESS_GAVE_UP, Placement, World, WorldFileError, read_world
 from hpresilience.torch.worldreport import write_formed
 
@@ -304,9 +314,6 @@ class InProcessLoop:
         mine = holders[self.shard]
         record.state_to = sum(1 for d in done.values() if d == NEW or d < top - 1)
         record.grads_to = sum(1 for d in done.values() if d == top - 1) if top > 0 else 0
-        bottom = min(done[r] for r in mine)
-        if bottom == top:
-            return
         source = min(r for r in mine if done[r] == top)
         if top > 0 and any(done[r] == top - 1 for r in mine):
             if self.rank == source and (self.last_grads is None or self.last_grads_step != top):
@@ -316,17 +323,30 @@ class InProcessLoop:
             if self.completed == top - 1:
                 self._apply(flat, self.completed)
                 record.grads_from = source
-        if bottom < top - 1 or bottom == NEW:
-            box: list[Any] = [None]
-            if self.rank == source:
-                box = [{"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": top}]
-            dist.broadcast_object_list(box, src=source, group=self.replicas)
-            if self.completed != top:  # no state (NEW), or more than a step behind
-                self.model.load_state_dict(box[0]["model"])
-                self.optimizer.load_state_dict(box[0]["optimizer"])
-                self.completed = int(box[0]["step"])
-                self.last_grads = None
-                record.state_from = source
+        self._pass_state(state_pairs(mine, done, top), top, record)
+        if any(d == NEW or d < top - 1 for d in done.values()):
+            # Every rank learns whether every transfer of the world went through, so all go on or all give up.
+            ok = torch.tensor([0 if record.refused else 1], dtype=torch.int64)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            if not int(ok):
+                raise GaveUp(record.refused or "a new rank refused its peer's state (its gave_up line says why)")
+
+    def _pass_state(self, pairs: dict[int, int], top: int, record: Recovery) -> None:
+        """Send this rank's state to the ranks it was dealt, or receive its own (transfer.py)."""
+        for receiver, source in pairs.items():
+            if source == self.rank:
+                send_state(self.model, self.optimizer, top, receiver, self.replicas)
+        if self.rank not in pairs:
+            return
+        # The tensors are written in place: from here until the last byte this rank holds no usable state, and a
+        # fault midway leaves it a new rank in the next world, not a half-updated replica.
+        self.completed, self.last_grads = NEW, None
+        try:
+            self.completed = receive_state(self.model, self.optimizer, pairs[self.rank], self.replicas)
+        except StateRefused as why:
+            record.refused = f"rank {self.rank} cannot take rank {pairs[self.rank]}'s state: {why}"
+            return
+        record.state_from = pairs[self.rank]
 
     def _replica_group(self, holders: dict[int, list[int]]) -> None:
         self.replicas, self.replica_size = replica_group(holders, self.shard, self.world_size)

@@ -239,7 +239,9 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
         kept = [r for r in range(6) if r not in new]
         assert [pids[g][r]["pid"] for r in kept] == [pids[before][r]["pid"] for r in kept], out
         assert all(pids[g][r]["pid"] != pids[before][r]["pid"] for r in new), out
-        assert [pids[g][r]["state_from"] for r in sorted(new)] == ["0", "0"], out
+        # Each new rank took its state from a different survivor (transfer.py deals them round).
+        sources = [int(pids[g][r]["state_from"]) for r in sorted(new)]
+        assert len(set(sources)) == len(new) and set(sources) <= set(kept), out
     # The three faults, in order, as this mode sees them.
     assert [e["replaced"] for e in run.named("inprocess_replaced")] == [replaced, dead, hung]
     assert run.named("node_fault_seen")[0]["node"] == replaced

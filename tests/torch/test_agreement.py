@@ -1,0 +1,29 @@
+"""What the ranks of a new world decide from their exchanged table (hpresilience/torch/agreement.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpresilience.torch.agreement import NEW, GaveUp, shard_holders, state_pairs
+
+
+def test_a_replaced_nodes_ranks_take_their_state_from_different_survivors() -> None:
+    done = {0: 9, 1: 9, 2: NEW, 3: NEW, 4: 9, 5: 9}
+    assert state_pairs(list(done), done, 9) == {2: 0, 3: 1}
+
+
+def test_more_receivers_than_survivors_are_dealt_round_and_only_ranks_at_the_top_step_send() -> None:
+    done = {0: 9, 1: 8, 2: NEW, 3: NEW, 4: 3}  # rank 1 is one step behind: it takes gradients, and sends nothing
+    assert state_pairs(list(done), done, 9) == {2: 0, 3: 0, 4: 0}
+    done = {0: 9, 1: 9, 2: NEW, 3: NEW, 4: NEW}
+    assert state_pairs(list(done), done, 9) == {2: 0, 3: 1, 4: 0}
+
+
+def test_a_world_where_every_rank_is_at_the_top_step_passes_no_state() -> None:
+    done = {0: 4, 1: 4}
+    assert state_pairs(list(done), done, 4) == {}
+
+
+def test_a_shard_whose_every_holder_is_new_gives_up_naming_the_shard() -> None:
+    with pytest.raises(GaveUp, match="shard 1"):
+        shard_holders({0: 0, 1: 1, 2: 1}, {0: 5, 1: NEW, 2: NEW})

@@ -363,7 +363,9 @@ class InProcessLoop:
             self._say(f"hpr-inprocess report_failed rank={self.rank} err={err!s:.120}")
 
     def _empty_flat(self) -> torch.Tensor:
-        return torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
+        return torch.zeros(
+            sum(p.numel() for p in self.params), dtype=self.params[0].dtype, device=self.params[0].device
+        )
 
     def _say(self, line: str) -> None:
         print(line, file=self.out, flush=True)

@@ -37,18 +37,18 @@ class Tagged(torch.nn.Module):
         return out
 
 
-def build(width: int, trained: bool) -> tuple[Tagged, torch.optim.Optimizer]:
+def build(width: int, trained: bool, device: str = "cpu") -> tuple[Tagged, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = Tagged(width)
+    model = Tagged(width).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     if trained:  # the survivor: some steps taken, so its weights, buffers and moments differ from a fresh build
         for i in range(3):
             torch.manual_seed(100 + i)
             opt.zero_grad()
-            model(torch.randn(5, width)).pow(2).sum().backward()
+            model(torch.randn(5, width, device=device)).pow(2).sum().backward()
             opt.step()
         opt.param_groups[0]["lr"] = 0.004
-        model.get_buffer("turned").add_(torch.arange(3 * width, dtype=torch.float32).view(3, width))
+        model.get_buffer("turned").add_(torch.arange(3 * width, dtype=torch.float32, device=device).view(3, width))
         model.tag = "trained"
     return model, opt
 
@@ -57,10 +57,10 @@ def digest(model: Tagged, opt: torch.optim.Optimizer) -> str:
     h = hashlib.sha256()
     for v in model.state_dict().values():
         if isinstance(v, torch.Tensor):
-            h.update(v.contiguous().numpy().tobytes())
+            h.update(v.detach().cpu().contiguous().numpy().tobytes())
     for per in opt.state_dict()["state"].values():
         for k in sorted(per):
-            h.update(per[k].contiguous().numpy().tobytes())
+            h.update(per[k].detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -73,7 +73,8 @@ def body(rank: int, world: int, rendezvous: str, base: str, kw: dict[str, Any]) 
         _init(rank, world, rendezvous, 30.0)
         transfer.UNIT_BYTES = kw.get("unit_bytes", transfer.UNIT_BYTES)
         width = kw["width"] + (1 if rank in kw.get("different", ()) else 0)
-        model, opt = build(width, trained=rank == 0)
+        device = kw.get("device", "cpu")
+        model, opt = build(width, trained=rank == 0, device=device)
         if rank == 0:
             for r in range(1, world):
                 transfer.send_state(model, opt, 42, r, None)
@@ -85,10 +86,11 @@ def body(rank: int, world: int, rendezvous: str, base: str, kw: dict[str, Any]) 
         res["received_digest"] = digest(model, opt)
         res["lr"] = opt.param_groups[0]["lr"]
         res["tag"] = model.tag
+        res["devices"] = sorted({t.device.type for t in model.state_dict().values() if isinstance(t, torch.Tensor)})
         if "refused" not in res:
             torch.manual_seed(7)
             opt.zero_grad()
-            model(torch.randn(5, width)).pow(2).sum().backward()
+            model(torch.randn(5, width).to(device)).pow(2).sum().backward()
             opt.step()
             res["after_step_digest"] = digest(model, opt)
         dist.destroy_process_group()

@@ -194,12 +194,8 @@ def _post_commit_failure(rank: int, ckpt: TieredCheckpointer, res: dict[str, Any
     dist.barrier()
 
 
-def run_ranks(base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any) -> list[dict[str, Any]]:
-    """Run `task` on `world` rank processes; return each rank's result (or its error)."""
-    rendezvous = rendezvous_file(base)
-    for r in range(world):
-        (base / f"result_{task}_{r}.json").unlink(missing_ok=True)
-    procs = [_rank(_body, r, world, rendezvous, str(base), task, dict(kw)) for r in range(world)]
+def start_and_join(procs: list[Any], timeout: float) -> None:
+    """Start the rank processes and wait for each (killed past `timeout`: a hung rank fails the test, not CI)."""
     for p in procs:
         p.start()
     for p in procs:
@@ -207,6 +203,15 @@ def run_ranks(base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def run_ranks(base: Path, task: str, world: int = 2, timeout: float = 60.0, **kw: Any) -> list[dict[str, Any]]:
+    """Run `task` on `world` rank processes; return each rank's result (or its error)."""
+    rendezvous = rendezvous_file(base)
+    for r in range(world):
+        (base / f"result_{task}_{r}.json").unlink(missing_ok=True)
+    procs = [_rank(_body, r, world, rendezvous, str(base), task, dict(kw)) for r in range(world)]
+    start_and_join(procs, timeout)
     results = []
     for r in range(world):
         f = base / f"result_{task}_{r}.json"
@@ -276,13 +281,7 @@ def run_scenario(base: Path, phases: list[dict[str, Any]], timeout: float = 240.
     for r in range(procs_n):
         (base / f"result_scenario_{r}.json").unlink(missing_ok=True)
     procs = [_rank(_scenario_body, r, str(base), phases) for r in range(procs_n)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-        if p.is_alive():
-            p.kill()
-            p.join()
+    start_and_join(procs, timeout)
     results = []
     for r in range(procs_n):
         f = base / f"result_scenario_{r}.json"

@@ -9,19 +9,13 @@ from typing import Any
 import pytest
 
 from tests.torch._transfer_ranks import body
-from tests.torch._workers import _rank, rendezvous_file
+from tests.torch._workers import _rank, rendezvous_file, start_and_join
 
 
 def run(base: Path, world: int, **kw: Any) -> list[dict[str, Any]]:
     rendezvous = rendezvous_file(base)
     procs = [_rank(body, r, world, rendezvous, str(base), kw) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        if p.is_alive():
-            p.kill()
-            p.join()
+    start_and_join(procs, 60)
     results = []
     for r in range(world):
         f = base / f"transfer_{r}.json"

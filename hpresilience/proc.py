@@ -6,6 +6,12 @@ jobs, a `stress-ng` that ignores SIGTERM) die with it. By default the group is k
 exits, so nothing it started outlives it; a caller whose command may leave a daemon on purpose (ssh's
 ControlPersist master behind a site script) says `kill_leftovers=False`.
 
+A command also dies when the process that started it dies (Linux's parent-death signal, SIGKILL): its own
+session puts it out of reach of whoever kills ours by group. slurmd ends a HealthCheckProgram that overruns
+with SIGKILL to the program's process group; the stress-ng the check had started then loaded the whole node
+until its own --timeout, while the node could take a job. The signal is the starting thread's (the kernel's
+rule): `run` and `background` wait in the thread that started the command, so it outlives the command.
+
 A timeout is not an exception here: the result says `timed_out`, and each caller turns that into its own
 error (the Slurm runner's SlurmTimeout, a check's `unknown`). A command that cannot be started at all is
 EnvironmentMissing (not installed) or ExternalError (not executable).
@@ -17,13 +23,14 @@ all and refuses further starts, when the work as a whole runs out of time.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +128,33 @@ def resolve(tool: str) -> str | None:
     return shutil.which(tool)
 
 
+def _linux_prctl() -> Callable[..., int] | None:
+    try:
+        fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal, the group kill still holds
+        return None
+    return fn
+
+
+_PRCTL = _linux_prctl()  # resolved here: the child, between fork and exec, must not load anything
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """What the child runs before exec: SIGKILL to it when the thread that started it is gone; if the parent died
+    before the signal was set (a fork then a kill), it ends itself at once rather than run unowned."""
+    prctl = _PRCTL
+    if prctl is None:
+        return None
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
 def _popen(
     argv: list[str],
     env: dict[str, str] | None,
@@ -132,8 +166,16 @@ def _popen(
     if not argv:
         raise ExternalError("cannot run an empty command")
     try:
+        # preexec_fn with threads about: the hook calls one C function resolved at import, and takes no lock.
         return subprocess.Popen(
-            argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, start_new_session=True
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with(os.getpid()),
         )
     except FileNotFoundError as err:
         if cwd is not None and str(err.filename) == str(cwd):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -64,6 +66,28 @@ def test_kill_leftovers_false_leaves_a_daemon_alone() -> None:
         assert not gone(pid, within=0.3)
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def test_a_command_dies_with_the_program_that_started_it_when_that_is_killed_by_group(tmp_path: Path) -> None:
+    """As slurmd ends a HealthCheckProgram that overruns: SIGKILL to the program's process group. The command the
+    program started (stress-ng in the field) has a session of its own, so the group kill misses it; it must die
+    with the program all the same, not run on to its own timeout."""
+    pidfile = tmp_path / "pid"
+    program = (
+        f"from hpresilience import proc; proc.run(['sh', '-c', 'echo $$ > {pidfile}; exec sleep 300'], timeout=300)"
+    )
+    checker = subprocess.Popen([sys.executable, "-c", program], start_new_session=True)
+    pid = 0
+    try:
+        pid = wait_for_pid(pidfile)
+        assert not gone(pid, within=0.3)
+        os.killpg(checker.pid, signal.SIGKILL)
+        checker.wait(10)
+        assert gone(pid), "the command outlived the program that started it"
+    finally:
+        checker.kill()
+        if pid and not gone(pid, within=0):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_pipes_carry_stdout_stderr_and_exit_code() -> None:

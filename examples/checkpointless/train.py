@@ -15,7 +15,9 @@ Test hooks (the tests only): DIE_RANK / DIE_STEP: that rank, in the in-process m
 step (os._exit);
 SLOW_RANK: that rank sleeps 3x longer per step;
 STEP_SLEEP_FILE: a file holding the seconds of "work" per step, read at every step (a test paces a long run
-through its faults, then lets it finish at once).
+through its faults, then lets it finish at once);
+HIDDEN: the hidden layer's width (default 32): a replacement started with another has a model its peers' state
+does not fit.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def main() -> None:
     steps = int(os.environ.get("TRAIN_STEPS", "100"))
     sleep = float(os.environ.get("STEP_SLEEP", "0.05"))
     torch.manual_seed(0)  # every rank of the first world builds the same model
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    hidden = int(os.environ.get("HIDDEN", "32"))
+    model = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 4))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     loop = InProcessLoop(model, optimizer)
     die_rank = int(os.environ.get("DIE_RANK", "-1"))

@@ -108,6 +108,33 @@ def test_a_lost_replica_of_a_shard_is_rebuilt_from_its_surviving_replica_not_fro
     assert all(v >= 0 for v in formed.parts().values()), formed
 
 
+@pytest.mark.slow  # several ranks, each importing torch
+def test_a_replacement_whose_model_differs_from_its_peers_makes_every_rank_give_up_naming_the_tensor(
+    tmp_path: Path,
+) -> None:
+    """The replacement's model is wider than the survivors' (changed code or config on the shared file system):
+    it refuses the survivor's state before a byte is sent, and every rank gives up together with the fallback
+    code, the survivor saying which rank refused and why; nobody trains on with half a model."""
+    world = LocalWorld(
+        tmp_path,
+        2,
+        {"TRAIN_STEPS": "40", "STEP_SLEEP": "0.02"},
+        script=REPO / "examples" / "checkpointless" / "train.py",
+    )
+    first = {rank: world.start(rank, {"DIE_RANK": "1", "DIE_STEP": "3"}) for rank in range(2)}
+    assert first[1].wait(180) == 1
+    world.announce((1,))
+    world.start(1, {"HIDDEN": "33"})
+    codes = world.finish()
+    out = world.output()
+    assert codes == {0: EXIT_INPROCESS_GAVE_UP, 1: EXIT_INPROCESS_GAVE_UP}, out
+    why = (
+        "rank 1 cannot take rank 0's state: 0.weight: (33, 16) torch.float32 here, (32, 16) torch.float32 at the source"
+    )
+    assert f"hpr-inprocess gave_up rank=1 why={why!r}" in out, out
+    assert """hpr-inprocess gave_up rank=0 why="a new rank refused its peer's state""" in out, out
+
+
 def test_a_formed_world_report_reads_back_and_a_malformed_one_is_refused(tmp_path: Path) -> None:
     world = tmp_path / "w.json"
     formed = Formed(2, 7, "new_world", 10.0, 10.5, 12.0, 12.25, 12.5, state_to=2)

@@ -166,7 +166,8 @@ def _popen(
     if not argv:
         raise ExternalError("cannot run an empty command")
     try:
-        # preexec_fn with threads about: the hook calls one C function resolved at import, and takes no lock.
+        # preexec_fn is unsafe in a threaded parent when the hook takes a lock; this one calls one C function,
+        # resolved at import, and nothing else.
         return subprocess.Popen(
             argv,
             stdin=stdin,

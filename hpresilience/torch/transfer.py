@@ -2,9 +2,9 @@
 (issue 33: the replacement takes its state from a peer).
 
 Why not one pickled object (broadcast_object_list, what the loop did first): for 256 MiB of parameters with
-Adam's two moments (768 MiB of state) it took 13.2 s on this machine and raised the receiver's peak memory by
-3.1 GiB (pickle, the wire's byte tensor, unpickled copies, then load_state_dict's copy), against 0.45 s and
-nothing beyond the state itself tensor by tensor (bench/bench_state_transfer.py prints both).
+Adam's two moments (0.75 GiB of state) it took 5.6 s on this machine (median of 5, idle) and raised the
+receiver's peak memory by 3.0 GiB (pickle, the wire's byte tensor, unpickled copies, load_state_dict's copy);
+tensor by tensor 0.53 s and 0.5 GiB, the new rank's Adam moments themselves (bench/bench_state_transfer.py).
 
 Point to point, per (source, receiver) pair, over the replica group (inprocess.py pairs them, agreement.py):
   1. the source sends the manifest (transferplan.py): names, shapes, dtypes, the non-tensor values, the
@@ -12,9 +12,9 @@ Point to point, per (source, receiver) pair, over the replica group (inprocess.p
   2. the receiver lays out where each tensor goes (its own parameters and buffers, in place; its optimizer's
      state, made when it has none) and answers whether its model and optimizer match (StateRefused if not);
   3. on a match, the bytes in units of at most UNIT_BYTES (small tensors of one dtype packed, large ones sliced).
-Only receivers get bytes (a broadcast sent every survivor the whole state too). Over gloo, which moves host
-memory only, a GPU tensor goes through two pinned host buffers, so the copy to or from the device of one unit
-overlaps the network transfer of the next; over NCCL the tensors go device to device.
+Only receivers get bytes (a broadcast sent every survivor the whole state too). Over gloo (the loop's backend),
+which moves host memory only, a GPU tensor goes through two pinned host buffers; on the receiver the copy to the
+device of one unit overlaps the receipt of the next. Another backend gets the tensors as they are.
 """
 
 from __future__ import annotations
@@ -53,12 +53,13 @@ def receive_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sour
     box: list[Any] = [None]
     dist.recv_object_list(box, src=source, group=group)
     manifest = box[0]
-    if not isinstance(manifest, Manifest):
-        raise StateRefused(f"rank {source} sent {type(manifest).__name__}, not a state manifest")
-    groups = [g["params"] for g in optimizer.param_groups]
-    why, targets = receiving_layout(manifest, model.state_dict(), groups, optimizer.state)
+    targets: list[torch.Tensor] = []
+    why = f"rank {source} sent {type(manifest).__name__}, not a state manifest"
+    if isinstance(manifest, Manifest):
+        groups = [g["params"] for g in optimizer.param_groups]
+        why, targets = receiving_layout(manifest, model.state_dict(), groups, optimizer.state)
     dist.send(torch.tensor([0 if why else 1], dtype=torch.int64), dst=source, group=group)
-    if why:
+    if why or not isinstance(manifest, Manifest):
         raise StateRefused(why)
     wire = _Wire(group)
     for unit in plan_units(manifest.entries, UNIT_BYTES):

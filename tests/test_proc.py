@@ -68,14 +68,13 @@ def test_kill_leftovers_false_leaves_a_daemon_alone() -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def test_a_command_dies_with_the_program_that_started_it_when_that_is_killed_by_group(tmp_path: Path) -> None:
-    """As slurmd ends a HealthCheckProgram that overruns: SIGKILL to the program's process group. The command the
-    program started (stress-ng in the field) has a session of its own, so the group kill misses it; it must die
-    with the program all the same, not run on to its own timeout."""
+def _kill_program_by_group(tmp_path: Path, setup: str) -> tuple[int, bool]:
+    """A program that runs `sleep 300` through proc.run after `setup`, killed as slurmd kills an overrunning
+    HealthCheckProgram: SIGKILL to its process group. The command has a session of its own, so that kill misses
+    it. (the command's pid, whether it died with the program)."""
     pidfile = tmp_path / "pid"
-    program = (
-        f"from hpresilience import proc; proc.run(['sh', '-c', 'echo $$ > {pidfile}; exec sleep 300'], timeout=300)"
-    )
+    command = f"['sh', '-c', 'echo $$ > {pidfile}; exec sleep 300']"
+    program = f"from hpresilience import proc; {setup}; proc.run({command}, timeout=300)"
     checker = subprocess.Popen([sys.executable, "-c", program], start_new_session=True)
     pid = 0
     try:
@@ -83,11 +82,25 @@ def test_a_command_dies_with_the_program_that_started_it_when_that_is_killed_by_
         assert not gone(pid, within=0.3)
         os.killpg(checker.pid, signal.SIGKILL)
         checker.wait(10)
-        assert gone(pid), "the command outlived the program that started it"
+        return pid, gone(pid)
     finally:
         checker.kill()
         if pid and not gone(pid, within=0):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_command_a_health_check_started_dies_with_the_program_killed_by_group(tmp_path: Path) -> None:
+    """stress-ng in the field: started while the check's tracker is bound, it must not run on to its own timeout
+    once slurmd has killed the HealthCheckProgram."""
+    _, died = _kill_program_by_group(tmp_path, "proc.bind_tracker(proc.ProcessTracker())")
+    assert died, "the check's command outlived the program that started it"
+
+
+def test_a_command_started_outside_a_check_outlives_its_program(tmp_path: Path) -> None:
+    """A controller's re-imaging script must finish what it started when the controller dies mid-call (the
+    restarted controller waits for the node it brings back), and a Slurm command keeps Python's vfork."""
+    _, died = _kill_program_by_group(tmp_path, "pass")
+    assert not died
 
 
 def test_pipes_carry_stdout_stderr_and_exit_code() -> None:

@@ -130,11 +130,15 @@ def test_a_spot_reclaim_on_one_node_drains_it_every_rank_stops_within_2_s_and_th
         srun_args="--auto-resume-min-nodes=2",
         extra_env={"TRAIN_STEP_SLEEP": "0.4"},
     )
-    run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
-    fill_the_rest(cluster, slurm, run, 3)  # no spare: the step goes on short, on the 2 nodes left
+    # The other job fills the rest while the ranks start (no spare: the step goes on short, on the 2 nodes left),
+    # and the reclaim's node is made ready: the 30 steps (12 s) must outlast only the agent's cycle. Filled after
+    # step 4, the wait for Slurm to start the filler took 20 s under CI's load, and the training had finished.
+    run.wait(lambda: slurm.job(run.job_id).is_running, "the recipe's job to run", timeout=120)
+    fill_the_rest(cluster, slurm, run, 3)
     job = slurm.job(run.job_id)
     victim = [n for n in job.nodes if n != job.batch_host][-1]
     node = FakeNode.make(tmp_path / victim, "p5.48xlarge")
+    run.wait(lambda: "step=4\n" in run.out, "step 4", timeout=120)
     with job_notices(slurm), FakeImds() as imds:
         imds.announce_spot("terminate", in_s=120)
         log = agent_once(cluster, node, victim, imds.url, tmp_path / "run" / "notice.json")

@@ -324,7 +324,7 @@ class InProcessLoop:
                 self._apply(flat, self.completed)
                 record.grads_from = source
         self._pass_state(state_pairs(mine, done, top), top, record)
-        if any(d == NEW or d < top - 1 for d in done.values()):
+        if record.state_to:
             # Every rank learns whether every transfer of the world went through, so all go on or all give up.
             ok = torch.tensor([0 if record.refused else 1], dtype=torch.int64)
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)

@@ -61,12 +61,18 @@ def receive_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sour
     dist.send(torch.tensor([0 if why else 1], dtype=torch.int64), dst=source, group=group)
     if why or not isinstance(manifest, Manifest):
         raise StateRefused(why)
+    # A non-contiguous target (rare) is received whole into a contiguous tensor and copied in once at the end, not
+    # written through a copy of itself for every unit of it.
+    landing = [t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in targets]
     wire = _Wire(group)
     for unit in plan_units(manifest.entries, UNIT_BYTES):
-        buf = wire.incoming(targets, unit)
+        buf = wire.incoming(landing, unit)
         dist.recv(buf, src=source, group=group)
-        wire.land(buf, targets, unit)
+        wire.land(buf, landing, unit)
     wire.finish()
+    for t, got in zip(targets, landing, strict=True):
+        if got is not t:
+            t.copy_(got)
     optimizer.load_state_dict(manifest.optimizer_state(targets))
     if manifest.model_values:
         model.load_state_dict(manifest.model_values, strict=False)  # extra state (set_extra_state), not tensors
@@ -85,7 +91,8 @@ class _Wire:
         self._staged: int | None = None  # the pinned slot the unit being received went to
 
     def outgoing(self, tensors: list[torch.Tensor], unit: list[Piece]) -> torch.Tensor:
-        parts = [_flat(tensors[p.index])[p.start : p.stop] for p in unit]
+        """The unit's bytes, from contiguous tensors (manifest_of gives them so)."""
+        parts = [tensors[p.index].view(-1)[p.start : p.stop] for p in unit]
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         if self.host_only and out.is_cuda:
             host = self._staging(out.numel(), out.dtype)
@@ -94,11 +101,11 @@ class _Wire:
         return out.contiguous()
 
     def incoming(self, targets: list[torch.Tensor], unit: list[Piece]) -> torch.Tensor:
-        """A buffer for the unit: the target's own memory when the unit is one slice of one contiguous tensor
+        """A buffer for the unit: the target's own memory when the unit is one slice of one (contiguous) target
         that the backend can write, else a staging buffer (pinned for a GPU target over gloo)."""
         self._staged = None
         first = targets[unit[0].index]
-        if len(unit) == 1 and first.is_contiguous() and not (self.host_only and first.is_cuda):
+        if len(unit) == 1 and not (self.host_only and first.is_cuda):
             return first.view(-1)[unit[0].start : unit[0].stop]
         numel = sum(p.stop - p.start for p in unit)
         if self.host_only and any(targets[p.index].is_cuda for p in unit):
@@ -113,13 +120,7 @@ class _Wire:
         for p in unit:
             n = p.stop - p.start
             part, offset = buf[offset : offset + n], offset + n
-            whole = targets[p.index]
-            if not whole.is_contiguous():  # rare: write the slice through a contiguous copy of the tensor
-                flat = whole.reshape(-1)
-                flat[p.start : p.stop].copy_(part)
-                whole.copy_(flat.view(whole.shape))
-                continue
-            dest = whole.view(-1)[p.start : p.stop]
+            dest = targets[p.index].view(-1)[p.start : p.stop]
             if dest.data_ptr() != part.data_ptr() or dest.device != part.device:
                 dest.copy_(part, non_blocking=self._staged is not None)
         if self._staged is not None:  # on the stream of the device the copies went to (not the current one)
@@ -142,8 +143,3 @@ class _Wire:
         if pinned is None or pinned.numel() < nbytes:
             pinned = self._pinned[slot] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return pinned[:nbytes].view(dtype)
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D view of a contiguous tensor (a copy when it is not: only ever read here)."""
-    return t.view(-1) if t.is_contiguous() else t.reshape(-1)

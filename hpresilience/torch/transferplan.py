@@ -53,7 +53,6 @@ class Piece:
 class Manifest:
     step: int
     entries: list[Entry]
-    group_sizes: list[int]  # parameters per optimizer param group
     param_groups: list[dict[str, Any]]  # the optimizer's, as its state_dict() gives them
     model_values: dict[str, Any] = field(default_factory=dict)  # non-tensor model state (extra state)
     optim_values: dict[int, dict[str, Any]] = field(default_factory=dict)  # non-tensor optimizer state
@@ -67,19 +66,24 @@ class Manifest:
                 state.setdefault(entry.param, {})[entry.name] = t
         return {"state": state, "param_groups": self.param_groups}
 
+    @property
+    def group_sizes(self) -> list[int]:
+        """Parameters per optimizer param group."""
+        return [len(g["params"]) for g in self.param_groups]
+
 
 def manifest_of(
     model_state: Mapping[str, Any], optim_state: Mapping[str, Any], params: Sequence[torch.Tensor], step: int
 ) -> tuple[Manifest, list[torch.Tensor]]:
     """The manifest of a model's and an optimizer's state_dict() (`params`: the optimizer's parameters in its
-    numbering), and the tensors in its entries' order."""
+    numbering), and the tensors in its entries' order, contiguous (a non-contiguous one, rare, copied once)."""
     entries: list[Entry] = []
     tensors: list[torch.Tensor] = []
     model_values: dict[str, Any] = {}
     for name, value in model_state.items():
         if isinstance(value, torch.Tensor):
             entries.append(Entry(Part.MODEL, name, -1, tuple(value.shape), value.dtype, value.device.type))
-            tensors.append(value.detach())
+            tensors.append(value.detach().contiguous())
         else:
             model_values[name] = value
     optim_values: dict[int, dict[str, Any]] = {}
@@ -91,11 +95,10 @@ def manifest_of(
                 entries.append(
                     Entry(Part.OPTIM, str(name), i, tuple(value.shape), value.dtype, value.device.type, on_param)
                 )
-                tensors.append(value.detach())
+                tensors.append(value.detach().contiguous())
             else:
                 optim_values.setdefault(int(idx), {})[str(name)] = value
-    groups = list(optim_state["param_groups"])
-    manifest = Manifest(step, entries, [len(g["params"]) for g in groups], groups, model_values, optim_values)
+    manifest = Manifest(step, entries, list(optim_state["param_groups"]), model_values, optim_values)
     return manifest, tensors
 
 

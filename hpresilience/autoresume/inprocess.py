@@ -26,12 +26,13 @@ from hpresilience.autoresume.decide.capacity import BatchHostLost, NoReplacement
 from hpresilience.autoresume.decide.classify import Cause
 from hpresilience.autoresume.decide.ending import unanswering
 from hpresilience.autoresume.decide.rejoin import EndedSteps, sort_ended
+from hpresilience.autoresume.decide.spares import SpareRefill
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
 from hpresilience.autoresume.inprocess_watch import InProcessHangs
 from hpresilience.autoresume.inprocessguard import RecoveryGuard
 from hpresilience.autoresume.launch.pernode import NodeSteps, node_step_argv, node_step_env
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
-from hpresilience.autoresume.launch.standby import Standbys
+from hpresilience.autoresume.launch.standby import StandbyLaunch, Standbys
 from hpresilience.autoresume.supervisor import Supervisor
 from hpresilience.autoresume.watch.base import Act
 from hpresilience.autoresume.watch.nodefaults import NodeFaults
@@ -65,11 +66,15 @@ class InProcessLoop:
         # training (and named, by pid) by their heartbeats, as any rank; before, a standby prints no progress.
         out = (sup.client, sup.job_id, sup.feed, sup.steps.stdout, sup.steps.stderr, self.opts.max_line_bytes)
         self.steps = NodeSteps(*out, sup.progress)
-        self.standbys = Standbys(
-            NodeSteps(*out, sup.progress),
-            sup.reporter,
-            enabled=self.opts.watch.standby == "spares",
+        self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
+        self.tasks_per_node = self.opts.srun.tasks_per_node()
+        cmd = (tuple(self.opts.srun.passthrough), tuple(self.opts.srun.command))
+        how = StandbyLaunch(
+            self.opts.srun_bin, sup.job_id, self.tasks_per_node, *cmd, self.world_file, self.opts.srun.export
         )
+        self.standbys = Standbys(NodeSteps(*out, sup.progress), sup.reporter, self.opts.watch.standby == "spares", how)
+        self.refill = SpareRefill(sup.capacity, sup.reporter, self.opts.spares, self.opts.watch.refill_spares)
+        self.base_env: dict[str, str] = {}  # the steps' environment at the last world written (a refill's standby)
         self.faults = NodeFaults(sup.nodewatch, sup.reporter, self.opts.poll_interval_s)
         self.hangs = None
         if self.opts.hang_detection:
@@ -85,13 +90,11 @@ class InProcessLoop:
             self.stall = StalledStep(
                 self.opts.watch.silent_step_s, sup.progress, sup.reporter, sup.client, sup.job_id, sup.env
             )
-        self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
         self.left_unanswering: set[str] = set()  # nodes that left the job unanswering (dead, cut off)
         self.rejoined: dict[str, tuple[float, int]] = {}  # such nodes back in the world: when, relaunches since
         self.generation = 0
         self.plan: list[str] = []
         self.size = 0
-        self.tasks_per_node = self.opts.srun.tasks_per_node()
         self.guard = RecoveryGuard(self.world_file, self.opts.watch.inprocess_recovery_s, sup.reporter)
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -155,6 +158,10 @@ class InProcessLoop:
                 self._watch_world(self._replace(failed, finished))
             elif (why := self.guard.poll()) is not None:
                 raise Fallback(why)
+            elif self.guard.pending is None:  # between faults: no Slurm call slows a recovery
+                self.standbys.start(
+                    self.refill.poll(time.monotonic(), self.plan, self.left_unanswering), self.base_env, self.generation
+                )
             time.sleep(POLL_S)
 
     def _hung(self) -> dict[str, str]:
@@ -349,18 +356,9 @@ class InProcessLoop:
                 env,
             )
             self.steps.start(node, name, argv, env)
-        self.standbys.start(
-            self.standbys.spares(self.sup.client, launch.allocation, plan, self.sup.state.kept_out),
-            srun=self.opts.srun_bin,
-            job_id=self.sup.job_id,
-            tasks_per_node=tpn,
-            passthrough=self.opts.srun.passthrough,
-            command=self.opts.srun.command,
-            base=base,
-            world_file=self.world_file,
-            user_export=self.opts.srun.export,
-            generation=self.generation,
-        )
+        spares = self.standbys.spares(self.sup.client, launch.allocation, plan, self.sup.state.kept_out)
+        self.standbys.start(spares, base, self.generation)
+        self.base_env = base
         self.sup._save()
 
     def _launch(self, plan: list[str]) -> AttemptLaunch:

@@ -128,6 +128,16 @@ SRUN_OPTIONS: tuple[SrunOption, ...] = (
         example="off",
     ),
     SrunOption(
+        "auto-resume-refill-spares",
+        "refill_spares",
+        Kind.FLAG,
+        "inprocess mode: a spare spent on a replacement is made good between faults by a released node once it is "
+        "idle again (default: on).",
+        Target.SETTINGS,
+        field="refill_spares",
+        off="auto-resume-no-refill-spares",
+    ),
+    SrunOption(
         "auto-resume-replace-timeout",
         "replace_timeout",
         Kind.FLOAT,

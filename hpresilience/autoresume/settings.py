@@ -169,6 +169,11 @@ class AutoResumeSettings(Section):
     def _standby_off(cls, v: object) -> object:
         return "off" if v is False else v  # YAML reads a bare `off` as false: what the user wrote is "off"
 
+    # In the inprocess mode: a spare spent on a replacement is made good between faults by a node this job released,
+    # once it is back in service and idle (with a standby on it), so that later faults are as cheap as the first
+    # (autoresume/decide/spares.py). Needs growing (grow_by_expansion and the cluster's permit_job_expansion).
+    refill_spares: bool = True
+
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)
     # Where per-job state survives a requeue; must be on a shared file system.

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpresilience.torch.transferplan import Manifest, Piece, manifest_of, plan_units, receiving_layout
+from hpresilience.torch.transferplan import Manifest, Piece, fill_tied, manifest_of, plan_units, receiving_layout
 
 UNIT_BYTES = 16 << 20
 
@@ -62,8 +62,11 @@ def receive_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sour
     if why or not isinstance(manifest, Manifest):
         raise StateRefused(why)
     # A non-contiguous target (rare) is received whole into a contiguous tensor and copied in once at the end, not
-    # written through a copy of itself for every unit of it.
-    landing = [t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in targets]
+    # written through a copy of itself for every unit of it. A tied entry gets no bytes (fill_tied).
+    landing = [
+        t if t.is_contiguous() or not e.carried else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        for e, t in zip(manifest.entries, targets, strict=True)
+    ]
     wire = _Wire(group)
     for unit in plan_units(manifest.entries, UNIT_BYTES):
         buf = wire.incoming(landing, unit)
@@ -73,6 +76,7 @@ def receive_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sour
     for t, got in zip(targets, landing, strict=True):
         if got is not t:
             t.copy_(got)
+    fill_tied(manifest.entries, targets)
     optimizer.load_state_dict(manifest.optimizer_state(targets))
     if manifest.model_values:
         model.load_state_dict(manifest.model_values, strict=False)  # extra state (set_extra_state), not tensors

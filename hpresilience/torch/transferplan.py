@@ -34,6 +34,11 @@ class Entry:
     dtype: torch.dtype
     device_type: str  # where the source holds it ("cpu", "cuda"): units never mix devices
     on_param: bool = True  # optimizer state on its parameter's device (Adam's `step` lives on the CPU)
+    same_as: int = -1  # a tied tensor (an embedding shared with the output layer): the entry it is; sent once
+
+    @property
+    def carried(self) -> bool:
+        return self.same_as < 0 and self.numel > 0
 
     @property
     def numel(self) -> int:
@@ -80,10 +85,19 @@ def manifest_of(
     entries: list[Entry] = []
     tensors: list[torch.Tensor] = []
     model_values: dict[str, Any] = {}
+    # state_dict() names a tied tensor once per module holding it (a 1 GiB embedding twice): one view of the same
+    # memory is one entry's bytes.
+    seen: dict[tuple[Any, ...], int] = {}
     for name, value in model_state.items():
         if isinstance(value, torch.Tensor):
-            entries.append(Entry(Part.MODEL, name, -1, tuple(value.shape), value.dtype, value.device.type))
-            tensors.append(value.detach().contiguous())
+            i = len(entries)
+            key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+            first = seen.setdefault(key, i) if value.numel() else i
+            tied = -1 if first == i else first
+            entries.append(
+                Entry(Part.MODEL, name, -1, tuple(value.shape), value.dtype, value.device.type, same_as=tied)
+            )
+            tensors.append(tensors[first] if tied >= 0 else value.detach().contiguous())
         else:
             model_values[name] = value
     optim_values: dict[int, dict[str, Any]] = {}
@@ -104,13 +118,13 @@ def manifest_of(
 
 def plan_units(entries: Sequence[Entry], unit_bytes: int) -> list[list[Piece]]:
     """Cut the entries into messages of at most unit_bytes (one element at least): consecutive small tensors of
-    one dtype and device packed together, a larger one in slices; empty tensors carry nothing."""
+    one dtype and device packed together, a larger one in slices; empty and tied tensors carry nothing."""
     units: list[list[Piece]] = []
     cur: list[Piece] = []
     cur_bytes, cur_kind = 0, None
     for i, e in enumerate(entries):
         size, n = e.dtype.itemsize, e.numel
-        if n == 0:
+        if not e.carried:
             continue
         kind = (e.dtype, e.device_type)
         if cur and (kind != cur_kind or cur_bytes + n * size > unit_bytes):
@@ -161,3 +175,11 @@ def receiving_layout(
             have = torch.empty(e.shape, dtype=e.dtype, device=p.device if e.on_param else "cpu")
         targets.append(have)
     return "", targets
+
+
+def fill_tied(entries: Sequence[Entry], targets: Sequence[torch.Tensor]) -> None:
+    """After the bytes: a tied entry's target from the one it is tied to, unless they are the same memory here too
+    (the same model ties the same tensors; a receiver's model that does not still gets the values)."""
+    for e, t in zip(entries, targets, strict=True):
+        if e.same_as >= 0 and t.data_ptr() != targets[e.same_as].data_ptr():
+            t.copy_(targets[e.same_as])

@@ -1,7 +1,8 @@
 """Issue 33's job on the devcluster: a data-parallel job, 3 training nodes x 2 ranks + 1 spare (the whole cluster),
 no checkpoint anywhere, through three faults in one job (`--auto-resume-mode=inprocess`): an operator's
 `Action:Replace`, a node that dies outright, a hung rank (SIGSTOP). A controller (script provider: the devcluster's
-node restart) repairs each failed node while the job trains, so the next fault finds it idle and grows it in."""
+node restart) repairs each failed node while the job trains: the wrapper takes it back as the job's spare, a warm
+standby on it, or (a node that died) grows it in at the next fault."""
 
 from __future__ import annotations
 
@@ -174,9 +175,16 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
 
         replaced, since = plan[1], time.time()
         plan = fault(2, "replace", lambda: slurm.set_node_state([replaced], "fail", "Action:Replace"))
+        first_spare = plan[1]
         wait_for(lambda: repaired(replaced, since), f"the controller's repair of {replaced}", 120)
 
-        # 2. Slot 2's node dies outright (slurmd and its tasks killed); the repaired node is grown into the job.
+        # The spare spent on it is made good by the repaired node, with a standby on it (decide/spares.py).
+        def refilled() -> list[str]:
+            return [str(e["nodes"]) for e in run.named("spares_refilled")]
+
+        wait_for(lambda: replaced in refilled(), f"{replaced} taken back as the job's spare", 60)
+
+        # 2. Slot 2's node dies outright (slurmd and its tasks killed); the spare (the node repaired) takes the slot.
         dead = plan[2]
 
         def die() -> None:
@@ -244,6 +252,11 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
         assert len(set(sources)) == len(new) and set(sources) <= set(kept), out
     # The three faults, in order, as this mode sees them.
     assert [e["replaced"] for e in run.named("inprocess_replaced")] == [replaced, dead, hung]
+    # The first two replacements were warm standbys: the job's spare from the start, then the repaired node taken
+    # back as the spare between the faults. The dead node, repaired, is not taken back as a spare (Slurm's delayed
+    # termination of the job there would kill its standby): the hang's replacement grows it in at the fault.
+    assert [e["node"] for e in run.named("standby_taken")][:2] == [first_spare, replaced], run.named("standby_taken")
+    assert dead not in refilled(), refilled()
     assert run.named("node_fault_seen")[0]["node"] == replaced
     # The dead node: its srun does not end (its slurmstepd is gone with it and Slurm has not yet declared it
     # DOWN), so the whole world goes silent: the stall watch asks every node after a few step intervals and finds

@@ -18,11 +18,13 @@ from tests.torch._workers import _init
 
 class Tagged(torch.nn.Module):
     """A model with what a state dict can hold besides plain parameters: buffers (one int64), a non-contiguous
-    buffer, and extra state (a non-tensor value)."""
+    buffer, extra state (a non-tensor value), and a weight tied to another (two names, one tensor)."""
 
     def __init__(self, width: int, tag: str = "") -> None:
         super().__init__()
         self.body = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.BatchNorm1d(width))
+        self.head = torch.nn.Linear(width, width, bias=False)
+        self.head.weight = self.body[0].weight
         self.register_buffer("turned", torch.zeros(width, 3).t())
         self.tag = tag
 
@@ -33,7 +35,7 @@ class Tagged(torch.nn.Module):
         self.tag = state["tag"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.body(x)
+        out: torch.Tensor = self.head(self.body(x))
         return out
 
 
@@ -86,6 +88,7 @@ def body(rank: int, world: int, rendezvous: str, base: str, kw: dict[str, Any]) 
         res["received_digest"] = digest(model, opt)
         res["lr"] = opt.param_groups[0]["lr"]
         res["tag"] = model.tag
+        res["tied"] = model.head.weight is model.body[0].weight
         res["devices"] = sorted({t.device.type for t in model.state_dict().values() if isinstance(t, torch.Tensor)})
         if "refused" not in res:
             torch.manual_seed(7)

@@ -29,13 +29,15 @@ def test_new_ranks_receive_model_buffers_extra_state_and_adam_moments_bit_for_bi
     tmp_path: Path, unit_bytes: int
 ) -> None:
     """The receivers start from a fresh build (other weights, no optimizer state); after the transfer their
-    whole state hashes as the survivor's, and one more step on the same batch keeps them equal."""
+    whole state (the tied weight under both its names too) hashes as the survivor's, and one more step on the
+    same batch keeps them equal."""
     res = run(tmp_path, 3, width=24, unit_bytes=unit_bytes)
     assert not [r["error"] for r in res if "error" in r], res
     assert res[1]["step"] == res[2]["step"] == 42
     assert res[0]["received_digest"] == res[1]["received_digest"] == res[2]["received_digest"]
     assert res[0]["after_step_digest"] == res[1]["after_step_digest"] == res[2]["after_step_digest"]
     assert [r["lr"] for r in res] == [0.004] * 3 and [r["tag"] for r in res] == ["trained"] * 3
+    assert all(r["tied"] for r in res)  # the tied weight, sent once, is still one tensor under both names
 
 
 @pytest.mark.slow  # several ranks

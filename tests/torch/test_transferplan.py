@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpresilience.torch.transferplan import Entry, Manifest, Part, manifest_of, plan_units, receiving_layout
+from hpresilience.torch.transferplan import (
+    Entry,
+    Manifest,
+    Part,
+    fill_tied,
+    manifest_of,
+    plan_units,
+    receiving_layout,
+)
 
 
 def _entry(numel: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Entry:
@@ -117,3 +125,42 @@ def test_a_receiver_whose_optimizer_groups_differ_is_refused() -> None:
     opt = torch.optim.Adam([{"params": params[:2]}, {"params": params[2:]}])
     why, _ = receiving_layout(manifest, model.state_dict(), [g["params"] for g in opt.param_groups], opt.state)
     assert "param groups" in why
+
+
+class _Tied(torch.nn.Module):
+    """An embedding shared with the output layer (a language model's tied weights) when `tied`."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+
+def test_a_tied_tensor_is_one_entrys_bytes_and_its_other_name_carries_none() -> None:
+    model = _Tied(tied=True)
+    opt = torch.optim.Adam(model.parameters())
+    manifest, sent = _manifest(model, opt)
+    by_name = {e.name: (i, e) for i, e in enumerate(manifest.entries)}
+    (first, embed), (_, head) = by_name["embed.weight"], by_name["head.weight"]
+    assert embed.same_as == -1 and head.same_as == first and not head.carried
+    carried = {p.index for u in plan_units(manifest.entries, 1 << 20) for p in u}
+    assert carried == {first}  # 512 bytes once, not twice
+    assert len(sent) == len(manifest.entries)
+
+
+def test_a_receiver_whose_model_does_not_tie_them_still_gets_the_tied_tensors_values() -> None:
+    manifest, sent = _manifest(_Tied(tied=True), torch.optim.Adam(_Tied(tied=True).parameters()))
+    untied = _Tied(tied=False)
+    opt = torch.optim.Adam([untied.embed.weight])  # as many parameters as the source's optimizer has
+    why, targets = receiving_layout(manifest, untied.state_dict(), [g["params"] for g in opt.param_groups], opt.state)
+    assert why == ""
+    for e, t, s in zip(manifest.entries, targets, sent, strict=True):
+        if e.carried:
+            t.copy_(s)
+    assert not torch.equal(untied.head.weight, untied.embed.weight)
+    fill_tied(manifest.entries, targets)
+    assert torch.equal(untied.head.weight, untied.embed.weight)
+    assert untied.head.weight.data_ptr() != untied.embed.weight.data_ptr()

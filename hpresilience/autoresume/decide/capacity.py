@@ -142,15 +142,14 @@ class Capacity:
                 f"node {job.batch_host} failed and it is the batch host: it cannot leave the job, "
                 f"so the job's NodeList would keep naming it; requeueing onto healthy nodes"
             )
+        lacking = f"{left} healthy node(s) left for a {size}-node step, no hot spare, and "
         if not self.grow:
             raise NoReplacement(
-                f"{left} healthy node(s) left for a {size}-node step, no hot spare, and growing "
-                "the job is off (--auto-resume-no-grow / autoresume.grow_by_expansion: false)"
+                lacking + "growing the job is off (--auto-resume-no-grow / autoresume.grow_by_expansion: false)"
             )
         if not self.expansion_permitted():
             raise NoReplacement(
-                f"{left} healthy node(s) left for a {size}-node step, no hot spare, and this "
-                "cluster does not permit job expansion (SchedulerParameters lacks "
+                lacking + "this cluster does not permit job expansion (SchedulerParameters lacks "
                 "permit_job_expansion), so no node can join the running job"
             )
         grown, added = self._grow(size - left, job.partition)
@@ -255,18 +254,26 @@ class Capacity:
         if len(idle) < missing:
             return None
         chosen = sorted(idle)[:missing]
-        try:
-            grown = self.client.grow_job(self.job_id, missing, nodes=chosen, timeout=30.0)
-        except HPResilienceError as err:  # another job took them first: the next poll looks again
-            self.reporter.decision("grow_attempt_failed", nodes=compress(chosen), error=str(err)[:200])
+        grown = self.take_in(chosen)
+        if grown is None:
             return None
-        self.state.resized = True
-        self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen))
-        wait_out_revocation(self._released_at, chosen, self.reporter)
         plan = plan_nodes(grown.nodes, size, kept, [*previous, *chosen])
         if plan is not None:
             self._swapped(previous, plan, "grown")
         return plan
+
+    def take_in(self, chosen: Sequence[str], **said: Any) -> Job | None:
+        """Merge the idle nodes `chosen` into the job (one grow), ready for a step: the job grown, or None when
+        Slurm refused (another job took them first: the caller looks again later). `said`: added to the event."""
+        try:
+            grown = self.client.grow_job(self.job_id, len(chosen), nodes=chosen, timeout=30.0)
+        except HPResilienceError as err:
+            self.reporter.decision("grow_attempt_failed", nodes=compress(chosen), error=str(err)[:200])
+            return None
+        self.state.resized = True
+        self.reporter.decision("allocation_grown", nodes=compress(grown.nodes), added=compress(chosen), **said)
+        wait_out_revocation(self._released_at, chosen, self.reporter)
+        return grown
 
     def _release(self, job: Job, unhealthy: set[str]) -> Job:
         # A node Slurm already calls NOT_RESPONDING or DOWN is Slurm's to excise (--no-kill): releasing it
@@ -313,6 +320,7 @@ class Capacity:
         blamed = set(self.state.blamed_nodes)
         last_view = "no node was looked at"
         last_error = ""
+        said = {"count": count, "timeout_s": self.replace_timeout_s}
 
         def usable() -> list[str] | None:
             nonlocal last_view
@@ -326,21 +334,9 @@ class Capacity:
             return idle[:count] if len(idle) >= count else None
 
         def progress(what: str, waited: float) -> None:
-            self.reporter.decision(
-                "waiting_for_replacement",
-                count=count,
-                waited_s=round(waited, 1),
-                timeout_s=self.replace_timeout_s,
-                nodes_now=last_view,
-            )
+            self.reporter.decision("waiting_for_replacement", waited_s=round(waited, 1), nodes_now=last_view, **said)
 
-        self.reporter.decision(
-            "waiting_for_replacement",
-            count=count,
-            waited_s=0.0,
-            timeout_s=self.replace_timeout_s,
-            partition=partition or None,
-        )
+        self.reporter.decision("waiting_for_replacement", waited_s=0.0, partition=partition or None, **said)
         while True:
             left = deadline - time.monotonic()
             try:

@@ -3,9 +3,10 @@
 Without them the replacement of a failed node pays, after the new world is written, for a step launch, a Python
 start, `import torch` and the model's construction before it can join: most of the in-process mode's fault ->
 training again time (bench/bench_inprocess.py). With them, each hot spare runs a per-node step from the job's start
-(and a spare that appears later, e.g. a node grown into the job, gets one at the next world) whose tasks run the
-user's command as any rank does, with HPR_STANDBY_NODE in place of HPR_RANK_BASE: they import torch, build the
-model and wait in the library loop's start for a world that names their node (hpresilience/torch/standby.py).
+(a spare taken back between faults, decide/spares.py, gets one at once; any other spare that appears later gets
+one at the next world written) whose tasks run the user's command as any rank does, with HPR_STANDBY_NODE in
+place of HPR_RANK_BASE: they import torch, build the model and wait in the library loop's start for a world that
+names their node (hpresilience/torch/standby.py).
 
 On a fault the wrapper gives the failed node's slot to a spare as before (decide/capacity.py); when that spare's
 standby step is running, its step becomes the slot's step (NodeSteps.adopt): no step is launched, the world file
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from hpresilience.autoresume.launch.pernode import NodeStep, NodeSteps, node_step_argv
 from hpresilience.autoresume.report import Reporter
@@ -36,13 +38,27 @@ def standby_step_env(base: Mapping[str, str], world_file: str, node: str, genera
     return env
 
 
+@dataclass(frozen=True)
+class StandbyLaunch:
+    """What every standby step of the job is launched with: the job's own srun command, run on one node."""
+
+    srun: str
+    job_id: int
+    tasks_per_node: int
+    passthrough: tuple[str, ...]
+    command: tuple[str, ...]
+    world_file: str
+    user_export: str | None = None
+
+
 class Standbys:
     """The job's running standby steps, by node (apart from the training steps: the poll loop never sees them)."""
 
-    def __init__(self, steps: NodeSteps, reporter: Reporter, enabled: bool) -> None:
+    def __init__(self, steps: NodeSteps, reporter: Reporter, enabled: bool, launch: StandbyLaunch) -> None:
         self.steps = steps
         self.reporter = reporter
         self.enabled = enabled
+        self.launch = launch
 
     @property
     def nodes(self) -> list[str]:
@@ -74,25 +90,15 @@ class Standbys:
         fit = {n.name for n in known if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")}
         return [n for n in candidates if n in fit]
 
-    def start(
-        self,
-        nodes: Sequence[str],
-        *,
-        srun: str,
-        job_id: int,
-        tasks_per_node: int,
-        passthrough: Sequence[str],
-        command: Sequence[str],
-        base: Mapping[str, str],
-        world_file: str,
-        generation: int,
-        user_export: str | None = None,
-    ) -> None:
-        """A standby step on each of `nodes`, beside the world of `generation`."""
-        for node in nodes:
-            name = f"hpr-inprocess-{job_id}-standby-g{generation}-{node}"
-            env = standby_step_env(base, world_file, node, generation)
-            argv = node_step_argv(srun, job_id, node, tasks_per_node, name, passthrough, command, user_export, env)
+    def start(self, nodes: Sequence[str], base: Mapping[str, str], generation: int) -> None:
+        """A standby step on each of `nodes`, beside the world of `generation`; `base`: the steps' environment."""
+        how = self.launch
+        for node in nodes if self.enabled else ():
+            name = f"hpr-inprocess-{how.job_id}-standby-g{generation}-{node}"
+            env = standby_step_env(base, how.world_file, node, generation)
+            argv = node_step_argv(
+                how.srun, how.job_id, node, how.tasks_per_node, name, how.passthrough, how.command, how.user_export, env
+            )
             self.steps.start(node, name, argv, env)
             self.reporter.decision("standby_started", node=node, step=name, after_generation=generation)
 

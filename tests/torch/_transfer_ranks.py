@@ -22,9 +22,10 @@ class Tagged(torch.nn.Module):
 
     def __init__(self, width: int, tag: str = "") -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.BatchNorm1d(width))
+        first = torch.nn.Linear(width, width)
+        self.body = torch.nn.Sequential(first, torch.nn.BatchNorm1d(width))
         self.head = torch.nn.Linear(width, width, bias=False)
-        self.head.weight = self.body[0].weight
+        self.head.weight = first.weight
         self.register_buffer("turned", torch.zeros(width, 3).t())
         self.tag = tag
 
@@ -88,7 +89,7 @@ def body(rank: int, world: int, rendezvous: str, base: str, kw: dict[str, Any]) 
         res["received_digest"] = digest(model, opt)
         res["lr"] = opt.param_groups[0]["lr"]
         res["tag"] = model.tag
-        res["tied"] = model.head.weight is model.body[0].weight
+        res["tied"] = model.head.weight is model.get_parameter("body.0.weight")
         res["devices"] = sorted({t.device.type for t in model.state_dict().values() if isinstance(t, torch.Tensor)})
         if "refused" not in res:
             torch.manual_seed(7)

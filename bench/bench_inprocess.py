@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.testing.checkpointless import kill_ranks_on
+from hpresilience.testing.checkpointless import die_outright
 from hpresilience.testing.devcluster import DevCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -84,8 +84,7 @@ def run_job(cl: DevCluster, slurm: SlurmClient, work: Path, case: str, timeout: 
         before = len(joined(text(out)))
         t0 = time.time()
         if fault == "dies":
-            cl.kill_node("n2")  # a node that dies outright: its slurmd and the job's tasks on it
-            kill_ranks_on("n2", job)
+            die_outright(cl, "n2", job)  # a node that dies outright: its slurmd and the job's tasks on it
         else:
             slurm.set_node_state(["n2"], "fail", "Action:Replace")
         wait_for(lambda: len(joined(text(out))) >= before + 4, "every rank in the new world", timeout)

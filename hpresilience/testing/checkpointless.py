@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ import psutil
 import hpresilience
 from hpresilience.errors import JobFailed
 from hpresilience.slurm.client import SlurmClient
+from hpresilience.testing import devprocs
 from hpresilience.testing.devcluster import DevCluster
 
 REPO = Path(hpresilience.__file__).resolve().parent.parent
@@ -106,17 +109,44 @@ class Job:
             self.client.cancel(self.id)
 
 
-def kill_ranks_on(node: str, job_id: int) -> int:
-    """Kill the job's tasks on `node` (with its slurmd gone, nothing else would: a dead node's processes); how
-    many were killed."""
-    killed = 0
+def die_outright(cl: DevCluster, node: str, job_id: int, stepds: bool = False) -> int:
+    """`node` dies outright: its slurmd and the job's tasks there (with `stepds`, their slurmstepds too) are killed
+    back to back, then waited for (with its slurmd gone nothing else would end the tasks). DevCluster.kill_node
+    waits for slurmd to be gone before it returns, 1.5 s here, and tasks killed after it ran on that long: a dead
+    node's processes stop at once, so the scenario's clock starts at the kills. How many tasks were killed."""
+    tasks = []
     for p in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             env = p.environ()
             if env.get("SLURMD_NODENAME") == node and env.get("HPR_AUTORESUME_JOB") == str(job_id):
-                p.kill()
-                killed += 1
-    return killed
+                tasks.append(p)
+    victims = list(tasks)
+    if stepds:
+        parents = {parent for t in tasks if (parent := _parent(t)) is not None}
+        victims += [p for p in parents if _named(p, "slurmstepd")]
+    slurmd = cl.daemon_pids().get(node)
+    if slurmd is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(slurmd, signal.SIGKILL)
+    for p in victims:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    devprocs.wait_gone([*([slurmd] if slurmd is not None else []), *(p.pid for p in victims)], 10.0)
+    return len(tasks)
+
+
+def _parent(p: psutil.Process) -> psutil.Process | None:
+    try:
+        return p.parent()
+    except psutil.Error:
+        return None
+
+
+def _named(p: psutil.Process, name: str) -> bool:
+    try:
+        return name in p.name()
+    except psutil.Error:
+        return False
 
 
 def _idle(cl: DevCluster, timeout: float) -> None:
@@ -153,8 +183,7 @@ def run_checkpointless(cl: DevCluster, work: Path, say: Any, timeout: float) -> 
             resumed = int(job.in_world(2)[0]["step"])
             job.wait(lambda: f"step={resumed + 10} " in job.out, "ten steps more", timeout)
             t0 = time.time()
-            cl.kill_node("n3")
-            kill_ranks_on("n3", job.id)
+            die_outright(cl, "n3", job.id)
             say("fault 2: n3 dies outright (its slurmd and its ranks killed)")
             job.wait(lambda: len(job.in_world(3)) == 4, "generation 3", timeout)
             recoveries.append(max(float(j["at"]) for j in job.in_world(3)) - t0)

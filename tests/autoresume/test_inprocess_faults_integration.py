@@ -21,7 +21,7 @@ import pytest
 
 from hpresilience.controller.loop import Controller
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.testing import devprocs
+from hpresilience.testing.checkpointless import die_outright
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_wrapper_integration import Run
 from tests.conftest import reset_cluster
@@ -189,17 +189,9 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
 
         def die() -> None:
             # Everything of the node at once: slurmd, the step's slurmstepd and its tasks. A slurmstepd left behind
-            # (cluster.kill_node alone) ends the job's steps there long after, killing the next world's step on
-            # the repaired node: not what a dead node does.
-            tasks = [p for local in ("0", "1") if (p := rank_process(run.job_id, dead, local)) is not None]
-            assert len(tasks) == 2
-            stepds = {parent for t in tasks if (parent := t.parent()) is not None and "slurmstepd" in parent.name()}
-            assert stepds, [t.parent() for t in tasks]
-            assert cluster.kill_node(dead)
-            for p in [*stepds, *tasks]:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            devprocs.wait_gone([p.pid for p in [*stepds, *tasks]], 10.0)
+            # ends the job's steps there long after, killing the next world's step on the repaired node: not what
+            # a dead node does.
+            assert die_outright(cluster, dead, run.job_id, stepds=True) == 2
 
         since = time.time()
         plan = fault(3, "dead node", die)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpresilience.slurm.client import SlurmClient
-from hpresilience.testing.checkpointless import kill_ranks_on
+from hpresilience.testing.checkpointless import die_outright
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_wrapper_integration import Run
 from tests.torch.localworld import TRAIN, digests, fault_free_digest, joined
@@ -146,8 +146,7 @@ def test_a_node_that_dies_outright_is_replaced_in_process_long_before_slurmd_tim
     task when probed, so it is replaced (left in the job for Slurm to excise) and the survivors go on."""
 
     def die(run: Run) -> None:
-        assert cluster.kill_node("n2")
-        assert kill_ranks_on("n2", run.job_id) == 2
+        assert die_outright(cluster, "n2", run.job_id) == 2
 
     try:
         run, took = run_through_a_fault(cluster, slurm, tmp_path, die)

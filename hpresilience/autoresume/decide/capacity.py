@@ -262,11 +262,12 @@ class Capacity:
             self._swapped(previous, plan, "grown")
         return plan
 
-    def take_in(self, chosen: Sequence[str], **said: Any) -> Job | None:
-        """Merge the idle nodes `chosen` into the job (one grow), ready for a step: the job grown, or None when
-        Slurm refused (another job took them first: the caller looks again later). `said`: added to the event."""
+    def take_in(self, chosen: Sequence[str], timeout: float = 30.0, **said: Any) -> Job | None:
+        """Merge the idle nodes `chosen` into the job (one grow, within `timeout`), ready for a step: the job grown,
+        or None when Slurm refused (another job took them first: the caller looks again later). `said`: added to
+        the event."""
         try:
-            grown = self.client.grow_job(self.job_id, len(chosen), nodes=chosen, timeout=30.0)
+            grown = self.client.grow_job(self.job_id, len(chosen), nodes=chosen, timeout=timeout)
         except HPResilienceError as err:
             self.reporter.decision("grow_attempt_failed", nodes=compress(chosen), error=str(err)[:200])
             return None

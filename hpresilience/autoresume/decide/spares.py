@@ -29,6 +29,10 @@ from hpresilience.slurm.models import Node
 # Between looks while a spare is missing: the node comes back after a repair (minutes), so a few seconds of delay
 # cost nothing, and each look is two small reads sized by this job.
 REFILL_EVERY_S = 5.0
+# The grow's bound: the in-process loop looks for faults only between its calls. A helper job that does not start
+# at once is held by the scheduler (a pending job of higher priority wants the node): it is cancelled, and the next
+# look tries again.
+REFILL_GROW_S = 5.0
 
 
 def missing_spares(wanted: int, allocation: Sequence[str], plan: Sequence[str], kept_out: Collection[str]) -> int:
@@ -71,7 +75,7 @@ class SpareRefill:
         except HPResilienceError as err:
             self.reporter.decision("spare_refill_unread", error=str(err)[:200])
             return []
-        if not chosen or cap.take_in(chosen, why="spare_refill") is None:
+        if not chosen or cap.take_in(chosen, REFILL_GROW_S, why="spare_refill") is None:
             return []
         self.reporter.decision("spares_refilled", nodes=compress(chosen), spares_wanted=self.wanted)
         return chosen

@@ -131,8 +131,8 @@ SRUN_OPTIONS: tuple[SrunOption, ...] = (
         "auto-resume-refill-spares",
         "refill_spares",
         Kind.FLAG,
-        "inprocess mode: a spare spent on a replacement is made good between faults by a released node once it is "
-        "idle again (default: on).",
+        "inprocess mode: between faults a spare out of service leaves the job, and a spare spent is made good by a "
+        "released node once it is idle again (default: on).",
         Target.SETTINGS,
         field="refill_spares",
         off="auto-resume-no-refill-spares",

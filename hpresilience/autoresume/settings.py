@@ -169,9 +169,10 @@ class AutoResumeSettings(Section):
     def _standby_off(cls, v: object) -> object:
         return "off" if v is False else v  # YAML reads a bare `off` as false: what the user wrote is "off"
 
-    # In the inprocess mode: a spare spent on a replacement is made good between faults by a node this job released,
-    # once it is back in service and idle (with a standby on it), so that later faults are as cheap as the first
-    # (autoresume/decide/spares.py). Needs growing (grow_by_expansion and the cluster's permit_job_expansion).
+    # In the inprocess mode, between faults: a spare that goes out of service leaves the job, and a spare spent on a
+    # replacement (or gone) is made good by a node this job released, once back in service and idle (with a standby
+    # on it), so later faults are as cheap as the first (autoresume/decide/spares.py). Taking nodes back needs
+    # growing (grow_by_expansion and the cluster's permit_job_expansion).
     refill_spares: bool = True
 
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).

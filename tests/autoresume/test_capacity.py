@@ -39,9 +39,9 @@ def test_with_slurmdbd_bad_nodes_are_released_at_every_fault(
     job = slurm.wait_running(job_id)
     cap, state, _ = capacity_for(slurm, job_id, tmp_path)
     others = [n for n in job.nodes if n != job.batch_host]
-    job = cap._release(job, {others[0]})
+    job = cap.release(job, {others[0]})
     assert others[0] not in job.nodes and state.resized
-    job = cap._release(job, {others[1]})
+    job = cap.release(job, {others[1]})
     assert others[1] not in slurm.job(job_id).nodes and len(slurm.job(job_id).nodes) == 2
     assert cap.accounting() and not state.resize_refused
 
@@ -58,9 +58,9 @@ def test_without_slurmdbd_a_second_fault_keeps_the_bad_node_inside(tmp_path: Pat
         job = client.wait_running(job_id)
         cap, _, events = capacity_for(client, job_id, tmp_path)
         others = [n for n in job.nodes if n != job.batch_host]
-        job = cap._release(job, {others[0]})
+        job = cap.release(job, {others[0]})
         assert others[0] not in job.nodes
-        job = cap._release(job, {others[1]})
+        job = cap.release(job, {others[1]})
         assert others[1] in client.job(job_id).nodes
         assert not cap.accounting()
         assert "slurmdbd" in events.read_text() and "nodes_kept_in_allocation" in events.read_text()
@@ -111,9 +111,9 @@ def test_a_db_index_refusal_is_final_for_the_job(cluster: DevCluster, slurm: Slu
     refusing = RefusingClient(slurm.runner)
     cap, state, events = capacity_for(refusing, job_id, tmp_path)
     others = [n for n in job.nodes if n != job.batch_host]
-    cap._release(job, {others[0]})
+    cap.release(job, {others[0]})
     assert state.resize_refused
     assert cap.can_resize_again() is not None
-    cap._release(slurm.job(job_id), {others[1]})
+    cap.release(slurm.job(job_id), {others[1]})
     assert set(slurm.job(job_id).nodes) == set(job.nodes)
     assert "refused to resize this job for good" in events.read_text()

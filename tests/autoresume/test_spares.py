@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.decide.spares import REFILL_EVERY_S, SpareRefill, missing_spares, to_take_back
+from hpresilience.autoresume.decide.spares import REFILL_EVERY_S, SpareRefill, out_of_service, to_take_back
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
@@ -20,11 +20,13 @@ def node(name: str, *states: str, reason: str = "") -> Node:
     return Node(name=name, address="", hostname="", states=frozenset(states), reason=reason)
 
 
-def test_the_spares_missing_are_the_wanted_less_the_allocations_nodes_outside_the_step_and_not_kept_out() -> None:
-    assert missing_spares(1, ["n1", "n2", "n3"], ["n1", "n2"], []) == 0
-    assert missing_spares(1, ["n1", "n3"], ["n1", "n3"], []) == 1
-    assert missing_spares(2, ["n1", "n2", "n3"], ["n1", "n2"], ["n3"]) == 2  # a blamed node kept in is no spare
-    assert missing_spares(1, ["n1", "n2", "n3", "n4"], ["n1", "n2"], []) == 0  # more than wanted: none missing
+def test_a_spare_marked_drained_failed_down_or_not_answering_is_out_of_service_and_an_idle_one_is_not() -> None:
+    assert not out_of_service(node("n3", "IDLE"))
+    assert not out_of_service(node("n3", "ALLOCATED"))  # in the job, waiting: its standby runs there
+    assert out_of_service(node("n3", "ALLOCATED", "DRAIN", reason="maintenance"))
+    assert out_of_service(node("n3", "ALLOCATED", "FAIL", reason="Action:Replace"))
+    assert out_of_service(node("n3", "ALLOCATED", "NOT_RESPONDING"))
+    assert out_of_service(node("n3", "DOWN"))
 
 
 def test_only_released_nodes_idle_without_a_flag_or_an_action_are_taken_back_at_most_as_many_as_missing() -> None:
@@ -55,7 +57,7 @@ def test_a_spare_spent_on_a_replacement_is_made_good_by_the_failed_node_once_it_
     others = [n for n in job.nodes if n != job.batch_host]
     plan = [job.batch_host, others[0]]
     refill = SpareRefill(cap, cap.reporter, wanted=1, enabled=True)
-    assert refill.poll(0.0, plan, set()) == []  # no spare missing: not even a read of the job
+    assert refill.poll(0.0, plan, set()) == []  # no spare missing
     try:
         slurm.set_node_state([others[0]], "fail", "Action:Replace")
         plan = cap.recover([others[0]], plan, 2)
@@ -81,3 +83,34 @@ def test_a_spare_spent_on_a_replacement_is_made_good_by_the_failed_node_once_it_
     refilled = [e for e in said if e["event"] == "spares_refilled"]
     assert [(e["nodes"], e["spares_wanted"]) for e in refilled] == [(others[0], 1)]
     assert [e["why"] for e in said if e["event"] == "allocation_grown"] == ["spare_refill"]
+
+
+@pytest.mark.integration
+def test_a_spare_that_goes_out_of_service_leaves_the_job_its_standby_stopped_first_and_comes_back_once_repaired(
+    cluster: DevCluster, slurm: SlurmClient, tmp_path: Path
+) -> None:
+    """The agent marks the spare (a GPU fault while it waits): at the next look its standby is stopped and it leaves
+    the job, so the controller may repair it at once and the job no longer counts a spare it cannot use; resumed,
+    it is taken back as the spare."""
+    job_id = slurm.sbatch("-N3", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
+    job = slurm.wait_running(job_id)
+    cap, state, events = capacity_for(slurm, job_id, tmp_path)
+    plan = [job.batch_host, *[n for n in job.nodes if n != job.batch_host][:1]]
+    (spare,) = set(job.nodes) - set(plan)
+    stopped: list[list[str]] = []
+    refill = SpareRefill(cap, cap.reporter, wanted=1, enabled=True, before_leaving=stopped.append)
+    try:
+        slurm.set_node_state([spare], "fail", "Action:Replace")
+        assert refill.poll(0.0, plan, set()) == []
+        assert stopped == [[spare]] and spare not in slurm.job(job_id).nodes
+        assert spare in state.blamed_nodes
+        slurm.set_node_state([spare], "resume")
+        assert refill.poll(REFILL_EVERY_S, plan, set()) == [spare]
+        assert spare in slurm.job(job_id).nodes and stopped == [[spare]]
+    finally:
+        with contextlib.suppress(HPResilienceError):
+            slurm.set_node_state([spare], "resume")
+    said = [json.loads(line) for line in events.read_text().splitlines()]
+    left = [e for e in said if e["event"] == "spares_out_of_service"]
+    assert [e["nodes"] for e in left] == [spare] and "fail" in left[0]["states"]
+    assert [e["released"] for e in said if e["event"] == "allocation_shrunk"] == [spare]

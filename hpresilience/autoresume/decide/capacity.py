@@ -110,7 +110,7 @@ class Capacity:
 
     def mark_unanswering(self, nodes: Sequence[str]) -> None:
         """Nodes that stopped answering though Slurm does not know yet: kept out of the step, and released from
-        the job while Slurm still calls them responding (_release says why)."""
+        the job while Slurm still calls them responding (release says why)."""
         self._dead |= set(nodes)
 
     def recover(self, bad: Sequence[str], previous: Sequence[str], size: int) -> list[str]:
@@ -129,7 +129,7 @@ class Capacity:
                 return short
             if self.settle is not None and self.grow and self.expansion_permitted():
                 self.settle([n for n in bad if n in job.nodes and n not in self._unreachable])
-        job = self._release(job, unhealthy)
+        job = self.release(job, unhealthy)
         plan = plan_nodes(job.nodes, size, unhealthy, previous)
         if plan is not None:
             self._swapped(previous, plan, "hot_spare")
@@ -209,7 +209,7 @@ class Capacity:
         elif not self.accounting():
             why = "without slurmdbd the job could not grow back after a release, so the node stays until it is back"
         else:
-            self._release(job, unhealthy)
+            self.release(job, unhealthy)
             return
         left = sorted(n for n in job.nodes if n in unhealthy and n != job.batch_host)
         if left:
@@ -276,7 +276,7 @@ class Capacity:
         wait_out_revocation(self._released_at, chosen, self.reporter)
         return grown
 
-    def _release(self, job: Job, unhealthy: set[str]) -> Job:
+    def release(self, job: Job, unhealthy: set[str]) -> Job:
         # A node Slurm already calls NOT_RESPONDING or DOWN is Slurm's to excise (--no-kill): releasing it
         # ourselves raced with that on the devcluster and ended the whole job. One that ran no probe task while
         # Slurm still calls it responding (a partition, seconds old) leaves now: once SlurmdTimeout passes Slurm

@@ -1,5 +1,6 @@
-"""Keeping the hot spares the job asked for (in-process mode): a spare spent on a replacement is made good, between
-faults, by a node this job released, once that node is back in service and idle.
+"""Keeping the hot spares the job asked for (in-process mode), between faults: a spare that goes out of service
+leaves the job, and a spare spent on a replacement, or one that left, is made good by a node this job released,
+once that node is back in service and idle.
 
 With `--auto-resume-spares=1` the first fault is replaced by the spare's warm standby in under a second; without a
 refill every later fault finds no spare and waits for a grow and a cold start (a Python start, `import torch`, the
@@ -7,52 +8,64 @@ model built: 20-40 s on a loaded machine, the bulk of a cold recovery). On a clu
 controller, or HyperPod's replacement under the same name) the failed node comes back idle minutes later: taking it
 back into the job as the new spare, with a standby started on it, makes the next fault as cheap as the first.
 
-Only the nodes this job released are looked at, by name (their number is the job's faults, not the cluster's
-size): one read of the job and one of those nodes every REFILL_EVERY_S while a spare is missing and one of them
-could come back. Other idle nodes of the partition are not sought between faults (finding one reads the partition's
-node table); a fault still grows into any of them (capacity.py). A node that left the job unanswering is not taken
-back as a spare: slurmctld ends the job on it once it answers again, killing any step of the job there, so it
-comes back only as a replacement at a fault, which the loop's rejoin handling covers (inprocess.py).
+A spare the agent or an operator marks (a GPU fault while it waits) is no spare: the job would count it and find
+it unusable at the next fault, and the controller repairs a node only once no job holds it (or after
+forced_down_after_s). So it leaves the job at once (its standby stopped first) and comes back as any released node.
+
+Each look (every REFILL_EVERY_S) is one read of the job and one of its spares and released nodes by name (sized by
+the job, never the cluster's node table). Other idle nodes of the partition are not sought between faults; a fault
+still grows into any of them (capacity.py). A node that left the job unanswering is not taken back as a spare:
+slurmctld ends the job on it once it answers again, killing any step of the job there, so it comes back only as a
+replacement at a fault, which the loop's rejoin handling covers (inprocess.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from hpresilience.autoresume.decide.capacity import Capacity
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.watch.nodewatch import node_is_bad
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.hostlist import compress
-from hpresilience.slurm.models import Node
+from hpresilience.slurm.models import Job, Node
 
-# Between looks while a spare is missing: the node comes back after a repair (minutes), so a few seconds of delay
-# cost nothing, and each look is two small reads sized by this job.
+# Between looks: a node comes back after a repair (minutes), so a few seconds of delay cost nothing, and each look
+# is two small reads sized by this job.
 REFILL_EVERY_S = 5.0
 # The grow's bound: the in-process loop looks for faults only between its calls. A helper job that does not start
 # at once is held by the scheduler (a pending job of higher priority wants the node): it is cancelled, and the next
 # look tries again.
 REFILL_GROW_S = 5.0
+OUT_OF_SERVICE = ("NOT_RESPONDING", "DOWN", "DRAIN", "FAIL")
 
 
-def missing_spares(wanted: int, allocation: Sequence[str], plan: Sequence[str], kept_out: Collection[str]) -> int:
-    """How many spares the job lacks: the allocation's nodes outside the step and not kept out are its spares."""
-    return max(0, wanted - len([n for n in allocation if n not in plan and n not in kept_out]))
+def out_of_service(node: Node) -> bool:
+    """A spare that can take no slot: bad in Slurm's eyes or the agent's, drained, or not answering."""
+    return node_is_bad(node) or node.has(*OUT_OF_SERVICE)
 
 
 def to_take_back(missing: int, released: Sequence[Node], allocation: Collection[str]) -> list[str]:
     """Of the released nodes read, those fit to be spares again (idle, no flag, no reason asking for action), in
     the order read, at most `missing`."""
     fit = [n.name for n in released if n.is_idle and not node_is_bad(n) and n.name not in allocation]
-    return fit[:missing]
+    return fit[: max(0, missing)]
 
 
 class SpareRefill:
-    def __init__(self, capacity: Capacity, reporter: Reporter, wanted: int, enabled: bool) -> None:
+    def __init__(
+        self,
+        capacity: Capacity,
+        reporter: Reporter,
+        wanted: int,
+        enabled: bool,
+        before_leaving: Callable[[list[str]], object] = lambda nodes: None,
+    ) -> None:
         self.capacity = capacity
         self.reporter = reporter
         self.wanted = wanted
         self.enabled = enabled and wanted > 0
+        self.before_leaving = before_leaving  # stops what runs on spares about to leave the job (their standbys)
         self._next_at = 0.0
 
     def poll(self, now: float, plan: Sequence[str], not_back: Collection[str]) -> list[str]:
@@ -62,20 +75,36 @@ class SpareRefill:
             return []
         self._next_at = now + REFILL_EVERY_S
         cap, state = self.capacity, self.capacity.state
-        candidates = [n for n in state.blamed_nodes if n not in not_back]
-        if not candidates or cap.can_resize_again() is not None or not cap.grow or not cap.expansion_permitted():
-            return []
         try:
             job = cap.client.job(cap.job_id)
-            missing = missing_spares(self.wanted, job.nodes, plan, state.kept_out)
-            released = [n for n in candidates if n not in job.nodes]
-            if not missing or not released:
-                return []
-            chosen = to_take_back(missing, cap.client.known_nodes(released), job.nodes)
+            spares = [n for n in job.nodes if n not in plan and n not in state.kept_out]
+            released = [n for n in state.blamed_nodes if n not in job.nodes and n not in not_back]
+            read = {n.name: n for n in cap.client.known_nodes([*spares, *released])}
+            leaving = [n for n in spares if n in read and out_of_service(read[n])]
+            if leaving:
+                job = self._leave(job, leaving, read)
         except HPResilienceError as err:
             self.reporter.decision("spare_refill_unread", error=str(err)[:200])
             return []
+        missing = self.wanted - (len(spares) - len(leaving))
+        if missing <= 0 or not released or cap.can_resize_again() is not None:
+            return []
+        if not cap.grow or not cap.expansion_permitted():
+            return []
+        chosen = to_take_back(missing, [read[n] for n in released if n in read], job.nodes)
         if not chosen or cap.take_in(chosen, REFILL_GROW_S, why="spare_refill") is None:
             return []
         self.reporter.decision("spares_refilled", nodes=compress(chosen), spares_wanted=self.wanted)
         return chosen
+
+    def _leave(self, job: Job, leaving: list[str], read: dict[str, Node]) -> Job:
+        """Spares out of service leave the job: blamed and kept out (no plan takes them; a release Slurm refuses
+        keeps them out of the count), their standbys stopped, then released."""
+        state = self.capacity.state
+        states = ",".join(f"{n}:{read[n].state_text}" for n in leaving)
+        self.reporter.decision("spares_out_of_service", nodes=compress(leaving), states=states)
+        state.blame(leaving)
+        state.kept_out.extend(n for n in leaving if n not in state.kept_out)
+        self.before_leaving(leaving)
+        self.capacity.unhealthy(job)  # what Slurm already calls lost is Slurm's to excise (Capacity.release)
+        return self.capacity.release(job, set(leaving))

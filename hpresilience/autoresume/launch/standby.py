@@ -102,6 +102,13 @@ class Standbys:
             self.steps.start(node, name, argv, env)
             self.reporter.decision("standby_started", node=node, step=name, after_generation=generation)
 
+    def stop(self, nodes: Sequence[str]) -> None:
+        """The standbys of `nodes` (spares leaving the job), stopped."""
+        for node in nodes:
+            if node in self.steps.running:
+                self.steps.stop(node)
+                self.reporter.decision("standby_stopped", node=node)
+
     def stop_all(self) -> None:
         self.steps.stop_all()
 

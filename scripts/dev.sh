@@ -25,7 +25,8 @@ RELEASE_BASE_PORT=$((${HPRESILIENCE_TEST_BASE_PORT-18817} + 1000 * WORKERS))
 # few things the tests here pin per release.
 RELEASE_TESTS=(-m integration tests/slurm/test_client_filtered.py tests/testing/test_devcluster.py
   tests/testing/test_slurmroot.py tests/autoresume/test_recipe_integration.py
-  tests/autoresume/test_wrapper_integration.py tests/autoresume/test_capacity.py tests/autoresume/test_poll_queries.py
+  tests/autoresume/test_wrapper_integration.py tests/autoresume/test_capacity.py tests/autoresume/test_spares.py
+  tests/autoresume/test_poll_queries.py
   tests/controller/test_repair_devcluster.py tests/controller/test_controller_queries.py
   tests/agent/test_agent_queries.py tests/autoresume/test_nudge_integration.py
   tests/slurm/test_accounting_hostile.py tests/controller/test_slurm_features.py

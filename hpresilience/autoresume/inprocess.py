@@ -73,8 +73,9 @@ class InProcessLoop:
             self.opts.srun_bin, sup.job_id, self.tasks_per_node, *cmd, self.world_file, self.opts.srun.export
         )
         self.standbys = Standbys(NodeSteps(*out, sup.progress), sup.reporter, self.opts.watch.standby == "spares", how)
+        watch = self.opts.watch
         self.refill = SpareRefill(
-            sup.capacity, sup.reporter, self.opts.spares, self.opts.watch.refill_spares, self.standbys.stop
+            sup.capacity, sup.reporter, self.opts.spares, watch.refill_spares, watch.spare_check_s, self.standbys.stop
         )
         self.base_env: dict[str, str] = {}  # the steps' environment at the last world written (a refill's standby)
         self.faults = NodeFaults(sup.nodewatch, sup.reporter, self.opts.poll_interval_s)

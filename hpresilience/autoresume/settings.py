@@ -174,6 +174,9 @@ class AutoResumeSettings(Section):
     # on it), so later faults are as cheap as the first (autoresume/decide/spares.py). Taking nodes back needs
     # growing (grow_by_expansion and the cluster's permit_job_expansion).
     refill_spares: bool = True
+    # Seconds between those looks at the spares and the released nodes (two reads sized by the job; a repair takes
+    # minutes, and a spare out of service need only leave before the next fault).
+    spare_check_s: float = Field(default=30.0, gt=0)
 
     # Longer output lines are cut to this many bytes before the log rules see them (the user's output is not cut).
     max_line_bytes: int = Field(default=65536, ge=256)

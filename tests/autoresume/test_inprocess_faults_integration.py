@@ -114,7 +114,7 @@ def test_replace_then_a_dead_node_then_a_hung_rank_in_one_job_keep_every_survivo
     # replacement has 120 s to train (Python and torch start slowly on a loaded machine).
     config.write_text(
         "autoresume:\n  full_node_check_s: 0.5\n  hang_floor_s: 10\n  hang_first_step_s: 120\n"
-        "  heartbeat_every_s: 0.5\n"
+        "  heartbeat_every_s: 0.5\n  spare_check_s: 2\n"
     )
     (tmp_path / "job").mkdir()
     run = Run(

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.decide.spares import REFILL_EVERY_S, SpareRefill, out_of_service, to_take_back
+from hpresilience.autoresume.decide.spares import SpareRefill, out_of_service, to_take_back
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
 from hpresilience.testing.devcluster import DevCluster
 from tests.autoresume.test_capacity import capacity_for
+
+EVERY_S = 30.0
 
 
 def node(name: str, *states: str, reason: str = "") -> Node:
@@ -56,7 +58,7 @@ def test_a_spare_spent_on_a_replacement_is_made_good_by_the_failed_node_once_it_
     cap, _, events = capacity_for(slurm, job_id, tmp_path)
     others = [n for n in job.nodes if n != job.batch_host]
     plan = [job.batch_host, others[0]]
-    refill = SpareRefill(cap, cap.reporter, wanted=1, enabled=True)
+    refill = SpareRefill(cap, cap.reporter, wanted=1, enabled=True, every_s=EVERY_S)
     assert refill.poll(0.0, plan, set()) == []  # no spare missing
     try:
         slurm.set_node_state([others[0]], "fail", "Action:Replace")
@@ -66,14 +68,14 @@ def test_a_spare_spent_on_a_replacement_is_made_good_by_the_failed_node_once_it_
         assert refill.poll(now, plan, set()) == []  # FAIL: not back yet
         assert len(slurm.job(job_id).nodes) == 2  # the cluster's idle 4th node is not sought
         slurm.set_node_state([others[0]], "resume")
-        now += REFILL_EVERY_S / 2
+        now += EVERY_S / 2
         assert refill.poll(now, plan, set()) == []  # too soon after the last look
-        now += REFILL_EVERY_S
+        now += EVERY_S
         assert refill.poll(now, plan, {others[0]}) == []  # left unanswering: only a fault takes it back
-        now += REFILL_EVERY_S
+        now += EVERY_S
         assert refill.poll(now, plan, set()) == [others[0]]
         assert sorted(slurm.job(job_id).nodes) == sorted([*plan, others[0]])
-        now += REFILL_EVERY_S
+        now += EVERY_S
         assert refill.poll(now, plan, set()) == []
         assert len(slurm.job(job_id).nodes) == 3
     finally:
@@ -98,14 +100,14 @@ def test_a_spare_that_goes_out_of_service_leaves_the_job_its_standby_stopped_fir
     plan = [job.batch_host, *[n for n in job.nodes if n != job.batch_host][:1]]
     (spare,) = set(job.nodes) - set(plan)
     stopped: list[list[str]] = []
-    refill = SpareRefill(cap, cap.reporter, wanted=1, enabled=True, before_leaving=stopped.append)
+    refill = SpareRefill(cap, cap.reporter, wanted=1, enabled=True, every_s=EVERY_S, before_leaving=stopped.append)
     try:
         slurm.set_node_state([spare], "fail", "Action:Replace")
         assert refill.poll(0.0, plan, set()) == []
         assert stopped == [[spare]] and spare not in slurm.job(job_id).nodes
         assert spare in state.blamed_nodes
         slurm.set_node_state([spare], "resume")
-        assert refill.poll(REFILL_EVERY_S, plan, set()) == [spare]
+        assert refill.poll(EVERY_S, plan, set()) == [spare]
         assert spare in slurm.job(job_id).nodes and stopped == [[spare]]
     finally:
         with contextlib.suppress(HPResilienceError):

@@ -10,13 +10,14 @@ back into the job as the new spare, with a standby started on it, makes the next
 
 A spare the agent or an operator marks (a GPU fault while it waits) is no spare: the job would count it and find
 it unusable at the next fault, and the controller repairs a node only once no job holds it (or after
-forced_down_after_s). So it leaves the job at once (its standby stopped first) and comes back as any released node.
+forced_down_after_s). So it leaves the job at the next look (its standby stopped first) and comes back as any
+released node.
 
-Each look (every REFILL_EVERY_S) is one read of the job and one of its spares and released nodes by name (sized by
-the job, never the cluster's node table). Other idle nodes of the partition are not sought between faults; a fault
-still grows into any of them (capacity.py). A node that left the job unanswering is not taken back as a spare:
-slurmctld ends the job on it once it answers again, killing any step of the job there, so it comes back only as a
-replacement at a fault, which the loop's rejoin handling covers (inprocess.py).
+Each look (every autoresume.spare_check_s, 30 s) is one read of the job and one of its spares and released nodes by
+name (sized by the job, never the cluster's node table). Other idle nodes of the partition are not sought between
+faults; a fault still grows into any of them (capacity.py). A node that left the job unanswering is not taken back
+as a spare: slurmctld ends the job on it once it answers again, killing any step of the job there, so it comes back
+only as a replacement at a fault, which the loop's rejoin handling covers (inprocess.py).
 """
 
 from __future__ import annotations
@@ -30,9 +31,6 @@ from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Job, Node
 
-# Between looks: a node comes back after a repair (minutes), so a few seconds of delay cost nothing, and each look
-# is two small reads sized by this job.
-REFILL_EVERY_S = 5.0
 # The grow's bound: the in-process loop looks for faults only between its calls. A helper job that does not start
 # at once is held by the scheduler (a pending job of higher priority wants the node): it is cancelled, and the next
 # look tries again.
@@ -59,11 +57,13 @@ class SpareRefill:
         reporter: Reporter,
         wanted: int,
         enabled: bool,
+        every_s: float,
         before_leaving: Callable[[list[str]], object] = lambda nodes: None,
     ) -> None:
         self.capacity = capacity
         self.reporter = reporter
         self.wanted = wanted
+        self.every_s = every_s
         self.enabled = enabled and wanted > 0
         self.before_leaving = before_leaving  # stops what runs on spares about to leave the job (their standbys)
         self._next_at = 0.0
@@ -73,7 +73,7 @@ class SpareRefill:
         back now (those that left the job unanswering)."""
         if not self.enabled or now < self._next_at:
             return []
-        self._next_at = now + REFILL_EVERY_S
+        self._next_at = now + self.every_s
         cap, state = self.capacity, self.capacity.state
         try:
             job = cap.client.job(cap.job_id)

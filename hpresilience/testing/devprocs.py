@@ -64,6 +64,17 @@ def _started_with_our_conf(p: psutil.Process, me: str) -> bool:
     return p.name() in SLURM_DAEMONS and any(_under(arg, me) for arg in p.cmdline())
 
 
+def _answers(check: Callable[[], bool]) -> bool:
+    """One way of telling a process is ours; one that cannot read what it needs (a process's environment may be
+    refused: AccessDenied) says no, and the next way is tried. Before, that refusal skipped the later checks too,
+    the command line naming our slurm.conf among them; a slurmd n3 outlived its cluster's `down` again on
+    2026-11-29 (the 26.05 run, found holding its port 17 minutes later)."""
+    try:
+        return check()
+    except (psutil.AccessDenied, OSError):
+        return False
+
+
 def cluster_processes(state_dir: Path) -> list[psutil.Process]:
     """Every live process of the cluster in `state_dir`: the daemons (our marker), the slurmstepds they fork, and
     every descendant of those (job scripts and tasks). This process and its parents are never counted."""
@@ -71,17 +82,17 @@ def cluster_processes(state_dir: Path) -> list[psutil.Process]:
     dirs = _dir_ids(state_dir)
     found: dict[int, psutil.Process] = {}
     for p in psutil.process_iter(["pid"]):
+        checks = (
+            lambda p=p: p.environ().get(MARKER) == me,
+            lambda p=p: p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs),
+            lambda p=p: _started_with_our_conf(p, me),
+        )
         try:
-            ours = (
-                p.environ().get(MARKER) == me
-                or (p.name().startswith("slurmstepd") and (_under(p.cwd(), me) or _cwd_id(p.pid) in dirs))
-                or _started_with_our_conf(p, me)
-            )
-            if ours:
+            if any(_answers(check) for check in checks):
                 found[p.pid] = p
                 for child in p.children(recursive=True):
                     found[child.pid] = child
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     found.pop(os.getpid(), None)
     for parent in psutil.Process().parents():

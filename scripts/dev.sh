@@ -143,6 +143,8 @@ case "$cmd" in
     say "time per phase:"
     printf '  %s\n' "${phases[@]}" >&2
     say "total: $((SECONDS - test_started)) s"
+    # The releases' clusters, spools and logs (hundreds of MB a run): kept only when something failed.
+    if [ "$rc" = 0 ]; then rm -rf "$logs"; else say "the releases' test directories are kept in $logs"; fi
     exit "$rc"
     ;;
   *) echo "usage: bash scripts/dev.sh demo|test|setup" >&2; exit 2 ;;

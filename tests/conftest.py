@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -223,6 +224,9 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"slurm release of the session cluster: {config.getoption('--slurm')}"
 
 
+OWN_BASETEMP = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from tests import fuzz
 
@@ -235,8 +239,21 @@ def pytest_configure(config: pytest.Config) -> None:
     if controller and getattr(config.option, "numprocesses", None):
         if not config.option.basetemp:
             config.option.basetemp = tempfile.mkdtemp(prefix="hpr", dir="/tmp")
+            config.stash[OWN_BASETEMP] = Path(config.option.basetemp)
         # The workers (started after this, with this environment) share deterministic results through it.
         os.environ[SHARED_RESULTS_ENV] = str(Path(config.option.basetemp).resolve() / "shared-results")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The short base made in pytest_configure goes after a passing run (600 MB of clusters' spools and logs each
+    run, which every run left in /tmp before); a failing run's stays for its logs, and says where."""
+    base = session.config.stash.get(OWN_BASETEMP, None)
+    if base is None:
+        return
+    if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"\ntest directories kept in {base}", file=sys.stderr)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

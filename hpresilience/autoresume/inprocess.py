@@ -30,9 +30,9 @@ from hpresilience.autoresume.decide.spares import SpareRefill
 from hpresilience.autoresume.decide.verdicts import KIND_OF, OUTCOME_OF, Outcome
 from hpresilience.autoresume.inprocess_watch import InProcessHangs
 from hpresilience.autoresume.inprocessguard import RecoveryGuard
-from hpresilience.autoresume.launch.pernode import NodeSteps, node_step_argv, node_step_env
+from hpresilience.autoresume.launch.pernode import NodeSteps, StepCommand, node_step_env
 from hpresilience.autoresume.launch.plan import AttemptLaunch, master_port, plan_nodes
-from hpresilience.autoresume.launch.standby import StandbyLaunch, Standbys
+from hpresilience.autoresume.launch.standby import Standbys
 from hpresilience.autoresume.supervisor import Supervisor
 from hpresilience.autoresume.watch.base import Act
 from hpresilience.autoresume.watch.nodefaults import NodeFaults
@@ -68,11 +68,11 @@ class InProcessLoop:
         self.steps = NodeSteps(*out, sup.progress)
         self.world_file = str(self.opts.state_dir / f"{sup.job_id}.world.json")
         self.tasks_per_node = self.opts.srun.tasks_per_node()
-        cmd = (tuple(self.opts.srun.passthrough), tuple(self.opts.srun.command))
-        how = StandbyLaunch(
-            self.opts.srun_bin, sup.job_id, self.tasks_per_node, *cmd, self.world_file, self.opts.srun.export
-        )
-        self.standbys = Standbys(NodeSteps(*out, sup.progress), sup.reporter, self.opts.watch.standby == "spares", how)
+        srun = self.opts.srun
+        args = (tuple(srun.passthrough), tuple(srun.command), srun.export)
+        self.command = StepCommand(self.opts.srun_bin, sup.job_id, self.tasks_per_node, *args)
+        warm = self.opts.watch.standby == "spares"
+        self.standbys = Standbys(NodeSteps(*out, sup.progress), sup.reporter, warm, self.command, self.world_file)
         watch = self.opts.watch
         self.refill = SpareRefill(
             sup.capacity, sup.reporter, self.opts.spares, watch.refill_spares, watch.spare_check_s, self.standbys.stop
@@ -347,18 +347,7 @@ class InProcessLoop:
                 continue
             name = f"hpr-inprocess-{self.sup.job_id}-g{self.generation}-{node}"
             env = node_step_env(base, self.world_file, slot, tpn, self.generation)
-            argv = node_step_argv(
-                self.opts.srun_bin,
-                self.sup.job_id,
-                node,
-                tpn,
-                name,
-                self.opts.srun.passthrough,
-                self.opts.srun.command,
-                self.opts.srun.export,
-                env,
-            )
-            self.steps.start(node, name, argv, env)
+            self.steps.start(node, name, self.command.argv(node, name, env), env)
         spares = self.standbys.spares(self.sup.client, launch.allocation, plan, self.sup.state.kept_out)
         self.standbys.start(spares, base, self.generation)
         self.base_env = base

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import signal
 import sys
 import time
 from pathlib import Path
@@ -111,9 +109,9 @@ class Job:
 
 def die_outright(cl: DevCluster, node: str, job_id: int, stepds: bool = False) -> int:
     """`node` dies outright: its slurmd and the job's tasks there (with `stepds`, their slurmstepds too) are killed
-    back to back, then waited for (with its slurmd gone nothing else would end the tasks). DevCluster.kill_node
-    waits for slurmd to be gone before it returns, 1.5 s here, and tasks killed after it ran on that long: a dead
-    node's processes stop at once, so the scenario's clock starts at the kills. How many tasks were killed."""
+    back to back, then waited for (with its slurmd gone nothing else would end the tasks). Waiting for slurmd to be
+    gone before the tasks are killed took 1.5 s here, during which they trained on: a dead node's processes stop
+    at once, so the scenario's clock starts at the kills. How many tasks were killed."""
     tasks = []
     for p in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
@@ -124,10 +122,7 @@ def die_outright(cl: DevCluster, node: str, job_id: int, stepds: bool = False) -
     if stepds:
         parents = {parent for t in tasks if (parent := _parent(t)) is not None}
         victims += [p for p in parents if _named(p, "slurmstepd")]
-    slurmd = cl.daemon_pids().get(node)
-    if slurmd is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(slurmd, signal.SIGKILL)
+    slurmd = cl.kill_node(node, wait=False)
     for p in victims:
         with contextlib.suppress(psutil.Error):
             p.kill()

@@ -14,6 +14,7 @@ a production-size node table of powered-down cloud nodes that never run jobs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -261,15 +262,18 @@ class DevCluster:
         node); its pid, or None."""
         return self.mode.kill_controller()
 
-    def kill_node(self, name: str, sig: int = signal.SIGKILL) -> bool:
-        """Kill one node's slurmd (a crashed node, for tests); its running steps are left alone."""
+    def kill_node(self, name: str, sig: int = signal.SIGKILL, wait: bool = True) -> int | None:
+        """Kill one node's slurmd (a crashed node, for tests); its running steps are left alone. Its pid, or None
+        when it was not running; `wait`: until it is gone (its reaping by init took 1.5 s here)."""
         pid = self.daemon_pids().get(name)
         if pid is None:
-            return False
-        os.kill(pid, sig)
-        devprocs.wait_gone([pid], 10.0)
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if wait:
+            devprocs.wait_gone([pid], 10.0)
         log.info("devcluster_node_killed", node=name, pid=pid)
-        return True
+        return pid
 
     def node_port(self, name: str) -> int:
         return self.base_port + 10 + self.names().index(name) + 1

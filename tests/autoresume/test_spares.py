@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpresilience.autoresume.decide.spares import SpareRefill, out_of_service, to_take_back
+from hpresilience.autoresume.decide.spares import SpareRefill, to_take_back
+from hpresilience.autoresume.watch.nodewatch import unfit_to_wait
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.slurm.models import Node
@@ -22,13 +23,13 @@ def node(name: str, *states: str, reason: str = "") -> Node:
     return Node(name=name, address="", hostname="", states=frozenset(states), reason=reason)
 
 
-def test_a_spare_marked_drained_failed_down_or_not_answering_is_out_of_service_and_an_idle_one_is_not() -> None:
-    assert not out_of_service(node("n3", "IDLE"))
-    assert not out_of_service(node("n3", "ALLOCATED"))  # in the job, waiting: its standby runs there
-    assert out_of_service(node("n3", "ALLOCATED", "DRAIN", reason="maintenance"))
-    assert out_of_service(node("n3", "ALLOCATED", "FAIL", reason="Action:Replace"))
-    assert out_of_service(node("n3", "ALLOCATED", "NOT_RESPONDING"))
-    assert out_of_service(node("n3", "DOWN"))
+def test_a_spare_marked_drained_failed_down_or_not_answering_is_unfit_to_wait_and_an_idle_one_is_not() -> None:
+    assert not unfit_to_wait(node("n3", "IDLE"))
+    assert not unfit_to_wait(node("n3", "ALLOCATED"))  # in the job, waiting: its standby runs there
+    assert unfit_to_wait(node("n3", "ALLOCATED", "DRAIN", reason="maintenance"))
+    assert unfit_to_wait(node("n3", "ALLOCATED", "FAIL", reason="Action:Replace"))
+    assert unfit_to_wait(node("n3", "ALLOCATED", "NOT_RESPONDING"))
+    assert unfit_to_wait(node("n3", "DOWN"))
 
 
 def test_only_released_nodes_idle_without_a_flag_or_an_action_are_taken_back_at_most_as_many_as_missing() -> None:

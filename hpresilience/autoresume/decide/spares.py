@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from hpresilience.autoresume.decide.capacity import Capacity
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.watch.nodewatch import node_is_bad
+from hpresilience.autoresume.watch.nodewatch import unfit_to_wait
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.hostlist import compress
 from hpresilience.slurm.models import Job, Node
@@ -35,18 +35,12 @@ from hpresilience.slurm.models import Job, Node
 # at once is held by the scheduler (a pending job of higher priority wants the node): it is cancelled, and the next
 # look tries again.
 REFILL_GROW_S = 5.0
-OUT_OF_SERVICE = ("NOT_RESPONDING", "DOWN", "DRAIN", "FAIL")
-
-
-def out_of_service(node: Node) -> bool:
-    """A spare that can take no slot: bad in Slurm's eyes or the agent's, drained, or not answering."""
-    return node_is_bad(node) or node.has(*OUT_OF_SERVICE)
 
 
 def to_take_back(missing: int, released: Sequence[Node], allocation: Collection[str]) -> list[str]:
-    """Of the released nodes read, those fit to be spares again (idle, no flag, no reason asking for action), in
-    the order read, at most `missing`."""
-    fit = [n.name for n in released if n.is_idle and not node_is_bad(n) and n.name not in allocation]
+    """Of the released nodes read, those fit to be spares again (idle with no flag: no DRAIN, FAIL or DOWN, so no
+    mark asking for action either), in the order read, at most `missing`."""
+    fit = [n.name for n in released if n.is_idle and n.name not in allocation]
     return fit[: max(0, missing)]
 
 
@@ -80,7 +74,7 @@ class SpareRefill:
             spares = [n for n in job.nodes if n not in plan and n not in state.kept_out]
             released = [n for n in state.blamed_nodes if n not in job.nodes and n not in not_back]
             read = {n.name: n for n in cap.client.known_nodes([*spares, *released])}
-            leaving = [n for n in spares if n in read and out_of_service(read[n])]
+            leaving = [n for n in spares if n in read and unfit_to_wait(read[n])]
             if leaving:
                 job = self._leave(job, leaving, read)
         except HPResilienceError as err:

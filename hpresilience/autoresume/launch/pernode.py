@@ -60,6 +60,31 @@ def node_step_argv(
     ]
 
 
+@dataclass(frozen=True)
+class StepCommand:
+    """The job's own srun command as one node's step: the training steps and the standby steps alike."""
+
+    srun: str
+    job_id: int
+    tasks_per_node: int
+    passthrough: tuple[str, ...]
+    command: tuple[str, ...]
+    user_export: str | None = None
+
+    def argv(self, node: str, step_name: str, env: Mapping[str, str]) -> list[str]:
+        return node_step_argv(
+            self.srun,
+            self.job_id,
+            node,
+            self.tasks_per_node,
+            step_name,
+            self.passthrough,
+            self.command,
+            self.user_export,
+            env,
+        )
+
+
 def node_step_env(
     base: Mapping[str, str], world_file: str, slot: int, tasks_per_node: int, generation: int
 ) -> dict[str, str]:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from hpresilience.autoresume.launch.pernode import NodeStep, NodeSteps, node_step_argv
+from hpresilience.autoresume.launch.pernode import NodeStep, NodeSteps, StepCommand
 from hpresilience.autoresume.report import Reporter
-from hpresilience.autoresume.watch.nodewatch import node_is_bad
+from hpresilience.autoresume.watch.nodewatch import unfit_to_wait
 from hpresilience.errors import HPResilienceError
 from hpresilience.slurm.client import SlurmClient
 from hpresilience.torch.world import GENERATION_VAR, RANK_BASE_VAR, STANDBY_NODE_VAR, WORLD_FILE_VAR
@@ -38,27 +37,17 @@ def standby_step_env(base: Mapping[str, str], world_file: str, node: str, genera
     return env
 
 
-@dataclass(frozen=True)
-class StandbyLaunch:
-    """What every standby step of the job is launched with: the job's own srun command, run on one node."""
-
-    srun: str
-    job_id: int
-    tasks_per_node: int
-    passthrough: tuple[str, ...]
-    command: tuple[str, ...]
-    world_file: str
-    user_export: str | None = None
-
-
 class Standbys:
     """The job's running standby steps, by node (apart from the training steps: the poll loop never sees them)."""
 
-    def __init__(self, steps: NodeSteps, reporter: Reporter, enabled: bool, launch: StandbyLaunch) -> None:
+    def __init__(
+        self, steps: NodeSteps, reporter: Reporter, enabled: bool, command: StepCommand, world_file: str
+    ) -> None:
         self.steps = steps
         self.reporter = reporter
         self.enabled = enabled
-        self.launch = launch
+        self.command = command
+        self.world_file = world_file
 
     @property
     def nodes(self) -> list[str]:
@@ -87,19 +76,15 @@ class Standbys:
         except HPResilienceError as err:
             self.reporter.decision("standby_nodes_unread", nodes=",".join(candidates), error=str(err)[:200])
             return []
-        fit = {n.name for n in known if not node_is_bad(n) and not n.has("NOT_RESPONDING", "DOWN", "DRAIN")}
+        fit = {n.name for n in known if not unfit_to_wait(n)}
         return [n for n in candidates if n in fit]
 
     def start(self, nodes: Sequence[str], base: Mapping[str, str], generation: int) -> None:
         """A standby step on each of `nodes`, beside the world of `generation`; `base`: the steps' environment."""
-        how = self.launch
         for node in nodes if self.enabled else ():
-            name = f"hpr-inprocess-{how.job_id}-standby-g{generation}-{node}"
-            env = standby_step_env(base, how.world_file, node, generation)
-            argv = node_step_argv(
-                how.srun, how.job_id, node, how.tasks_per_node, name, how.passthrough, how.command, how.user_export, env
-            )
-            self.steps.start(node, name, argv, env)
+            name = f"hpr-inprocess-{self.command.job_id}-standby-g{generation}-{node}"
+            env = standby_step_env(base, self.world_file, node, generation)
+            self.steps.start(node, name, self.command.argv(node, name, env), env)
             self.reporter.decision("standby_started", node=node, step=name, after_generation=generation)
 
     def stop(self, nodes: Sequence[str]) -> None:

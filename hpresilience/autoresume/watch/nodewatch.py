@@ -47,6 +47,11 @@ def node_is_bad(node: Node) -> bool:
     return parse_reason(node.reason).action is not None and node.has("DRAIN", "FAIL", "DOWN")
 
 
+def unfit_to_wait(node: Node) -> bool:
+    """A node of the allocation outside the step that cannot serve as a spare: bad (node_is_bad), or drained."""
+    return node_is_bad(node) or node.has("DRAIN")
+
+
 class Nudges(Enum):
     """Whether the controller's nudges reach this process."""
 

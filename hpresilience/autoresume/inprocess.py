@@ -129,43 +129,53 @@ class InProcessLoop:
         self._announce(self.plan, new_slots=list(range(len(self.plan))), first=True)
         self._watch_world([])
         finished: set[str] = set()
-        while True:
-            if self.sup.stop_request.signum:
-                sig = self.sup.stop_request.signum
-                self.reporter.decision("supervisor_stopped", signal=signal.Signals(sig).name, mode=MODE)
-                return 128 + sig
-            failed: dict[str, str] = {}
-            ended: dict[str, int] = {}
-            for node, rc in self.steps.ended().items():
-                if rc == 0:
-                    finished.add(node)
-                elif rc == EXIT_INPROCESS_GAVE_UP:
-                    raise Fallback(f"a rank on {node} could not finish the in-process recovery")
-                else:
-                    ended[node] = rc
-            if not ended and not self.steps.running and finished >= set(self.plan):
-                self.sup.state.finished, self.sup.state.exit_code = True, 0
-                self.reporter.decision("job_step_succeeded", mode=MODE, generation=self.generation)
-                return 0
-            verdict = self.faults.poll(time.monotonic(), self._view())
-            if verdict is not None and verdict.act is Act.STOP_NOW:
-                for node in verdict.nodes:
-                    failed.setdefault(node, verdict.why)
-            if ended:
-                failed.update(self._dead(ended, finished))
-            if not failed:
-                failed.update(self._stalled())
-            if not failed:
-                failed.update(self._hung())
-            if failed:
-                self._watch_world(self._replace(failed, finished))
-            elif (why := self.guard.poll()) is not None:
-                raise Fallback(why)
-            elif self.guard.pending is None:  # between faults: no Slurm call slows a recovery
-                self.standbys.start(
-                    self.refill.poll(time.monotonic(), self.plan, self.left_unanswering), self.base_env, self.generation
-                )
+        while (rc := self._look(finished)) is None:
             time.sleep(POLL_S)
+        return rc
+
+    def _look(self, finished: set[str]) -> int | None:
+        """One look at the world and what it calls for; the job step's exit code once it is over."""
+        if self.sup.stop_request.signum:
+            sig = self.sup.stop_request.signum
+            self.reporter.decision("supervisor_stopped", signal=signal.Signals(sig).name, mode=MODE)
+            return 128 + sig
+        failed: dict[str, str] = {}
+        ended: dict[str, int] = {}
+        for node, rc in self.steps.ended().items():
+            if rc == 0:
+                finished.add(node)
+            elif rc == EXIT_INPROCESS_GAVE_UP:
+                raise Fallback(f"a rank on {node} could not finish the in-process recovery")
+            else:
+                ended[node] = rc
+        if not ended and not self.steps.running and finished >= set(self.plan):
+            self.sup.state.finished, self.sup.state.exit_code = True, 0
+            self.reporter.decision("job_step_succeeded", mode=MODE, generation=self.generation)
+            return 0
+        verdict = self.faults.poll(time.monotonic(), self._view())
+        if verdict is not None and verdict.act is Act.STOP_NOW:
+            for node in verdict.nodes:
+                failed.setdefault(node, verdict.why)
+        if ended:
+            failed.update(self._dead(ended, finished))
+            if not failed:
+                # _dead may have waited out REJOIN_QUIET_S, in which the other nodes can finish the training: their
+                # steps' ends are looked at before a watch judges a silence that the wait made (seen: 13 s of it
+                # taken for a hang with every rank exited, and a finished job relaunched).
+                return None
+        if not failed:
+            failed.update(self._stalled())
+        if not failed:
+            failed.update(self._hung())
+        if failed:
+            self._watch_world(self._replace(failed, finished))
+        elif (why := self.guard.poll()) is not None:
+            raise Fallback(why)
+        elif self.guard.pending is None:  # between faults: no Slurm call slows a recovery
+            self.standbys.start(
+                self.refill.poll(time.monotonic(), self.plan, self.left_unanswering), self.base_env, self.generation
+            )
+        return None
 
     def _hung(self) -> dict[str, str]:
         """A hang that names one node, as a node fault (inprocess_watch.py); one that names none: Fallback."""

@@ -29,7 +29,7 @@ from hpresilience.autoresume.progress import ProgressStream
 from hpresilience.autoresume.report import Reporter
 from hpresilience.autoresume.watch.base import StepView
 from hpresilience.autoresume.watch.evidence import HangInvestigator
-from hpresilience.autoresume.watch.hang import HangClock, HangDue
+from hpresilience.autoresume.watch.hang import Attribution, HangClock, HangDue
 
 HEARTBEAT_VAR = "HPR_HEARTBEAT_EVERY_S"
 
@@ -88,16 +88,26 @@ class InProcessHangs:
         silent = now - self.announced_at
         return HangDue(silent, limit, self.announced_at, None) if silent >= limit else None
 
+    def _ending(self, found: Attribution) -> bool:
+        """Nothing stood out, or every rank the stream knows exited on a node that answered: no rank is left to
+        hold the others (one rank gone while the rest wait is a culprit, and is not this)."""
+        if not found.suspects:
+            return True
+        gone = {s.rank for s in found.suspects if s.exited}
+        every = all(s.exited for s in found.suspects) and gone >= set(self.progress.ranks())
+        return every and not found.unanswered
+
     def poll(self, now: float, view: StepView) -> Hung | None:
         due = self._due(now)
         if due is None:
             return None
         found = self.investigator(view, due)
         why = "; ".join(s.why for s in found.suspects)[:500] or "no rank or node stood out"
-        if not found.suspects and self.looked_again_for != (self.generation, self.progress.last_progress()):
-            # Every node answered and every rank runs: a world whose ranks are ending (the last step done, the
-            # processes exiting on a loaded machine) is as silent as a hang. Once per silence, look again a
-            # threshold later before falling back; a world that ends meanwhile ends the loop.
+        if self._ending(found) and self.looked_again_for != (self.generation, self.progress.last_progress()):
+            # Every node answered and every rank runs, or every rank has exited: a world whose ranks are ending
+            # (the last step done, the processes exiting on a loaded machine, the steps' ends not yet seen) is as
+            # silent as a hang. Once per silence, look again a threshold later before falling back; a world that
+            # ends meanwhile ends the loop.
             self.looked_again_for = (self.generation, self.progress.last_progress())
             self.reporter.decision(
                 "inprocess_hang_rechecked", generation=view.attempt, silent_s=round(due.silent_s, 1), why=why

@@ -126,6 +126,35 @@ def test_a_silence_in_which_the_probe_finds_nothing_is_looked_at_again_a_thresho
     assert hung is not None and hung.node is None and len(probe.calls) == 2
 
 
+def gone(rank: int) -> Suspect:
+    node = PLAN[rank // 2]
+    why = f"rank {rank} sent heartbeats from {node} and its process is gone"
+    return Suspect(node, rank, 100 + rank, why, exited=True)
+
+
+def test_a_silence_in_which_every_rank_has_exited_is_looked_at_again_and_one_rank_gone_is_its_nodes_hang(
+    tmp_path: Path,
+) -> None:
+    """Every rank's process gone, every node answering: the training ended and the steps' ends are not yet seen
+    (seen after the loop waited out a returned node's quiet): looked at again, not a hang with no node. One rank
+    gone while the others wait names its node at once."""
+    hangs, stream, clock, probe, _ = watch(tmp_path, Attribution(suspects=[gone(r) for r in range(6)], answered=PLAN))
+    hangs.new_world(1, PLAN, 2, [])
+    for rank in range(6):
+        beat(stream, rank, 1)
+    clock.t += FLOOR + 1
+    assert hangs.poll(clock.t, view(1)) is None and len(probe.calls) == 1
+    assert events(tmp_path, "inprocess_hang_rechecked") and not events(tmp_path, "inprocess_hang_unattributed")
+
+    probe.found = Attribution(suspects=[gone(3)], answered=PLAN)
+    hangs.new_world(2, PLAN, 2, [])
+    for rank in range(6):
+        beat(stream, rank, 2)
+    clock.t += FLOOR + 1
+    hung = hangs.poll(clock.t, view(2))
+    assert hung is not None and hung.node == "n2" and "process is gone" in hung.why
+
+
 def test_the_silence_of_a_recovery_is_judged_against_the_first_steps_allowance_until_a_new_rank_trains(
     tmp_path: Path,
 ) -> None:

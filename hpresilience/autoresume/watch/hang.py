@@ -106,6 +106,7 @@ class Suspect:
     rank: int | None
     pid: int | None
     why: str
+    exited: bool = False  # a rank the stream knew whose process is gone (a crash, or the training's end)
 
 
 @dataclass
@@ -184,6 +185,7 @@ def attribute(
                     rank,
                     info.pid or None,
                     f"rank {rank} sent heartbeats from {info.node} and its process is gone",
+                    exited=True,
                 )
             )
     return out

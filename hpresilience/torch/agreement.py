@@ -65,8 +65,10 @@ def shard_holders(shard_of: Mapping[int, int], done: Mapping[int, int]) -> tuple
 def state_pairs(mine: Sequence[int], done: Mapping[int, int], top: int) -> dict[int, int]:
     """Which rank sends its state to which rank that needs it (new, or more than a step behind), within one
     shard's ranks: the receivers in rank order dealt round to the ranks at `top` in rank order, so a replaced
-    node's ranks take their state from as many peers at once, not all from one."""
-    sources = [r for r in mine if done[r] == top]
+    node's ranks take their state from as many peers at once, not all from one. A rank one step behind counts as
+    at `top`: it has applied step `top`'s gradients, broadcast before any state passes, as its replicas did (a
+    survivor whose all-reduce the fault broke is often one step behind the rest)."""
+    sources = [r for r in mine if done[r] == top or (top > 0 and done[r] == top - 1)]
     receivers = [r for r in mine if done[r] == NEW or done[r] < top - 1]
     return {r: sources[i % len(sources)] for i, r in enumerate(receivers)} if sources else {}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
@@ -275,10 +274,11 @@ class SlurmClient:
 
     # -- resizing ------------------------------------------------------------------------------------
     def _update_job(self, job_id: int, *settings: str) -> None:
-        # scontrol writes slurm_job_<id>_resize.sh into its cwd when SLURM_JOBID is set: keep that out of
-        # the user's directory by running in a private temporary one.
-        with tempfile.TemporaryDirectory(prefix="hpr-scontrol-") as tmp:
-            self.runner.run("scontrol", "update", f"jobid={job_id}", *settings, cwd=tmp)
+        # A resize run where SLURM_JOBID is set (the wrapper runs inside the job) makes scontrol write
+        # slurm_job_<id>_resize.{sh,csh} into its cwd, the user's directory, for a shell to source; nothing here
+        # sources them, and without SLURM_JOBID scontrol writes none (update_job.c, 22.05-26.05). A private
+        # temporary directory for them stayed behind in /tmp whenever the wrapper was killed mid-update.
+        self.runner.run("scontrol", "update", f"jobid={job_id}", *settings, unset=("SLURM_JOBID",))
 
     def shrink_job(self, job_id: int, keep: Iterable[str], timeout: float = 30.0) -> Job:
         """Release every node of the job except `keep`; returns the job as Slurm then reports it."""

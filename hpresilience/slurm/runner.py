@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from hpresilience import proc
@@ -121,12 +121,16 @@ class CommandRunner:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         input_text: str | None = None,
+        unset: Collection[str] = (),
     ) -> Result:
-        """Run `tool args...`; retry transient refusals with exponential backoff, then raise SlurmError."""
+        """Run `tool args...` (`env` added to the runner's environment, `unset` taken out of it); retry transient
+        refusals with exponential backoff, then raise SlurmError."""
         argv = [self.path_of(tool), *args]
         run_env = dict(self.env if self.env is not None else os.environ)
         if env:
             run_env.update(env)
+        for name in unset:
+            run_env.pop(name, None)
         limit = timeout if timeout is not None else self.timeout
         attempts = 1 + (self.retries if retry else 0)
         started = time.monotonic()

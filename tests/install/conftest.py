@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +46,10 @@ PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # Each xdist worker has its own session, and setuptools builds in the tree (build/, *.egg-info): two workers
-    # building at once broke one build in CI. One build at a time per checkout.
-    lock = Path(tempfile.gettempdir()) / f"hpr-wheel-{hashlib.sha256(str(REPO).encode()).hexdigest()[:12]}.lock"
+    # building at once broke one build in CI. One build at a time per checkout: the lock lies in the checkout's
+    # build/ (ignored by git; a lock in /tmp stayed there after every run).
+    lock = REPO / "build" / ".hpr-wheel.lock"
+    lock.parent.mkdir(exist_ok=True)
     with lock.open("w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         res = subprocess.run(

@@ -78,3 +78,10 @@ def test_missing_command_names_the_apt_package(tmp_path: Path) -> None:
 def test_env_is_passed_to_the_command() -> None:
     r = CommandRunner(bin_dir="/bin", env={**os.environ, "SLURM_CONF": "/x/slurm.conf"})
     assert r.run("sh", "-c", "echo $SLURM_CONF").stdout.strip() == "/x/slurm.conf"
+
+
+def test_a_variable_unset_for_one_command_is_not_in_its_environment_and_stays_in_the_runners() -> None:
+    r = CommandRunner(bin_dir="/bin", env={**os.environ, "SLURM_JOBID": "7", "SLURM_CONF": "/x/slurm.conf"})
+    said = r.run("sh", "-c", "echo ${SLURM_JOBID-unset} $SLURM_CONF", unset=("SLURM_JOBID",)).stdout.split()
+    assert said == ["unset", "/x/slurm.conf"]
+    assert r.run("sh", "-c", "echo $SLURM_JOBID").stdout.strip() == "7"

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,6 +71,29 @@ def test_shrink_then_grow_with_another_node_then_run_a_step(cluster: DevCluster,
     )
     assert sorted(line.split(":", 1)[1].strip() for line in res.stdout.splitlines()) == sorted([keep, new])
     assert drop not in {line.split(":", 1)[1].strip() for line in res.stdout.splitlines()}
+
+
+def test_a_resize_from_inside_the_job_writes_no_file_in_the_callers_directory_or_in_tmp(
+    cluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wrapper resizes its job with SLURM_JOBID set and the user's directory as cwd: scontrol would write
+    slurm_job_<id>_resize.sh and .csh there; nothing is written, there or in a directory of its own in /tmp."""
+    client = cluster.client()
+    job_id = client.sbatch("-N2", "--no-kill", "-o", "/dev/null", "--wrap", "sleep 300")
+    job = client.wait_running(job_id)
+    inside = SlurmClient(
+        cluster.mode.command_runner(cluster.bin_dir, 15, 3, 0.3, {**cluster.env(), "SLURM_JOBID": str(job_id)})
+    )
+    monkeypatch.chdir(tmp_path)
+    before = set(Path(tempfile.gettempdir()).glob("hpr-scontrol-*"))
+    try:
+        assert inside.shrink_job(job_id, [job.nodes[0]]).nodes == (job.nodes[0],)
+        grown = inside.grow_job(job_id, 1, nodes=[job.nodes[1]], timeout=60)
+        assert set(grown.nodes) == set(job.nodes)
+    finally:
+        client.cancel(job_id)
+    assert list(tmp_path.iterdir()) == []
+    assert set(Path(tempfile.gettempdir()).glob("hpr-scontrol-*")) == before
 
 
 def test_timeout_of_unresponsive_slurmctld_is_one_clear_line(cluster: DevCluster, tmp_path: Path) -> None:

@@ -149,6 +149,7 @@ class DevCluster:
         # The cluster's nodes share this machine's cores: one intra-op thread per rank (torchrun's default for
         # several ranks per host), or each rank's idle OpenMP worker spins on the cores the others need.
         env.setdefault("OMP_NUM_THREADS", "1")
+        env["TMPDIR"] = str(self.state_dir / "tmp")  # a job's temporary files (torchrun's, never removed) go with it
         return env
 
     def client(self, timeout: float = 15.0, retries: int = 3) -> SlurmClient:
@@ -178,9 +179,6 @@ class DevCluster:
         port0 = self.base_port + 10
         nodes = [(name, self.node_address(i), port0 + i) for i, name in enumerate(self.names(), start=1)]
         return devconf.render_conf(self.settings(), self.mode.controller_hosts()[1:], nodes, self.extra_nodes)
-
-    def render_cgroup_conf(self) -> str:
-        return devconf.render_cgroup_conf()
 
     def resolved_proctrack(self) -> str:
         """cgroup where Slurm 22.05 can use it here (cgroup v1 freezer mounted and writable), else pgid."""
@@ -312,8 +310,9 @@ class DevCluster:
             return time.monotonic() - started
         if self.processes():
             self.down(remove=False)
-        for sub in ("ctld", "spool", "log"):
+        for sub in ("ctld", "spool", "log", "tmp"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "tmp").chmod(0o1777)  # as /tmp is (the state directory above it is root's alone)
         self.state_dir.chmod(0o700)  # holds the database and its password: nobody else's business
         if self.conf_path.exists():
             self.conf_path.unlink()  # accounting_wanted() must not read a previous cluster's choice

@@ -37,6 +37,19 @@ def test_four_node_srun_runs_on_each_node(cluster: DevCluster, slurm: SlurmClien
     assert names == ["n1", "n2", "n3", "n4"]
 
 
+def test_a_jobs_temporary_files_go_into_the_clusters_directory_not_the_machines_tmp(
+    cluster: DevCluster, slurm: SlurmClient
+) -> None:
+    """torchrun makes a torchelastic_* directory in the temporary directory at every start and never removes it
+    (a killed agent cannot): a test run left a hundred in /tmp. A job's tasks find the cluster's own, which goes
+    with the cluster, sticky and open to all as /tmp is."""
+    probe = "import tempfile; print(tempfile.mkdtemp(prefix='torchelastic_'))"
+    res = slurm.runner.run("srun", "-N2", "--label", sys.executable, "-c", probe)
+    made = [Path(line.split(":", 1)[1].strip()) for line in res.stdout.splitlines()]
+    assert len(made) == 2 and all(d.parent == cluster.state_dir / "tmp" and d.is_dir() for d in made), made
+    assert (cluster.state_dir / "tmp").stat().st_mode & 0o7777 == 0o1777
+
+
 def test_fail_with_reason_reads_back(cluster: DevCluster, slurm: SlurmClient) -> None:
     slurm.set_node_state(["n3"], "fail", "Action:Replace xid=79 test")
     n3 = slurm.node("n3")

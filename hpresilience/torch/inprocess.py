@@ -20,8 +20,9 @@ keep the replicas equal through a fault:
   that completed it (every rank keeps the last step's averaged gradients) and applies them: the same update on the
   same state, so the replicas stay equal bit for bit and no step is computed twice.
 - The replacement's ranks start with no state: they receive model and optimizer state from a survivor that holds
-  the same shard (dealt round, so several new ranks take it from several peers at once), tensor by tensor into
-  their own model (transfer.py), and report which rank it came from.
+  the same shard (dealt round, so several new ranks take it from several peers at once; a survivor caught up by
+  the gradients counts as one at the top step), tensor by tensor into their own model (transfer.py), and report
+  which rank it came from.
 - Shards (HSDP-like): a rank declares the shard it holds (`shard=`: a number, or a function of the rank, which a
   warm standby learns only at its assignment; default 0: pure DDP, every rank a replica of
   every other). Ranks of one shard are its replica group: the gradients are averaged within it, and only they

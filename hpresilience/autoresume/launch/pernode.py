@@ -32,34 +32,6 @@ from hpresilience.torch.world import GENERATION_VAR, RANK_BASE_VAR, WORLD_FILE_V
 SRUN_AFTER_CANCEL_S = 0.5
 
 
-def node_step_argv(
-    srun: str,
-    job_id: int,
-    node: str,
-    tasks_per_node: int,
-    step_name: str,
-    passthrough: Sequence[str],
-    command: Sequence[str],
-    user_export: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> list[str]:
-    """One node's step: all its tasks on that node. `--kill-on-bad-exit=0`: a task that dies must not take its
-    node's other tasks with it before the library has seen the failure (it reports, the wrapper decides).
-    `user_export`: the user's own --export, kept, with what the step is placed by (in `env`) added to a list."""
-    return [
-        srun,
-        f"--jobid={job_id}",
-        "--nodes=1",
-        f"--ntasks={tasks_per_node}",
-        f"--nodelist={node}",
-        "--kill-on-bad-exit=0",
-        f"--export={export_option(user_export, carried_names(env))}",
-        *passthrough,
-        f"--job-name={step_name}",  # last but the command: wins over a user's -J, the wrapper finds it by it
-        *command,
-    ]
-
-
 @dataclass(frozen=True)
 class StepCommand:
     """The job's own srun command as one node's step: the training steps and the standby steps alike."""
@@ -72,17 +44,21 @@ class StepCommand:
     user_export: str | None = None
 
     def argv(self, node: str, step_name: str, env: Mapping[str, str]) -> list[str]:
-        return node_step_argv(
+        """One node's step: all its tasks on that node. `--kill-on-bad-exit=0`: a task that dies must not take its
+        node's other tasks with it before the library has seen the failure (it reports, the wrapper decides).
+        `user_export`: the user's own --export, kept, with what the step is placed by (in `env`) added to a list."""
+        return [
             self.srun,
-            self.job_id,
-            node,
-            self.tasks_per_node,
-            step_name,
-            self.passthrough,
-            self.command,
-            self.user_export,
-            env,
-        )
+            f"--jobid={self.job_id}",
+            "--nodes=1",
+            f"--ntasks={self.tasks_per_node}",
+            f"--nodelist={node}",
+            "--kill-on-bad-exit=0",
+            f"--export={export_option(self.user_export, carried_names(env))}",
+            *self.passthrough,
+            f"--job-name={step_name}",  # last but the command: wins over a user's -J, the wrapper finds it by it
+            *self.command,
+        ]
 
 
 def node_step_env(

@@ -3,8 +3,14 @@ the step is placed by (its world file, first rank, generation) and the job's sha
 
 from __future__ import annotations
 
-from hpresilience.autoresume.launch.pernode import node_step_argv, node_step_env
+from hpresilience.autoresume.launch.pernode import StepCommand, node_step_env
 from hpresilience.autoresume.launch.standby import standby_step_env
+
+
+def step_argv(
+    tasks: int, command: list[str], user_export: str | None, node: str, name: str, env: dict[str, str]
+) -> list[str]:
+    return StepCommand("srun", 7, tasks, (), tuple(command), user_export).argv(node, name, env)
 
 
 def export_of(argv: list[str]) -> str:
@@ -15,7 +21,7 @@ def export_of(argv: list[str]) -> str:
 def test_a_users_export_list_is_kept_and_the_in_process_placement_is_added_to_it() -> None:
     base = {"PATH": "/bin", "NODE_LIST": "n1,n2", "MASTER_ADDR": "n1", "HPR_NOTICE_FILE": "/s/notice"}
     env = node_step_env(base, "/s/7.world.json", 1, 2, 3)
-    argv = node_step_argv("srun", 7, "n2", 2, "hpr-x", [], ["python", "t.py"], "PATH,MYVAR", env)
+    argv = step_argv(2, ["python", "t.py"], "PATH,MYVAR", "n2", "hpr-x", env)
     names = export_of(argv).split(",")
     assert names[:2] == ["PATH", "MYVAR"]
     for carried in ("HPR_WORLD_FILE", "HPR_RANK_BASE", "HPR_GENERATION", "NODE_LIST", "MASTER_ADDR", "HPR_NOTICE_FILE"):
@@ -25,7 +31,7 @@ def test_a_users_export_list_is_kept_and_the_in_process_placement_is_added_to_it
 
 def test_export_none_carries_only_the_wrappers_variables_and_all_stays_all() -> None:
     env = standby_step_env({"NODE_LIST": "n1"}, "/s/w.json", "n3", 4)
-    none = export_of(node_step_argv("srun", 7, "n3", 1, "s", [], ["t"], "NONE", env)).split(",")
+    none = export_of(step_argv(1, ["t"], "NONE", "n3", "s", env)).split(",")
     assert "NONE" not in none and "HPR_STANDBY_NODE" in none and "HPR_WORLD_FILE" in none
-    assert export_of(node_step_argv("srun", 7, "n3", 1, "s", [], ["t"], None, env)) == "ALL"
-    assert export_of(node_step_argv("srun", 7, "n3", 1, "s", [], ["t"], "ALL,X=1", env)) == "ALL,X=1"
+    assert export_of(step_argv(1, ["t"], None, "n3", "s", env)) == "ALL"
+    assert export_of(step_argv(1, ["t"], "ALL,X=1", "n3", "s", env)) == "ALL,X=1"
